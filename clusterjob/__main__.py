@@ -1,0 +1,5 @@
+import sys
+
+from clusterjob.cli import main
+
+sys.exit(main())

@@ -1,0 +1,25 @@
+"""Error types the CLI maps to exit codes (2: bad input, 1: anything else)."""
+
+
+class BadInput(Exception):
+    """Bad spec, flag or environment. The CLI prints the message and exits 2."""
+
+    exit_code = 2
+
+
+class SpecError(BadInput):
+    """A spec key holds a value that is not allowed."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        self.detail = message
+        super().__init__(f"{key}: {message}" if key else message)
+
+    def under(self, prefix: str) -> "SpecError":
+        """The same error, with its key placed under ``prefix`` (a section name)."""
+        key = f"{prefix}.{self.key}" if self.key else prefix
+        return SpecError(key, self.detail)
+
+
+class EnvError(BadInput):
+    """The distributed environment variables are missing or inconsistent."""
