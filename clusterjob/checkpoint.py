@@ -1,0 +1,77 @@
+"""Atomic checkpoints in ``<run>/checkpoints/``: write to a temp file, fsync, rename.
+
+Loading uses map_location="cpu" and weights_only=True. A latest file that does not load
+(cut short by a kill during a copy, a full disk) falls back to the one before, with a
+warning, so a resume never starts from scratch while a good checkpoint exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+_NAME = re.compile(r"epoch-(\d+)\.pt")
+
+
+def path_for(folder: Path, epoch: int) -> Path:
+    return folder / f"epoch-{epoch:04d}.pt"
+
+
+def save(folder: Path, epoch: int, state: dict, keep_last: int) -> Path:
+    """Write ``state`` for ``epoch`` atomically and keep only the ``keep_last`` newest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = path_for(folder, epoch)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    for old in list_checkpoints(folder)[:-keep_last]:
+        old.unlink(missing_ok=True)
+    return target
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoint files, oldest first."""
+    found = [(int(m.group(1)), p) for p in folder.glob("epoch-*.pt") if (m := _NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_latest(folder: Path) -> Optional[dict]:
+    """The newest checkpoint that loads, or None when there is none."""
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            return load(path)
+        except Exception as err:  # a truncated zip raises RuntimeError, others OSError/EOFError
+            warnings.warn(f"checkpoint {path} does not load ({type(err).__name__}: {err}); "
+                          "using the previous one", RuntimeWarning, stacklevel=2)
+    return None
+
+
+def rng_state() -> dict[str, Any]:
+    """RNG states that a resumed run must continue from (dropout, CPU-side augmentation)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,98 @@
+"""``clusterjob``: the command line (DESIGN section 1). Exit 0 ok, 2 bad input, 1 otherwise.
+
+Used on login nodes: this module and the commands env/status/logs/report and spec
+validation never import torch; each command imports its module when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from clusterjob import __version__
+from clusterjob.errors import BadInput
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from clusterjob.submit import submit
+
+    return submit(args)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from clusterjob.spec import dump_spec, expand_sweep, load_spec
+
+    points = expand_sweep(load_spec(args.spec, args.set))
+    for point in points:
+        print(f"# run {point.index}: {json.dumps(point.params)}" if len(points) > 1 else "# resolved spec")
+        print(dump_spec(point.spec))
+    print(f"ok: {len(points)} run(s)", file=sys.stderr)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from clusterjob import env
+
+    derived = env.detect()
+    print(json.dumps(derived.to_dict(), indent=2) if args.json else env.describe(derived))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from clusterjob import report
+
+    return report.main(args)
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="YAML spec file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec key, value parsed as YAML (repeatable), e.g. --set train.lr=0.2")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clusterjob", description="DDP + AMP training on Slurm from a YAML spec.")
+    parser.add_argument("--version", action="version", version=f"clusterjob {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("submit", help="run a spec (one run, or one per sweep point)")
+    _add_spec_args(p)
+    p.add_argument("--executor", choices=("auto", "local", "slurm"), default="auto",
+                   help="auto: Slurm if sbatch works, else local processes")
+    p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
+    p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("validate", help="check a spec and print the resolved spec of every run")
+    _add_spec_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("env", help="print the distributed environment derived from this process's variables")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
+    p.add_argument("dir", help="results/<name>, results/, or one run folder")
+    p.add_argument("--group-by", nargs="+", metavar="KEY", help="group keys (default: swept keys but train.seed)")
+    p.add_argument("--format", choices=("md", "csv", "html", "json"), help="default md (or from --out's suffix)")
+    p.add_argument("--out", help="write to this file instead of the terminal")
+    p.add_argument("--runs", action="store_true", help="one row per run instead of per group")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except BadInput as err:
+        print(f"clusterjob: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Executors that start the worker on every task: ``local`` (processes here) and ``slurm``."""

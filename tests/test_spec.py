@@ -1,0 +1,168 @@
+"""Spec loading, overrides, sweeps and every class of bad input (DESIGN section 2)."""
+
+import pytest
+
+from clusterjob.errors import SpecError
+from clusterjob.spec import (Spec, TrainSpec, apply_overrides, dump_spec, expand_sweep, load_spec,
+                             parse_yaml, spec_from_dict, spec_to_dict)
+
+
+def build(**sections):
+    return spec_from_dict({"name": "t", **sections})
+
+
+def error_of(raw) -> str:
+    with pytest.raises(SpecError) as info:
+        spec_from_dict(raw)
+    return str(info.value)
+
+
+def test_defaults_match_the_design():
+    spec = build()
+    assert (spec.data.dataset, spec.data.root, spec.data.download, spec.data.num_workers) == ("cifar10", "./data", True, 4)
+    assert spec.data.pin_memory == "auto" and spec.data.tta == "none" and spec.data.limit_train is None
+    assert (spec.model.arch, spec.model.sync_bn) == ("resnet18", True)
+    t = spec.train
+    assert (t.epochs, t.batch_size, t.optimizer, t.lr, t.lr_scaling) == (30, 128, "sgd", 0.1, "linear")
+    assert (t.momentum, t.nesterov, t.weight_decay, t.schedule, t.warmup_epochs) == (0.9, True, 5e-4, "cosine", 1.0)
+    assert (t.label_smoothing, t.amp, t.grad_accum, t.ema_decay, t.param_groups, t.seed) == (0.0, "auto", 1, None, (), 0)
+    assert (spec.dist.backend, spec.dist.init_method, spec.dist.timeout_s) == ("auto", "env", 600)
+    r = spec.resources
+    assert (r.nodes, r.tasks_per_node, r.gpus_per_node, r.cpus_per_task, r.mem_gb, r.time_min) == (1, 1, 0, 2, 16, 60)
+    assert (r.partition, r.account, r.qos, r.constraint, r.setup) == (None, None, None, None, ())
+    assert (spec.checkpoint.every_epochs, spec.checkpoint.keep_last) == (1, 2)
+    assert spec.sweep == {} and spec.output.root == "results"
+
+
+def test_round_trip_through_yaml(tmp_path):
+    spec = build(train={"lr": 0.2, "param_groups": [{"match": "fc.", "lr_mult": 10, "weight_decay": 0,
+                                                      "schedule": "constant"}]},
+                 resources={"setup": ["module load cuda"]}, sweep={"train.seed": [0, 1]})
+    path = tmp_path / "s.yaml"
+    path.write_text(dump_spec(spec))
+    assert load_spec(path) == spec
+    assert spec.train.param_groups[0].lr_mult == 10.0 and spec.train.param_groups[0].schedule == "constant"
+
+
+def test_yaml_number_strings_are_numbers_for_float_keys():
+    assert build(train={"lr": "1e-3"}).train.lr == 0.001  # YAML 1.1 reads 1e-3 as a string
+
+
+def test_overrides_parse_values_as_yaml(tmp_path):
+    raw = apply_overrides({"name": "t"}, ["train.lr=0.2", "train.nesterov=false", "sweep.train.seed=[1, 2]",
+                                          "resources.setup=[a, b]"])
+    spec = spec_from_dict(raw)
+    assert spec.train.lr == 0.2 and spec.train.nesterov is False
+    assert spec.sweep == {"train.seed": [1, 2]} and spec.resources.setup == ("a", "b")
+
+
+def test_override_errors():
+    with pytest.raises(SpecError, match="write --set key.path=value"):
+        apply_overrides({"name": "t"}, ["train.lr"])
+    with pytest.raises(SpecError, match="train.lrr: unknown key"):
+        spec_from_dict(apply_overrides({"name": "t"}, ["train.lrr=1"]))
+
+
+def test_sweep_expands_to_the_grid_in_order():
+    spec = build(train={"epochs": 2}, sweep={"train.lr": [0.05, 0.1], "train.seed": [0, 1, 2]})
+    points = expand_sweep(spec)
+    assert [p.params for p in points][:4] == [{"train.lr": 0.05, "train.seed": 0}, {"train.lr": 0.05, "train.seed": 1},
+                                              {"train.lr": 0.05, "train.seed": 2}, {"train.lr": 0.1, "train.seed": 0}]
+    assert len(points) == 6 and [p.index for p in points] == list(range(6))
+    assert points[4].spec.train.lr == 0.1 and points[4].spec.train.seed == 1 and points[4].spec.sweep == {}
+    assert points[4].spec.train.epochs == 2
+
+
+def test_no_sweep_is_one_point():
+    (point,) = expand_sweep(build())
+    assert point.params == {} and point.spec == build()
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ({"name": "t", "trian": {}}, "trian: unknown key (did you mean 'train'?)"),
+    ({"name": "t", "train": {"lrr": 1}}, "train.lrr: unknown key (did you mean 'lr'?)"),
+    ({"name": "t", "train": {"nodes": 2}}, "train.nodes: unknown key (did you mean 'resources.nodes'?)"),
+    ({"name": "t", "train": {"epochs": "ten"}}, "train.epochs: expected a whole number, got 'ten' (str)"),
+    ({"name": "t", "train": {"epochs": 2.5}}, "train.epochs: expected a whole number, got 2.5 (float)"),
+    ({"name": "t", "train": {"nesterov": "yes"}}, "train.nesterov: expected true or false, got 'yes'"),
+    ({"name": "t", "train": {"lr": "fast"}}, "train.lr: expected a number, got 'fast'"),
+    ({"name": "t", "train": "fast"}, "train: expected a mapping of keys, got 'fast'"),
+    ({"name": "t", "resources": {"setup": "module load x"}}, "resources.setup: expected a list"),
+    ({"name": "t", "train": {"epochs": 0}}, "train.epochs: 0 is out of range; it must be >= 1"),
+    ({"name": "t", "train": {"batch_size": 0}}, "train.batch_size: 0 is out of range; it must be >= 1"),
+    ({"name": "t", "resources": {"nodes": 0}}, "resources.nodes: 0 is out of range; it must be >= 1"),
+    ({"name": "t", "resources": {"tasks_per_node": 0}}, "resources.tasks_per_node: 0 is out of range"),
+    ({"name": "t", "train": {"lr": 0}}, "train.lr: 0.0 is out of range; it must be > 0"),
+    ({"name": "t", "train": {"lr": -0.1}}, "train.lr: -0.1 is out of range; it must be > 0"),
+    ({"name": "t", "data": {"dataset": "cifar100"}}, "data.dataset: 'cifar100' is not allowed; choose one of "
+                                                     "cifar10, mnist, synthetic (did you mean 'cifar10'?)"),
+    ({"name": "t", "model": {"arch": "resnet50"}}, "model.arch: 'resnet50' is not allowed; choose one of resnet18"),
+    ({"name": "t", "train": {"optimizer": "adam"}}, "train.optimizer: 'adam' is not allowed; choose one of sgd, adamw"),
+    ({"name": "t", "train": {"amp": "fp8"}}, "train.amp: 'fp8' is not allowed; choose one of auto, fp16, bf16, off"),
+    ({"name": "t", "dist": {"backend": "mpi"}}, "dist.backend: 'mpi' is not allowed; choose one of auto, nccl, gloo"),
+    ({"name": "t", "dist": {"init_method": "tcp://host"}}, "dist.init_method: 'tcp://host' is not allowed"),
+    ({"name": "my run"}, "name: 'my run' is not allowed; use letters, digits"),
+    ({"name": "a/b"}, "name: 'a/b' is not allowed"),
+    ({"name": ".."}, "name: '..' is not a folder name"),
+    ({}, "name: required"),
+    ({"name": "t", "sweep": {"train.lr": 0.1}}, "sweep.train.lr: 0.1 is not a list"),
+    ({"name": "t", "sweep": {"train.lr": []}}, "sweep.train.lr: [] is not a list"),
+    ({"name": "t", "sweep": {"train.lrr": [0.1]}}, "sweep.train.lrr: 'train.lrr' is not a spec key (did you mean 'train.lr'?)"),
+    ({"name": "t", "sweep": {"train": [1]}}, "sweep.train: 'train' is not a spec key"),
+    ({"name": "t", "sweep": {"resources.nodes": [1, 2]}}, "sweep.resources.nodes: name, resources and output are per submission"),
+    ({"name": "t", "resources": {"gpus_per_node": 2, "tasks_per_node": 4}},
+     "resources.tasks_per_node: 4 tasks per node but gpus_per_node is 2; run one task per GPU"),
+    ({"name": "t", "resources": {"partition": "gpu debug"}}, "resources.partition: 'gpu debug' is not allowed"),
+    ({"name": "t", "resources": {"account": "a;rm -rf /"}}, "resources.account: 'a;rm -rf /' is not allowed"),
+    ({"name": "t", "resources": {"qos": "$(id)"}}, "resources.qos: '$(id)' is not allowed"),
+    ({"name": "t", "resources": {"constraint": "a100 `x`"}}, "resources.constraint: 'a100 `x`' is not allowed"),
+    ({"name": "t", "dist": {"backend": "nccl"}}, "dist.backend: nccl needs GPUs but resources.gpus_per_node is 0"),
+    ({"name": "t", "train": {"param_groups": [{"match": "fc.", "lr_multt": 2}]}},
+     "train.param_groups[0].lr_multt: unknown key (did you mean 'lr_mult'?)"),
+    ({"name": "t", "train": {"param_groups": [{"match": "fc.", "schedule": "linear"}]}},
+     "train.param_groups[0].schedule: 'linear' is not allowed"),
+    ({"name": "t", "train": {"warmup_epochs": 5, "epochs": 2}}, "train.warmup_epochs: 5.0 is longer than epochs"),
+    ({"name": "t", "data": {"pin_memory": "yes"}}, "data.pin_memory: 'yes' is not allowed; choose one of auto, true, false"),
+])
+def test_bad_input_names_key_value_and_fix(raw, expected):
+    assert expected in error_of(raw)
+
+
+def test_sweep_point_values_are_validated():
+    spec = build(sweep={"train.lr": [0.1, -1]})
+    with pytest.raises(SpecError, match=r"sweep.train.lr: -1.0 is out of range; it must be > 0 \(sweep point"):
+        expand_sweep(spec)
+
+
+def test_yaml_syntax_error_names_the_line():
+    with pytest.raises(SpecError, match="f.yaml line 2, column 3: YAML syntax error"):
+        parse_yaml("a: 1\n b: 2\n", "f.yaml")
+
+
+def test_duplicate_yaml_keys_are_rejected():
+    with pytest.raises(SpecError, match="line 3.*'lr' is written twice"):
+        parse_yaml("train:\n  lr: 1\n  lr: 2\n", "f.yaml")
+
+
+def test_missing_and_non_mapping_files(tmp_path):
+    with pytest.raises(SpecError, match="cannot read spec file"):
+        load_spec(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(SpecError, match="a spec is a YAML mapping"):
+        load_spec(tmp_path / "list.yaml")
+
+
+def test_sections_built_in_code_are_validated_too():
+    with pytest.raises(SpecError, match="lr: -1 is out of range"):
+        TrainSpec(lr=-1)
+    assert Spec(name="x").world_size == 1
+    assert spec_to_dict(build())["train"]["param_groups"] == []
+
+
+def test_shipped_job_specs_are_valid():
+    from pathlib import Path
+
+    jobs = sorted(Path(__file__).resolve().parents[1].joinpath("jobs").glob("*.yaml"))
+    assert jobs, "jobs/*.yaml missing"
+    for job in jobs:
+        assert expand_sweep(load_spec(job)), job

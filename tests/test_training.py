@@ -1,0 +1,156 @@
+"""Real multi-process gloo training: DDP equivalence, exact eval, resume, AMP, launch styles."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from clusterjob import checkpoint
+from clusterjob.device import plan_device
+from clusterjob.spec import spec_from_dict
+from clusterjob.train import evaluate
+from trainutil import (base_env, epochs_of, final_state, free_port, max_abs_diff, run_hand_set, run_info,
+                       run_torchrun, write_spec)
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_ranks_batch_b_equal_one_process_batch_2b(tmp_path):
+    spec2 = write_spec(tmp_path, "two", train={"batch_size": 16})
+    spec1 = write_spec(tmp_path, "one", train={"batch_size": 32})
+    run_hand_set(spec2, tmp_path / "r2", world=2)
+    run_hand_set(spec1, tmp_path / "r1", world=1)
+    a, b = final_state(tmp_path / "r2")["model"], final_state(tmp_path / "r1")["model"]
+    assert max_abs_diff(a, b) <= 1e-5
+    assert max_abs_diff(a, final_state(tmp_path / "r2")["model"]) == 0
+    # the runs did train: the weights moved away from the shared initialisation
+    assert epochs_of(tmp_path / "r2")[0]["step"] == 256 // 32
+
+
+def test_grad_accum_with_no_sync_equals_the_big_batch(tmp_path):
+    spec = write_spec(tmp_path, "acc", train={"batch_size": 8, "grad_accum": 2})
+    spec1 = write_spec(tmp_path, "one", train={"batch_size": 32})
+    run_hand_set(spec, tmp_path / "acc", world=2)
+    run_hand_set(spec1, tmp_path / "one", world=1)
+    assert max_abs_diff(final_state(tmp_path / "acc")["model"], final_state(tmp_path / "one")["model"]) <= 1e-5
+    assert epochs_of(tmp_path / "acc")[0]["step"] == 256 // 32
+
+
+def _eval_rank(rank: int, world: int, init_file: str, weights: dict, out: str) -> None:
+    import torch.distributed as tdist
+
+    from clusterjob.data import build_datasets, build_loaders, val_valid_count
+    from clusterjob.models import build_model
+
+    if world > 1:
+        tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    spec = spec_from_dict({"name": "e", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 101,
+                                                "num_workers": 0, "augment": False}})
+    ds = build_datasets(spec.data, rank, seed=0)
+    loaders = build_loaders(ds, spec.data, 8, rank, world, seed=0, pin_memory=False)
+    model = build_model("mlp", ds.num_classes, ds.in_shape)
+    model.load_state_dict(weights)
+    plan = plan_device(spec_from_dict({"name": "e", "train": {"amp": "off"}}), rank, world, cuda_count=0)
+    result = evaluate(model, loaders.val_loader, val_valid_count(len(ds.val), rank, world), plan, tta=True)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    if world > 1:
+        tdist.destroy_process_group()
+
+
+def test_distributed_eval_is_exact_when_the_set_does_not_divide(tmp_path):
+    from clusterjob.models import build_model
+
+    torch.manual_seed(3)
+    weights = build_model("mlp", 10, (3, 32, 32)).state_dict()
+    results = {}
+    for world in (1, 2, 3):
+        out = tmp_path / f"eval{world}.json"
+        mp.spawn(_eval_rank, args=(world, str(tmp_path / f"init{world}"), weights, str(out)), nprocs=world)
+        results[world] = json.loads(out.read_text())
+    assert results[1]["val_acc"] == results[2]["val_acc"] == results[3]["val_acc"]
+    assert results[1]["val_acc_tta"] == results[2]["val_acc_tta"]
+    assert results[1]["val_loss"] == pytest.approx(results[2]["val_loss"], rel=1e-6)
+    assert 0 < results[1]["val_acc"] < 1  # an untrained model: a real count, not 0 or all
+
+
+def test_resume_after_stop_gives_the_uninterrupted_weights(tmp_path):
+    # dropout and augmentation: the resumed run must restore each rank's RNG state
+    sections = dict(model={"arch": "convnet"}, data={"augment": True, "limit_train": 128, "limit_val": 32},
+                    train={"epochs": 3, "batch_size": 16, "amp": "bf16", "ema_decay": 0.9})
+    whole = write_spec(tmp_path, "whole", **sections)
+    parts = write_spec(tmp_path, "parts", debug={"exit_after_epoch": 1}, **sections)
+    run_hand_set(whole, tmp_path / "whole", world=2)
+    run_hand_set(parts, tmp_path / "parts", world=2)
+    assert run_info(tmp_path / "parts")["status"] == "preempted"
+    assert [r["epoch"] for r in epochs_of(tmp_path / "parts")] == [1]
+    run_hand_set(parts, tmp_path / "parts", world=2)  # same run folder: resumes after epoch 1
+    a, b = final_state(tmp_path / "whole"), final_state(tmp_path / "parts")
+    assert max_abs_diff(a["model"], b["model"]) == 0
+    assert max_abs_diff(a["ema"], b["ema"]) == 0
+    assert [r["epoch"] for r in epochs_of(tmp_path / "parts")] == [1, 2, 3]
+    assert [r["val_loss"] for r in epochs_of(tmp_path / "parts")] == [r["val_loss"] for r in epochs_of(tmp_path / "whole")]
+    assert run_info(tmp_path / "parts")["status"] == "completed"
+    kept = checkpoint.list_checkpoints(tmp_path / "parts" / "checkpoints")
+    assert [p.name for p in kept] == ["epoch-0002.pt", "epoch-0003.pt"]  # keep_last: 2
+
+
+def test_checkpoint_holds_every_piece_of_state(tmp_path):
+    spec = write_spec(tmp_path, "ck", train={"amp": "fp16", "ema_decay": 0.99, "epochs": 2})
+    run_hand_set(spec, tmp_path / "ck", world=1)
+    state = final_state(tmp_path / "ck")
+    assert {"model", "optimizer", "scheduler", "scaler", "ema", "epoch", "step", "rng"} <= state.keys()
+    assert state["epoch"] == 2 and state["step"] == 2 * 256 // 16
+    assert state["scaler"]["scale"] > 0 and len(state["rng"]) == 1
+    assert state["scheduler"]["last_epoch"] == state["step"]
+
+
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_amp_trains_on_cpu(tmp_path, amp):
+    spec = write_spec(tmp_path, amp, train={"amp": amp, "epochs": 2, "lr": 0.1})
+    run_hand_set(spec, tmp_path / amp, world=1)
+    records = epochs_of(tmp_path / amp)
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["val_acc"] > 0.5
+    assert run_info(tmp_path / amp)["amp"] == amp
+
+
+def test_grad_scaler_state_round_trips():
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    restored = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(scaler.state_dict())
+    assert restored.state_dict() == scaler.state_dict()
+    assert restored.get_scale() == scaler.get_scale() and restored.get_growth_interval() == 7
+
+
+def test_launch_styles_agree(tmp_path):
+    spec = write_spec(tmp_path, "styles", train={"epochs": 2})
+    run_hand_set(spec, tmp_path / "env", world=2)
+    run_hand_set(spec, tmp_path / "file", world=2, init_method=f"file://{tmp_path}/rendezvous")
+    run_torchrun(spec, tmp_path / "torchrun", world=2)
+    legacy = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
+              "-m", "clusterjob.worker", str(spec), "--run-dir", str(tmp_path / "legacy")]
+    done = subprocess.run(legacy, env={**base_env(), "PYTHONWARNINGS": "ignore"}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    local = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait",
+                            "--set", "resources.tasks_per_node=2"], env=base_env(), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=240)
+    assert local.returncode == 0, local.stdout + local.stderr
+    (local_run,) = (tmp_path / "results" / "styles").iterdir()
+    losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "torchrun", "legacy")}
+    losses["local"] = epochs_of(local_run)[-1]["val_loss"]
+    assert max(losses.values()) - min(losses.values()) <= 1e-6, losses
+    assert all(run_info(tmp_path / n)["world_size"] == 2 for n in ("env", "file", "torchrun", "legacy"))
+    assert run_info(tmp_path / "torchrun")["status"] == "completed"
