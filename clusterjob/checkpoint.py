@@ -16,17 +16,18 @@ from typing import Any, Optional
 
 import torch
 
-_NAME = re.compile(r"epoch-(\d+)\.pt")
+_NAME = re.compile(r"epoch-(\d+)(?:-(\d+))?\.pt")
 
 
-def path_for(folder: Path, epoch: int) -> Path:
-    return folder / f"epoch-{epoch:04d}.pt"
+def path_for(folder: Path, epoch: int, batches: int = 0) -> Path:
+    """``epoch-0003.pt`` after 3 epochs; ``epoch-0003-000120.pt`` 120 batches into the 4th."""
+    return folder / (f"epoch-{epoch:04d}-{batches:06d}.pt" if batches else f"epoch-{epoch:04d}.pt")
 
 
-def save(folder: Path, epoch: int, state: dict, keep_last: int) -> Path:
-    """Write ``state`` for ``epoch`` atomically and keep only the ``keep_last`` newest."""
+def save(folder: Path, epoch: int, state: dict, keep_last: int, batches: int = 0) -> Path:
+    """Write ``state`` atomically and keep only the ``keep_last`` newest checkpoints."""
     folder.mkdir(parents=True, exist_ok=True)
-    target = path_for(folder, epoch)
+    target = path_for(folder, epoch, batches)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -44,7 +45,8 @@ def save(folder: Path, epoch: int, state: dict, keep_last: int) -> Path:
 
 def list_checkpoints(folder: Path) -> list[Path]:
     """Checkpoint files, oldest first."""
-    found = [(int(m.group(1)), p) for p in folder.glob("epoch-*.pt") if (m := _NAME.fullmatch(p.name))]
+    found = [((int(m.group(1)), int(m.group(2) or 0)), p)
+             for p in folder.glob("epoch-*.pt") if (m := _NAME.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 

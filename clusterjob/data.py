@@ -15,6 +15,7 @@ All ranks must call ``build_datasets`` (the download runs inside ``dist.rank0_fi
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -252,11 +253,18 @@ class SeededShardSampler(DistributedSampler):
     """The train DistributedSampler, yielding ``(index, augmentation seed)`` pairs.
 
     The seed comes from (seed, rank, epoch, index): computed here, in the main process,
-    because persistent workers would not see a ``set_epoch`` made after they started."""
+    because persistent workers would not see a ``set_epoch`` made after they started.
+    ``skip`` drops the first samples of the epoch: a run resumed mid-epoch continues
+    where its checkpoint stopped, without loading what it already trained on."""
+
+    skip = 0
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        for index in super().__iter__():
+        for index in itertools.islice(super().__iter__(), self.skip, None):
             yield index, sample_seed(self.seed, self.rank, self.epoch, index)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip)
 
 
 class SeededSamples(Dataset):
@@ -317,12 +325,14 @@ def build_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: in
     return Loaders(train_loader, val_loader, train_sampler, val_sampler)
 
 
-def set_epoch(loaders: Loaders, epoch: int) -> None:
-    """Reshuffle the shards for ``epoch`` and reseed the train loader's generator.
+def set_epoch(loaders: Loaders, epoch: int, skip_batches: int = 0) -> None:
+    """Reshuffle the shards for ``epoch`` and reseed the train loader's generator;
+    the epoch starts after ``skip_batches`` batches (a mid-epoch resume).
 
     Call it on every rank before iterating ``loaders.train_loader`` in ``epoch``."""
     sampler = loaders.train_sampler
     sampler.set_epoch(epoch)
+    sampler.skip = skip_batches * loaders.train_loader.batch_size
     loaders.train_loader.generator.manual_seed(loader_seed(sampler.seed, sampler.rank, epoch))
 
 

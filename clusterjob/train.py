@@ -116,15 +116,28 @@ def _sync_context(model: torch.nn.Module, sync: bool) -> Any:
 Progress = Callable[[int, int, float, float], None]  # (step in epoch, steps, loss, images/s)
 
 
-def train_epoch(t: Trainer, loader: Any, progress: Progress) -> dict:
-    """One pass over this rank's shard. Host syncs only every ``train.log_every`` steps."""
+@dataclass(frozen=True)
+class EpochState:
+    """How far this rank got in an epoch: what a mid-epoch checkpoint stores."""
+
+    batches: int = 0                      # micro-batches done
+    totals: tuple = (0.0, 0.0, 0.0)       # this rank's loss sum, correct, samples
+    seconds: float = 0.0
+    finished: bool = False
+
+
+def train_epoch(t: Trainer, loader: Any, progress: Progress, stop: Callable[[], bool],
+                done: EpochState = EpochState()) -> EpochState:
+    """Train over this rank's shard from ``done.batches`` on. At each progress line (the one
+    host sync per ``train.log_every`` steps) ranks agree whether to stop; a stopped epoch
+    returns unfinished, at an optimizer-step boundary."""
     t.model.train()
     device, accum = t.plan.device, t.spec.train.grad_accum
     autocast = autocast_for(t.plan)
-    totals = torch.zeros(3, device=device)  # loss sum, correct, samples
+    totals = torch.tensor(done.totals, device=device)
     window = torch.zeros(2, device=device)  # loss sum and samples since the last progress line
-    n_batches, started, first_step = len(loader), time.perf_counter(), t.step
-    for i, (x, y) in enumerate(loader):
+    n_batches, started, first_step = done.batches + len(loader), time.perf_counter(), t.step
+    for i, (x, y) in enumerate(loader, start=done.batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         ends_step = (i + 1) % accum == 0 or i + 1 == n_batches
         with _sync_context(t.model, ends_step):
@@ -139,8 +152,10 @@ def train_epoch(t: Trainer, loader: Any, progress: Progress) -> dict:
         if ends_step:
             _optimizer_step(t)
             if (t.step - first_step) % t.spec.train.log_every == 0:
-                _report(progress, t, first_step, window, started)
-    return _epoch_totals(totals, time.perf_counter() - started)
+                _report(progress, t, -(-(i + 1) // accum), first_step, window, started)
+                if i + 1 < n_batches and stop():
+                    return EpochState(i + 1, tuple(totals.tolist()), done.seconds + time.perf_counter() - started)
+    return EpochState(n_batches, tuple(totals.tolist()), done.seconds + time.perf_counter() - started, True)
 
 
 def _optimizer_step(t: Trainer) -> None:
@@ -152,20 +167,21 @@ def _optimizer_step(t: Trainer) -> None:
     t.step += 1
 
 
-def _report(progress: Progress, t: Trainer, first_step: int, window: torch.Tensor, started: float) -> None:
-    """The one host sync per log interval: this rank's mean loss since the last line."""
+def _report(progress: Progress, t: Trainer, step_in_epoch: int, first_step: int, window: torch.Tensor,
+            started: float) -> None:
+    """This rank's mean loss since the last line, and the global images/s of this session."""
     loss_sum, samples = window.tolist()
     window.zero_()
     elapsed = time.perf_counter() - started
     seen = (t.step - first_step) * t.spec.train.batch_size * t.spec.train.grad_accum * dist.world_size()
-    progress(t.step - first_step, t.steps_per_epoch, loss_sum / max(samples, 1.0), seen / max(elapsed, 1e-9))
+    progress(step_in_epoch, t.steps_per_epoch, loss_sum / max(samples, 1.0), seen / max(elapsed, 1e-9))
 
 
-def _epoch_totals(totals: torch.Tensor, seconds: float) -> dict:
-    """Sum the epoch's counters over ranks. All ranks must call this."""
-    loss_sum, correct, count = dist.all_reduce_sum(totals).tolist()
+def epoch_metrics(state: EpochState, device: str) -> dict:
+    """The epoch's train metrics over all ranks. All ranks must call this."""
+    loss_sum, correct, count = dist.all_reduce_sum(torch.tensor(state.totals, device=device)).tolist()
     return {"train_loss": loss_sum / count, "train_acc": correct / count,
-            "epoch_time_s": seconds, "samples_per_s": count / seconds}
+            "epoch_time_s": state.seconds, "samples_per_s": count / state.seconds}
 
 
 @torch.no_grad()

@@ -24,16 +24,19 @@ from typing import Optional
 
 import torch
 
-from clusterjob import __version__, checkpoint, dist, metrics
+from clusterjob import __version__, checkpoint, dist, metrics, slurmctl
 from clusterjob import env as envmod
 from clusterjob.data import build_datasets, build_loaders, set_epoch, val_valid_count
 from clusterjob.device import DevicePlan, detect_plan
 from clusterjob.errors import BadInput
 from clusterjob.models import build_model
 from clusterjob.optim import current_lrs
+from clusterjob.preempt import StopSignal
 from clusterjob.rundir import RunDir, create_run, mark_failed, new_run_id, now_iso, record_error, run_dir_of_spec
 from clusterjob.spec import Spec, dump_spec, expand_sweep, load_spec
-from clusterjob.train import Trainer, build_trainer, evaluate, train_epoch
+from clusterjob.train import EpochState, Trainer, build_trainer, epoch_metrics, evaluate, train_epoch
+
+TIMEOUT_MARGIN_S = 600  # a stop signal with less time left than this is the time limit's warning
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -49,14 +52,21 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = parse_args(argv)
+    """Exit status 0 when the run completed or stopped to be resumed, 2 on bad input."""
     try:
-        env = envmod.detect(argv=sys.argv if argv is None else argv)
-        spec, params = _spec_point(args, env)
-        plan = detect_plan(spec, env.local_rank, env.world_size)
+        run_task(argv)
     except BadInput as err:
         print(f"clusterjob.worker: error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def run_task(argv: Optional[list[str]] = None) -> str:
+    """Run this task's part of the run: "completed", or "stopped" (checkpointed to resume)."""
+    args = parse_args(argv)
+    env = envmod.detect(argv=sys.argv if argv is None else argv)
+    spec, params = _spec_point(args, env)
+    plan = detect_plan(spec, env.local_rank, env.world_size)
     return _run(args, env, spec, params, plan)
 
 
@@ -74,16 +84,17 @@ def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, di
     return point.spec, point.params
 
 
-def _run(args: argparse.Namespace, env: envmod.DistEnv, spec: Spec, params: dict, plan: DevicePlan) -> int:
+def _run(args: argparse.Namespace, env: envmod.DistEnv, spec: Spec, params: dict, plan: DevicePlan) -> str:
     if "OMP_NUM_THREADS" not in os.environ:  # else every rank takes every core and they thrash
         torch.set_num_threads(spec.resources.cpus_per_task)
     if plan.device_type == "cuda":
         torch.cuda.set_device(plan.device)
+    stop = StopSignal().install()
     dist.init(env, plan.backend, spec.dist.init_method, spec.dist.timeout_s)
     run = None
     try:
         run = _resolve_run(args, spec, params)
-        return run_training(spec, env, plan, run)
+        return run_training(spec, env, plan, run, stop)
     except BaseException as exc:
         _on_failure(run, env, exc)
         raise
@@ -125,8 +136,9 @@ def _on_failure(run: Optional[RunDir], env: envmod.DistEnv, exc: BaseException) 
 # ----------------------------------------------------------------------------- training
 
 
-def run_training(spec: Spec, env: envmod.DistEnv, plan: DevicePlan, run: RunDir) -> int:
-    """Train from the run's latest checkpoint (or from scratch) to the last epoch."""
+def run_training(spec: Spec, env: envmod.DistEnv, plan: DevicePlan, run: RunDir, stop: StopSignal) -> str:
+    """Train from the run's latest checkpoint (or from scratch) to the last epoch, or until
+    a stop signal: then checkpoint where all ranks are and return "stopped"."""
     torch.manual_seed(spec.train.seed)  # identical initial weights on every rank
     data = build_datasets(spec.data, env.local_rank, spec.train.seed)
     loaders = build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size,
@@ -134,27 +146,33 @@ def run_training(spec: Spec, env: envmod.DistEnv, plan: DevicePlan, run: RunDir)
     model = build_model(spec.model.arch, data.num_classes, data.in_shape)
     trainer = build_trainer(spec, plan, model, len(loaders.train_loader), env.world_size)
     torch.manual_seed(spec.train.seed * 1000 + env.rank + 1)  # dropout differs across ranks
-    start = _resume(trainer, run, env)
+    start, partial = _resume(trainer, run, env)
     if dist.is_main():
-        _mark_running(run, env, plan, spec)
+        _mark_running(run, env, plan)
     n_valid = val_valid_count(len(data.val), env.rank, env.world_size)
     for epoch in range(start, spec.train.epochs + 1):
         _debug_fail(spec, env, epoch)
-        set_epoch(loaders, epoch)
-        record = _epoch(trainer, loaders, n_valid, epoch)
-        _save(trainer, run, epoch, env)
+        set_epoch(loaders, epoch, partial.batches)
+        progress = _progress_printer(epoch, spec.train.epochs) if dist.is_main() else _quiet
+        state = train_epoch(trainer, loaders.train_loader, progress, stop.agreed, partial)
+        partial = EpochState()
+        if not state.finished:
+            _save(trainer, run, epoch - 1, env, state)
+            return _stopped(run, spec, stop)
+        record = _epoch_record(trainer, loaders, n_valid, epoch, state)
+        stopping = epoch < spec.train.epochs and (spec.debug.exit_after_epoch == epoch or stop.agreed())
         if dist.is_main():
             _log_epoch(run, record, spec.train.epochs)
-        if spec.debug.exit_after_epoch == epoch:
-            return _stop_early(run, epoch)
+        _save(trainer, run, epoch, env, force=stopping or epoch == spec.train.epochs)
+        if stopping:
+            return _stopped(run, spec, stop)
     if dist.is_main():
         _finish(run)
-    return 0
+    return "completed"
 
 
-def _epoch(t: Trainer, loaders, n_valid: int, epoch: int) -> dict:
-    progress = _progress_printer(epoch, t.spec.train.epochs) if dist.is_main() else _quiet
-    record = {"epoch": epoch, **train_epoch(t, loaders.train_loader, progress)}
+def _epoch_record(t: Trainer, loaders, n_valid: int, epoch: int, state: EpochState) -> dict:
+    record = {"epoch": epoch, **epoch_metrics(state, t.plan.device)}
     record.update(evaluate(t.raw_model, loaders.val_loader, n_valid, t.plan, tta=t.spec.data.tta == "flip"))
     if t.spec.train.ema_decay is not None:
         ema = evaluate(t.ema.module, loaders.val_loader, n_valid, t.plan)
@@ -173,17 +191,21 @@ def _progress_printer(epoch: int, epochs: int):
     return show
 
 
-def _save(t: Trainer, run: RunDir, epoch: int, env: envmod.DistEnv) -> None:
-    """Checkpoint on the spec's cadence, at the last epoch and before a debug exit.
-    All ranks must call this (the RNG states are gathered)."""
-    spec = t.spec
-    due = epoch % spec.checkpoint.every_epochs == 0 or epoch in (spec.train.epochs, spec.debug.exit_after_epoch)
-    if not due:
+def _save(t: Trainer, run: RunDir, epoch: int, env: envmod.DistEnv, partial: Optional[EpochState] = None,
+          force: bool = False) -> None:
+    """Checkpoint after ``epoch`` complete epochs (plus ``partial`` progress into the next)
+    on the spec's cadence or when forced. All ranks must call this: the RNG states and the
+    ranks' partial sums are gathered."""
+    if not (force or partial is not None or epoch % t.spec.checkpoint.every_epochs == 0):
         return
-    rng = _gather(checkpoint.rng_state(), env.world_size)
+    per_rank = _gather((checkpoint.rng_state(), partial and list(partial.totals)), env.world_size)
     if dist.is_main():
-        checkpoint.save(run.checkpoints, epoch, {**t.state_dict(), "epoch": epoch, "rng": rng},
-                        spec.checkpoint.keep_last)
+        extra = {"batches": partial.batches, "seconds": partial.seconds,
+                 "totals": [totals for _, totals in per_rank]} if partial else None
+        checkpoint.save(run.checkpoints, epoch, {**t.state_dict(), "epoch": epoch, "partial": extra,
+                                                 "rng": [rng for rng, _ in per_rank]},
+                        t.spec.checkpoint.keep_last, batches=partial.batches if partial else 0)
+    dist.barrier()  # the file is complete before any rank moves on (or exits)
 
 
 def _gather(obj: object, world_size: int) -> list:
@@ -195,18 +217,56 @@ def _gather(obj: object, world_size: int) -> list:
     return out
 
 
-def _resume(t: Trainer, run: RunDir, env: envmod.DistEnv) -> int:
-    """Load the latest checkpoint if any; returns the first epoch to train."""
+def _resume(t: Trainer, run: RunDir, env: envmod.DistEnv) -> tuple[int, EpochState]:
+    """Load the latest checkpoint if any: the epoch to train next and how far into it."""
     state = checkpoint.load_latest(run.checkpoints)
     if state is None:
-        return 1
+        return 1, EpochState()
     t.load_state_dict(state)
-    if len(state["rng"]) == env.world_size:
+    same_world = len(state["rng"]) == env.world_size
+    if same_world:
         checkpoint.set_rng_state(state["rng"][env.rank])
+    partial = state.get("partial")
     if dist.is_main():
         metrics.keep_until(run.metrics_file, state["epoch"])
-        print(f"resuming {run.path} after epoch {state['epoch']}", flush=True)
-    return state["epoch"] + 1
+        where = f" and {partial['batches']} batches" if partial else ""
+        print(f"resuming {run.path} after epoch {state['epoch']}{where}", flush=True)
+    if not partial or not same_world:  # another world size cannot continue another's shards
+        return state["epoch"] + 1, EpochState()
+    return state["epoch"] + 1, EpochState(partial["batches"], tuple(partial["totals"][env.rank]), partial["seconds"])
+
+
+def _stopped(run: RunDir, spec: Spec, stop: StopSignal) -> str:
+    """Every rank has checkpointed: rank 0 records why and requeues the Slurm job (or task)."""
+    if dist.is_main():
+        _record_stop(run, spec, stop)
+    dist.barrier()  # no rank exits before the requeue is on record
+    return "stopped"
+
+
+def _record_stop(run: RunDir, spec: Spec, stop: StopSignal) -> None:
+    job = envmod.slurm_job()
+    reason = _stop_reason(job, stop)
+    requeues = run.read_info().get("requeues") or 0
+    if job is None:
+        run.update(status=reason)
+        print(f"stopped ({reason}); run the worker on {run.spec_file} again to resume", flush=True)
+    elif requeues >= spec.resources.max_requeues:
+        run.update(status="failed", finished_at=now_iso(), error={
+            "rank": None, "message": f"{reason} {requeues + 1} times; resources.max_requeues={spec.resources.max_requeues} "
+            "reached, not requeued (resume by resubmitting the run folder's spec.yaml)", "traceback": ""})
+    else:
+        run.update(status=reason, requeues=requeues + 1)
+        ok = slurmctl.requeue(job.run_key)
+        print(f"{reason}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
+
+
+def _stop_reason(job: Optional[envmod.SlurmJob], stop: StopSignal) -> str:
+    """timeout when the signal came near the job's time limit, else preempted."""
+    if job is None or stop.received_at is None:
+        return "preempted"
+    left = slurmctl.time_left_s(job.run_key)
+    return "timeout" if left is not None and left <= TIMEOUT_MARGIN_S else "preempted"
 
 
 def _debug_fail(spec: Spec, env: envmod.DistEnv, epoch: int) -> None:
@@ -217,10 +277,11 @@ def _debug_fail(spec: Spec, env: envmod.DistEnv, epoch: int) -> None:
 # ----------------------------------------------------------------------------- rank-0 records
 
 
-def _mark_running(run: RunDir, env: envmod.DistEnv, plan: DevicePlan, spec: Spec) -> None:
+def _mark_running(run: RunDir, env: envmod.DistEnv, plan: DevicePlan) -> None:
     info = run.read_info()
     job = envmod.slurm_job()
-    run.update(status="running", hosts=list(env.hosts), world_size=env.world_size, backend=plan.backend,
+    requeues = max(info.get("requeues") or 0, job.restart_count if job else 0)  # scontrol requeue too
+    run.update(status="running", requeues=requeues, hosts=list(env.hosts), world_size=env.world_size, backend=plan.backend,
                amp=plan.amp_name, device=plan.device_type, master_addr=env.master_addr,
                master_port=env.master_port, slurm_job_id=job.run_key if job else info.get("slurm_job_id"),
                versions=_versions(), git_sha=_git_sha(), started_at=info.get("started_at") or now_iso(),
@@ -239,13 +300,6 @@ def _log_epoch(run: RunDir, record: dict, epochs: int) -> None:
 def _finish(run: RunDir) -> None:
     info = run.update(status="completed", finished_at=now_iso())
     print(f"completed {run.path}: {json.dumps(info.get('final'))}", flush=True)
-
-
-def _stop_early(run: RunDir, epoch: int) -> int:
-    if dist.is_main():
-        run.update(status="preempted")
-        print(f"debug.exit_after_epoch: stopping after epoch {epoch}", flush=True)
-    return 0
 
 
 def _versions() -> dict:

@@ -154,3 +154,37 @@ def test_launch_styles_agree(tmp_path):
     assert max(losses.values()) - min(losses.values()) <= 1e-6, losses
     assert all(run_info(tmp_path / n)["world_size"] == 2 for n in ("env", "file", "torchrun", "legacy"))
     assert run_info(tmp_path / "torchrun")["status"] == "completed"
+
+
+def test_stop_signal_mid_epoch_checkpoints_and_resumes_exactly(tmp_path):
+    import os
+    import signal
+    import time
+
+    sections = dict(model={"arch": "convnet"}, data={"augment": True, "limit_train": 512, "limit_val": 32},
+                    train={"epochs": 2, "batch_size": 8, "amp": "bf16", "log_every": 2})
+    whole = write_spec(tmp_path, "whole", **sections)
+    parts = write_spec(tmp_path, "parts", **sections)
+    run_hand_set(whole, tmp_path / "whole", world=2)
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = {**base_env(), "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        out = open(tmp_path / f"rank{rank}.out", "w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.worker", str(parts), "--run-dir",
+                                       str(tmp_path / "parts")], env=env, stdout=out, stderr=subprocess.STDOUT))
+    deadline = time.time() + 120
+    while "[progress] epoch 1/2 step 6/" not in (tmp_path / "rank0.out").read_text() and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(procs[1].pid, signal.SIGUSR2)  # one rank is told; all must stop at the same step
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    info = run_info(tmp_path / "parts")
+    assert info["status"] == "preempted"
+    (ckpt,) = checkpoint.list_checkpoints(tmp_path / "parts" / "checkpoints")
+    assert ckpt.name.startswith("epoch-0000-")  # mid-way through epoch 1
+    assert not (tmp_path / "parts" / "metrics.jsonl").exists()
+    run_hand_set(parts, tmp_path / "parts", world=2)
+    a, b = final_state(tmp_path / "whole"), final_state(tmp_path / "parts")
+    assert max_abs_diff(a["model"], b["model"]) == 0
+    ea, eb = epochs_of(tmp_path / "whole"), epochs_of(tmp_path / "parts")
+    assert [r["epoch"] for r in eb] == [1, 2]
+    assert [(r["train_loss"], r["val_loss"]) for r in ea] == [(r["train_loss"], r["val_loss"]) for r in eb]
