@@ -46,6 +46,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report.main(args)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from clusterjob import control
+
+    return control.cmd_status(args)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from clusterjob import control
+
+    return control.cmd_logs(args)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from clusterjob import control
+
+    return control.cmd_cancel(args)
+
+
+def cmd_sbatch(args: argparse.Namespace) -> int:
+    from clusterjob import sbatch
+
+    return sbatch.main(args)
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="YAML spec file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -64,6 +88,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("sbatch", help="print a standalone sbatch script for a spec")
+    _add_spec_args(p)
+    p.add_argument("--style", choices=("srun", "torchrun"), default="srun",
+                   help="srun: one task per GPU; torchrun: one task per node running torchrun")
+    p.set_defaults(func=cmd_sbatch)
+
+    p = sub.add_parser("status", help="runs and their states (run.json, then squeue, then sacct)")
+    p.add_argument("dir", nargs="?", default="results", help="results folder (default: results)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="a run's per-rank output")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("cancel", help="cancel a pending or running run")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("validate", help="check a spec and print the resolved spec of every run")
     _add_spec_args(p)

@@ -10,12 +10,13 @@ Stdlib only, never torch: ``clusterjob env`` imports this on login nodes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, MutableMapping, Optional, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, MutableMapping, Optional, Sequence, TypeVar
 
 from clusterjob.errors import EnvError
 from clusterjob.hostlist import HostlistError, expand_hostlist, parse_tasks_per_node
@@ -531,6 +532,20 @@ def clean_environ(environ: Mapping[str, str]) -> dict[str, str]:
     rank variables to the new job, whose tasks would then detect the wrong layout.
     """
     return {name: value for name, value in environ.items() if not _leaks(name)}
+
+
+@contextlib.contextmanager
+def scrubbed_environ() -> Iterator[None]:
+    """Run a block (a submission) with ``clean_environ`` applied to this process's
+    environment: sbatch exports the submitter's environment to the job."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(clean_environ(saved))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _leaks(name: str) -> bool:

@@ -33,7 +33,7 @@ def queue_states(job_ids: list[str]) -> dict[str, str]:
     """State of jobs still in the queue, e.g. {"123_4": "RUNNING"}; finished jobs are absent."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(job_ids)]) or ""
+    out = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(job_ids)]) or ""
     return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
