@@ -82,9 +82,15 @@ class RunDir:
         except (OSError, ValueError):
             return {}
 
-    def update(self, **fields: Any) -> dict:
-        """Merge ``fields`` into run.json atomically; returns the new content."""
-        info = {**self.read_info(), **fields}
+    def update(self, reopen: bool = False, **fields: Any) -> dict:
+        """Merge ``fields`` into run.json atomically; returns the new content.
+
+        A cancelled run stays cancelled (its tasks may write for a few seconds after the
+        cancel) unless ``reopen``: the run was started again on purpose."""
+        info = self.read_info()
+        if info.get("status") == "cancelled" and not reopen:
+            fields = {k: v for k, v in fields.items() if k not in ("status", "finished_at", "error")}
+        info.update(fields)
         write_atomic(self.info_file, json.dumps(info, indent=2, default=str) + "\n")
         return info
 

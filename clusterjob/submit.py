@@ -136,4 +136,4 @@ def print_report(runs: list[RunDir]) -> None:
         return
     from clusterjob import report
 
-    print(report.format_report(runs[0].path.parent, fmt="md"))
+    print(report.format_report([run.path for run in runs], fmt="md"))

@@ -36,7 +36,7 @@ from clusterjob.rundir import RunDir, create_run, mark_failed, new_run_id, now_i
 from clusterjob.spec import Spec, dump_spec, expand_sweep, load_spec
 from clusterjob.train import EpochState, Trainer, build_trainer, epoch_metrics, evaluate, train_epoch
 
-TIMEOUT_MARGIN_S = 600  # a stop signal with less time left than this is the time limit's warning
+TIMEOUT_MARGIN_S = 180  # USR2 with less time left than this is the time limit's warning (sent 120 s before)
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -281,7 +281,9 @@ def _mark_running(run: RunDir, env: envmod.DistEnv, plan: DevicePlan) -> None:
     info = run.read_info()
     job = envmod.slurm_job()
     requeues = max(info.get("requeues") or 0, job.restart_count if job else 0)  # scontrol requeue too
-    run.update(status="running", requeues=requeues, hosts=list(env.hosts), world_size=env.world_size, backend=plan.backend,
+    cancelled_job = info.get("status") == "cancelled" and job and info.get("slurm_job_id") == job.run_key
+    run.update(reopen=not cancelled_job, status="running", requeues=requeues, hosts=list(env.hosts),
+               world_size=env.world_size, backend=plan.backend,
                amp=plan.amp_name, device=plan.device_type, master_addr=env.master_addr,
                master_port=env.master_port, slurm_job_id=job.run_key if job else info.get("slurm_job_id"),
                versions=_versions(), git_sha=_git_sha(), started_at=info.get("started_at") or now_iso(),

@@ -9,14 +9,15 @@ that ended without saying so (a task killed by a signal) as failed in its run.js
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from clusterjob import env as envmod
-from clusterjob.rundir import FINAL_STATUSES, RunDir, mark_failed
+from clusterjob.rundir import FINAL_STATUSES, RunDir, mark_failed, now_iso
 from clusterjob.spec import Spec, SweepPoint
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
@@ -159,13 +160,52 @@ def wait_and_report(runs: list[RunDir], poll_s: float = 2.0) -> int:
 
 
 def finalize(runs_file: str, index: str, srun_status: str) -> int:
-    """After srun: a run still marked running/pending ended without its own record."""
+    """After srun: record a task that died without a traceback (killed by a signal) as the
+    cause, over the other ranks' collateral "connection closed" errors; and mark a run
+    that is still pending/running as failed."""
     run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
-    status = run.read_info().get("status")
-    if srun_status != "0" and status in ("pending", "running"):
+    info = run.read_info()
+    if srun_status == "0" or info.get("status") not in ("pending", "running", "failed"):
+        return 0
+    killed = killed_task(_batch_log(info))
+    if killed and not run.error_file(killed[0]).exists():
+        rank, node, reason = killed
+        run.update(status="failed", finished_at=now_iso(), error={
+            "rank": rank, "message": f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
+            "traceback": _tail_text(run.logs / f"rank{rank}.err")})
+    elif info.get("status") != "failed":
         mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
                          f"(see `clusterjob logs {run.path}`)")
     return 0
+
+
+_SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
+
+
+def killed_task(batch_log: str) -> Optional[tuple[int, str, str]]:
+    """(rank, node, reason) of the first task srun reports as ended by a signal of its own;
+    "Exited with exit code" (a traceback exists) and "Terminated" (srun's own kill of the
+    other tasks) are not causes."""
+    for node, rank, reason in _SRUN_TASK_ERROR.findall(batch_log):
+        if not reason.startswith(("Exited with exit code", "Terminated")):
+            return int(rank), node, reason.strip()
+    return None
+
+
+def _batch_log(info: dict) -> str:
+    """The batch script's stderr, where srun reports its tasks (submitit: task 0's file)."""
+    path = Path(info.get("log_dir") or ".") / f"{info.get('slurm_job_id')}_0_log.err"
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail_text(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":
