@@ -1,0 +1,196 @@
+"""``clusterjob sbatch SPEC``: a standalone sbatch script, filled in from a spec.
+
+    clusterjob sbatch jobs/cifar.yaml > run.sbatch && sbatch run.sbatch
+    clusterjob sbatch jobs/cifar.yaml --style torchrun --set resources.nodes=4 > run.sbatch
+
+The raw templates in ``sbatch/`` (``ddp_srun.sbatch``, ``ddp_torchrun.sbatch``) are the
+single source of truth; rendering changes three places of one and keeps the rest:
+
+- the ``#SBATCH`` block: each line of an option the spec decides (nodes, tasks, gres, ...)
+  gets the spec's value and keeps the template's comment, or is dropped when the spec
+  leaves it unset (no gres without GPUs, no mem for mem_gb 0, no partition when null);
+  ``##SBATCH`` lines are switched on when the spec sets them; other lines stay as written;
+- the ``# @clusterjob-args`` line becomes ``set -- /abs/SPEC --set ... "$@"``, so the
+  script runs without arguments (arguments given to sbatch are added after);
+- the lines between the setup markers become ``resources.setup`` (kept when it is empty).
+
+A sweep spec adds ``--array=0-(N-1)`` (``%P`` with resources.array_parallelism); each
+array task's worker runs the sweep point of its SLURM_ARRAY_TASK_ID.
+
+Stdlib and clusterjob.spec only, never torch: this runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import site
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from clusterjob.errors import BadInput
+from clusterjob.spec import Spec, expand_sweep, load_spec
+
+STYLES = {"srun": "ddp_srun.sbatch", "torchrun": "ddp_torchrun.sbatch"}
+ARGS_MARKER = "# @clusterjob-args"
+SETUP_BEGIN = "# >>> setup"
+SETUP_END = "# <<< setup"
+# Installed (non-editable) packages find the templates here, see template_dirs().
+SHARE_DIR = Path("share") / "clusterjob" / "sbatch"
+
+# "#SBATCH --nodes=1   # comment" or "##SBATCH --partition=gpu" (switched off).
+_HEADER = re.compile(r"(?P<off>#?)#SBATCH\s+--(?P<option>[A-Za-z-]+)(?:=(?P<value>\S*))?"
+                     r"(?P<pad>\s*)(?P<comment>#.*)?")
+
+
+@dataclass(frozen=True)
+class Header:
+    """One ``#SBATCH`` line of a template."""
+
+    text: str
+    option: str
+    off: bool
+    comment: Optional[str]
+    comment_column: int  # where the comment starts, to keep the block aligned
+
+
+def template_dirs() -> list[Path]:
+    """Where the templates may be, in order: $CLUSTERJOB_SBATCH_DIR, the source checkout
+    (``sbatch/`` beside the ``clusterjob/`` package, also an editable install), and
+    ``<prefix>/share/clusterjob/sbatch`` of an installed package (pyproject's data-files;
+    the prefix of the environment, of its base interpreter, or of ``pip install --user``)."""
+    dirs = [Path(os.environ["CLUSTERJOB_SBATCH_DIR"])] if os.environ.get("CLUSTERJOB_SBATCH_DIR") else []
+    dirs.append(Path(__file__).resolve().parent.parent / "sbatch")
+    prefixes = dict.fromkeys((sys.prefix, sys.base_prefix, site.getuserbase()))
+    return dirs + [Path(prefix) / SHARE_DIR for prefix in prefixes]
+
+
+def template_path(style: str) -> Path:
+    """The raw template of ``style`` ("srun" | "torchrun")."""
+    if style not in STYLES:
+        raise BadInput(f"--style {style!r}: choose one of {', '.join(STYLES)}")
+    for folder in template_dirs():
+        path = folder / STYLES[style]
+        if path.is_file():
+            return path
+    searched = ", ".join(str(d) for d in template_dirs())
+    raise BadInput(f"sbatch template {STYLES[style]} not found (searched {searched}); "
+                   "set CLUSTERJOB_SBATCH_DIR to the folder holding the sbatch/ templates")
+
+
+def render(spec: Spec, spec_path: str, style: str = "srun", overrides: Sequence[str] = ()) -> str:
+    """The template of ``style`` filled in from ``spec`` (already overridden), running
+    ``spec_path`` (made absolute) with ``overrides`` (passed on to the worker as --set)."""
+    lines = template_path(style).read_text().splitlines()
+    lines = _render_headers(lines, header_values(spec))
+    lines = _render_setup(lines, spec.resources.setup)
+    lines = _render_args(lines, os.path.abspath(spec_path), overrides)
+    note = f"# Rendered by `clusterjob sbatch --style {style}` from {os.path.abspath(spec_path)}."
+    return "\n".join([lines[0], note, *lines[1:]]) + "\n"
+
+
+def header_values(spec: Spec) -> dict[str, Optional[str]]:
+    """The ``#SBATCH`` options a spec decides; None drops the option's line."""
+    r = spec.resources
+    points = len(expand_sweep(spec))
+    return {
+        "job-name": spec.name,
+        "nodes": str(r.nodes),
+        "ntasks-per-node": str(r.tasks_per_node),
+        "gres": f"gpu:{r.gpus_per_node}" if r.gpus_per_node else None,
+        "cpus-per-task": str(r.cpus_per_task),
+        "mem": slurm_mem(r.mem_gb) if r.mem_gb else None,
+        "time": slurm_time(r.time_min),
+        "partition": r.partition,
+        "account": r.account,
+        "qos": r.qos,
+        "constraint": r.constraint,
+        "array": slurm_array(points, r.array_parallelism) if points > 1 else None,
+    }
+
+
+def slurm_mem(gb: float) -> str:
+    """16 -> "16G"; fractions in whole MB, rounded up: 1.5 -> "1536M"."""
+    return f"{int(gb)}G" if float(gb).is_integer() else f"{math.ceil(gb * 1024)}M"
+
+
+def slurm_time(minutes: int) -> str:
+    """Minutes as Slurm's [days-]hours:minutes:seconds: 90 -> "01:30:00", 1500 -> "1-01:00:00"."""
+    days, rest = divmod(minutes, 24 * 60)
+    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
+    return f"{days}-{text}" if days else text
+
+
+def slurm_array(points: int, parallelism: Optional[int]) -> str:
+    """Array indices of a sweep: one task per point, at most ``parallelism`` at once."""
+    return f"0-{points - 1}" + (f"%{parallelism}" if parallelism else "")
+
+
+def parse_headers(lines: Sequence[str]) -> tuple[int, int, list[Header]]:
+    """(first, last + 1, headers) of the template's one contiguous block of #SBATCH lines."""
+    found = [(i, _HEADER.fullmatch(line.rstrip())) for i, line in enumerate(lines)]
+    found = [(i, m) for i, m in found if m]
+    if not found:
+        raise ValueError("the template has no #SBATCH lines")
+    start, end = found[0][0], found[-1][0] + 1
+    if len(found) != end - start:
+        raise ValueError(f"the template's #SBATCH lines {start + 1}..{end} are not one block")
+    headers = [Header(text=lines[i].rstrip(), option=m["option"], off=bool(m["off"]), comment=m["comment"],
+                      comment_column=m.start("comment") if m["comment"] else 0) for i, m in found]
+    return start, end, headers
+
+
+def _render_headers(lines: list[str], values: dict[str, Optional[str]]) -> list[str]:
+    start, end, headers = parse_headers(lines)
+    missing = set(values) - {h.option for h in headers}
+    if missing:
+        raise ValueError(f"the template has no #SBATCH line for {', '.join(sorted(missing))}")
+    block = []
+    for h in headers:
+        if h.option not in values:
+            block.append(h.text)
+        elif values[h.option] is not None:
+            block.append(_header_line(h, values[h.option]))
+    return lines[:start] + block + lines[end:]
+
+
+def _header_line(h: Header, value: str) -> str:
+    text = f"#SBATCH --{h.option}={value}"
+    if not h.comment:
+        return text
+    return f"{text.ljust(h.comment_column - 1)} {h.comment}"
+
+
+def _render_setup(lines: list[str], setup: Sequence[str]) -> list[str]:
+    begin = _marker(lines, SETUP_BEGIN)
+    end = _marker(lines, SETUP_END)
+    if not setup:
+        return lines
+    return lines[:begin + 1] + list(setup) + lines[end:]
+
+
+def _render_args(lines: list[str], spec_path: str, overrides: Sequence[str]) -> list[str]:
+    index = _marker(lines, ARGS_MARKER)
+    words = [spec_path] + [w for item in overrides for w in ("--set", item)]
+    command = "set -- " + " ".join(shlex.quote(w) for w in words) + ' "$@"'
+    return lines[:index] + [command] + lines[index + 1:]
+
+
+def _marker(lines: Sequence[str], marker: str) -> int:
+    hits = [i for i, line in enumerate(lines) if line.startswith(marker)]
+    if len(hits) != 1:
+        raise ValueError(f"the template needs exactly one line starting with {marker!r}, found {len(hits)}")
+    return hits[0]
+
+
+def main(args) -> int:
+    """``clusterjob sbatch SPEC [--set ...] [--style srun|torchrun]``: print the script."""
+    overrides = list(getattr(args, "set", None) or [])
+    style = getattr(args, "style", None) or "srun"
+    spec = load_spec(args.spec, overrides)
+    sys.stdout.write(render(spec, args.spec, style, overrides))
+    return 0
