@@ -106,7 +106,7 @@ def last_progress(run: RunDir) -> Optional[str]:
 
 def detach(runs: list[RunDir], world: int) -> int:
     """Start a supervisor in its own session that runs ``runs`` one after another; its pid."""
-    log = runs[0].path.parent / f".local-{runs[0].run_id}.log"
+    log = runs[0].logs / "supervisor.log"  # the supervisor of a sweep logs in its first run
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "clusterjob.launch.local", str(world),
                                  *(str(r.path) for r in runs)], stdout=out, stderr=subprocess.STDOUT,
