@@ -1,0 +1,155 @@
+"""pytest fixture `slurm_cluster`: a real Slurm cluster on this machine.
+
+Reuses a cluster that is already up (`scripts/local-slurm status`), else brings one up
+with 3 nodes. A cluster brought up by a test session is torn down when the last test
+session using it ends; one brought up by hand is never torn down here. Without root or
+packages the tests are skipped, unless CLUSTERJOB_REQUIRE_SLURM=1 (CI), which turns the
+skip into a failure that names the cause.
+"""
+import fcntl
+import os
+import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "local-slurm"
+STATE = Path(os.environ.get("CLUSTERJOB_SLURM_DIR", "/tmp/clusterjob-slurm"))
+LEASES = Path(str(STATE) + ".leases")  # one file per test session using the cluster
+OWNER = LEASES / "started-by-tests"   # holds the slurmctld PID record of that cluster
+UP_TIMEOUT_S = 900                     # the first `up` may install packages
+
+
+@dataclass
+class SlurmCluster:
+    conf: str
+    nodes: list = field(default_factory=list)
+
+    def env(self):
+        """os.environ plus SLURM_CONF, for subprocesses (sbatch, srun, sacct, ...)."""
+        return dict(os.environ, SLURM_CONF=self.conf)
+
+    def run(self, *cmd, check=True, timeout=120):
+        """Run a Slurm client command; its stdout, or an error that shows both streams."""
+        res = subprocess.run(cmd, env=self.env(), capture_output=True, text=True,
+                             timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} exited {res.returncode}:\n"
+                                 f"{res.stdout}{res.stderr}")
+        return res.stdout
+
+
+def local_slurm(*args, timeout=120):
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def unavailable(reason):
+    """Skip, or fail when the environment says a cluster is required."""
+    if os.environ.get("CLUSTERJOB_REQUIRE_SLURM") == "1":
+        pytest.fail(f"CLUSTERJOB_REQUIRE_SLURM=1 but no Slurm cluster: {reason}",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
+@contextmanager
+def leases_lock():
+    LEASES.mkdir(parents=True, exist_ok=True)
+    with open(str(LEASES) + ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def cluster_identity():
+    """The running cluster's slurmctld PID record: tells one `up` from the next."""
+    try:
+        return (STATE / "pids" / "slurmctld.pid").read_text()
+    except OSError:
+        return None
+
+
+def live_leases():
+    live = []
+    for f in LEASES.glob("session-*"):
+        pid = int(f.name.split("-")[1])
+        if Path(f"/proc/{pid}").exists():
+            live.append(f)
+        else:
+            f.unlink(missing_ok=True)  # a session that crashed without teardown
+    return live
+
+
+def bring_up():
+    """Reuse a running cluster, else start one with 3 nodes and own it. Returns True
+    if this call started it. Call under leases_lock()."""
+    if not SCRIPT.is_file():
+        unavailable(f"{SCRIPT} is missing")
+    if local_slurm("status").returncode == 0:
+        return False
+    if os.geteuid() != 0:
+        unavailable("scripts/local-slurm needs root (namespaces, /etc/hosts, daemons)")
+    try:
+        res = local_slurm("up", "--nodes", "3", timeout=UP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        unavailable(f"`scripts/local-slurm up` took over {UP_TIMEOUT_S} s; "
+                    f"see {STATE}/log and rerun it by hand")
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).splitlines()[-40:])
+        unavailable(f"`scripts/local-slurm up` failed ({res.returncode}):\n{tail}")
+    OWNER.write_text(cluster_identity() or "")
+    return True
+
+
+def node_list(conf):
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True,
+                         text=True, env=dict(os.environ, SLURM_CONF=conf)).stdout
+    return sorted(set(out.split()), key=lambda n: (len(n), n))
+
+
+def conf_from_env_line():
+    line = local_slurm("env").stdout.strip()
+    return line.split("=", 1)[1] if line.startswith("export SLURM_CONF=") else ""
+
+
+def retag_owner(old_identity):
+    """After a test restarted the cluster: if a test session owned the old one, it owns
+    the new one too (so that session's teardown still downs it)."""
+    with leases_lock():
+        if OWNER.exists() and OWNER.read_text() == (old_identity or ""):
+            OWNER.write_text(cluster_identity() or "")
+    return True
+
+
+def tear_down_if_last():
+    """Down only a cluster a test session started, once no session still uses it."""
+    if live_leases() or not OWNER.exists():
+        return
+    if OWNER.read_text() == (cluster_identity() or ""):
+        res = local_slurm("down")
+        if res.returncode != 0:
+            print(f"scripts/local-slurm down failed:\n{res.stdout}{res.stderr}")
+    OWNER.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    lease = LEASES / f"session-{os.getpid()}"
+    with leases_lock():
+        bring_up()
+        lease.touch()
+    conf = conf_from_env_line()
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf
+    try:
+        yield SlurmCluster(conf=conf, nodes=node_list(conf))
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        with leases_lock():
+            lease.unlink(missing_ok=True)
+            tear_down_if_last()
