@@ -248,9 +248,10 @@ def _record_stop(run: RunDir, spec: Spec, stop: StopSignal) -> None:
     job = envmod.slurm_job()
     reason = _stop_reason(job, stop)
     requeues = run.read_info().get("requeues") or 0
-    if job is None:
+    if job is None or not stop.requeue_wanted:
         run.update(status=reason)
-        print(f"stopped ({reason}); run the worker on {run.spec_file} again to resume", flush=True)
+        hint = "Slurm requeues or ends the job" if job else f"run the worker on {run.spec_file} again to resume"
+        print(f"stopped ({reason}); {hint}", flush=True)
     elif requeues >= spec.resources.max_requeues:
         run.update(status="failed", finished_at=now_iso(), error={
             "rank": None, "message": f"{reason} {requeues + 1} times; resources.max_requeues={spec.resources.max_requeues} "

@@ -24,14 +24,20 @@ LONG = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_val": 6
             resources={"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10})
 
 
-def cli(cluster, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**cluster.env(), "PYTHONPATH": str(REPO)}
+# What a shell inside another allocation or launch holds: must not reach the new job.
+LEAKS = {"SLURM_JOB_ID": "999", "SLURM_PROCID": "7", "SLURM_NTASKS": "9", "SLURM_NODELIST": "gpu[1-9]",
+         "SLURM_TASKS_PER_NODE": "1(x9)", "RANK": "3", "WORLD_SIZE": "9", "MASTER_ADDR": "nowhere.invalid",
+         "MASTER_PORT": "1", "LOCAL_RANK": "2", "SBATCH_TIMELIMIT": "1"}
+
+
+def cli(cluster, cwd: Path, *args: str, timeout: float = 300, extra_env: dict = {}) -> subprocess.CompletedProcess:
+    env = {**cluster.env(), "PYTHONPATH": str(REPO), **extra_env}
     return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def submit(cluster, spec: Path, *extra: str) -> list[Path]:
-    done = cli(cluster, spec.parent, "submit", str(spec), "--executor", "slurm", *extra)
+def submit(cluster, spec: Path, *extra: str, extra_env: dict = {}) -> list[Path]:
+    done = cli(cluster, spec.parent, "submit", str(spec), "--executor", "slurm", *extra, extra_env=extra_env)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return sorted({Path(line.split()[-1]) for line in done.stdout.splitlines() if line.split()[-1:] and
                    (Path(line.split()[-1]) / "run.json").exists()})
@@ -71,16 +77,18 @@ def task_pid(job_id: str, rank: int) -> int:
 
 @pytest.fixture(scope="module")
 def baseline(slurm_cluster, tmp_path_factory):
-    """An uninterrupted 2 nodes x 2 tasks run of LONG, for the preemption tests to match."""
+    """An uninterrupted 2 nodes x 2 tasks run of LONG, for the preemption tests to match,
+    submitted from a shell that looks like the inside of another job."""
     folder = tmp_path_factory.mktemp("baseline")
-    (run,) = submit(slurm_cluster, write_spec(folder, "base", **LONG), "--wait")
+    (run,) = submit(slurm_cluster, write_spec(folder, "base", **LONG), "--wait", extra_env=LEAKS)
     return run
 
 
 def test_multi_node_submit_completes(slurm_cluster, baseline):
     info = run_info(baseline)
     assert info["status"] == "completed" and info["world_size"] == 4
-    assert info["hosts"] == ["node1", "node2"] and info["master_addr"] == "node1"
+    assert info["hosts"] == ["node1", "node2"] and info["master_addr"] == "node1"  # no leaked layout
+    assert info["master_port"] != 1 and info["slurm_job_id"] != "999"
     assert info["executor"] == "slurm" and info["slurm_job_id"]
     assert [r["epoch"] for r in epochs_of(baseline)] == [1, 2, 3]
     assert "world_size" in json.dumps(info) and (baseline / "logs" / "rank3.out").exists()
@@ -126,8 +134,11 @@ def _check_resumed_like(run: Path, baseline: Path, requeues: int) -> None:
     info = run_info(run)
     assert info["status"] == "completed" and info["requeues"] == requeues
     assert [r["epoch"] for r in epochs_of(run)] == [1, 2, 3]
-    assert max_abs_diff(final_state(run)["model"], final_state(baseline)["model"]) == 0
-    assert [r["val_loss"] for r in epochs_of(run)] == [r["val_loss"] for r in epochs_of(baseline)]
+    # Not bit-equal: after a resume DDP rebuilds its gradient buckets at a different step,
+    # and 4-rank ring all-reduces then sum some elements in another order (~1e-9 apart).
+    assert max_abs_diff(final_state(run)["model"], final_state(baseline)["model"]) <= 1e-6
+    for mine, theirs in zip(epochs_of(run), epochs_of(baseline)):
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-5, abs=1e-7)
 
 
 def test_usr2_preemption_checkpoints_requeues_and_resumes(slurm_cluster, baseline, tmp_path):

@@ -138,6 +138,7 @@ def test_launch_styles_agree(tmp_path):
     spec = write_spec(tmp_path, "styles", train={"epochs": 2})
     run_hand_set(spec, tmp_path / "env", world=2)
     run_hand_set(spec, tmp_path / "file", world=2, init_method=f"file://{tmp_path}/rendezvous")
+    run_hand_set(spec, tmp_path / "tcp", world=2, init_method=f"tcp://127.0.0.1:{free_port()}")
     run_torchrun(spec, tmp_path / "torchrun", world=2)
     legacy = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
               "-m", "clusterjob.worker", str(spec), "--run-dir", str(tmp_path / "legacy")]
@@ -149,10 +150,10 @@ def test_launch_styles_agree(tmp_path):
                            capture_output=True, text=True, timeout=240)
     assert local.returncode == 0, local.stdout + local.stderr
     (local_run,) = (tmp_path / "results" / "styles").iterdir()
-    losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "torchrun", "legacy")}
+    losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "tcp", "torchrun", "legacy")}
     losses["local"] = epochs_of(local_run)[-1]["val_loss"]
     assert max(losses.values()) - min(losses.values()) <= 1e-6, losses
-    assert all(run_info(tmp_path / n)["world_size"] == 2 for n in ("env", "file", "torchrun", "legacy"))
+    assert all(run_info(tmp_path / n)["world_size"] == 2 for n in ("env", "file", "tcp", "torchrun", "legacy"))
     assert run_info(tmp_path / "torchrun")["status"] == "completed"
 
 
