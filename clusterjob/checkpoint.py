@@ -7,14 +7,14 @@ warning, so a resume never starts from scratch while a good checkpoint exists.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from clusterjob.rundir import atomic_open
 
 _NAME = re.compile(r"epoch-(\d+)(?:-(\d+))?\.pt")
 
@@ -28,16 +28,8 @@ def save(folder: Path, epoch: int, state: dict, keep_last: int, batches: int = 0
     """Write ``state`` atomically and keep only the ``keep_last`` newest checkpoints."""
     folder.mkdir(parents=True, exist_ok=True)
     target = path_for(folder, epoch, batches)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(target, "wb") as f:
+        torch.save(state, f)
     for old in list_checkpoints(folder)[:-keep_last]:
         old.unlink(missing_ok=True)
     return target

@@ -6,6 +6,7 @@ Slurm accounting), so every update is an atomic read-modify-write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,28 +16,34 @@ import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Iterator, Optional
 
 STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled")
 FINAL_STATUSES = ("completed", "failed", "cancelled")
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` so readers see the old or the new file, never half of one."""
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
+    """A file that readers see whole or not at all: temp file beside it, fsync, rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    with atomic_open(path) as f:
+        f.write(text)
 
 
 def new_run_id() -> str:
