@@ -126,3 +126,14 @@ def test_local_cancel_ends_the_supervisor_and_workers(tmp_path):
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
     assert run_info(run)["status"] == "cancelled"
     assert cli("cancel", str(run), cwd=tmp_path).returncode == 2  # already cancelled
+
+
+@pytest.mark.slow
+def test_quickstart_learns_past_90_percent(tmp_path):
+    done = cli("submit", str(REPO / "jobs" / "quickstart.yaml"), "--executor", "local", "--wait", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = (tmp_path / "results" / "quickstart").iterdir()
+    final = run_info(run)["final"]
+    assert final["epoch"] == 4 and final["val_acc"] > 0.9
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "completed" in summary and float(summary.split("val_acc ")[1].split()[0]) > 0.9
