@@ -90,6 +90,9 @@ def test_local_sweep_waits_and_reports(tmp_path):
     assert done.stdout.count("completed  val_acc") == 2 and "train.lr" in done.stdout
     status = cli("status", str(tmp_path / "results" / "sw"), cwd=tmp_path)
     assert status.stdout.count("completed") == 2
+    logs = cli("logs", runs[1].name, "--rank", "0", cwd=tmp_path)  # a run id, found under results/
+    assert logs.returncode == 0 and "epoch 1/1 train_loss" in logs.stdout
+    assert cli("logs", str(runs[1]), "--rank", "5", cwd=tmp_path).returncode == 2
 
 
 @pytest.mark.slow

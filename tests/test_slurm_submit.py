@@ -91,7 +91,8 @@ def test_multi_node_submit_completes(slurm_cluster, baseline):
     assert info["master_port"] != 1 and info["slurm_job_id"] != "999"
     assert info["executor"] == "slurm" and info["slurm_job_id"]
     assert [r["epoch"] for r in epochs_of(baseline)] == [1, 2, 3]
-    assert "world_size" in json.dumps(info) and (baseline / "logs" / "rank3.out").exists()
+    logs = cli(slurm_cluster, baseline, "logs", str(baseline), "--rank", "3")
+    assert logs.returncode == 0 and "global_rank=3(4)" in logs.stdout and "==> " in logs.stdout
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(slurm_cluster, tmp_path):
