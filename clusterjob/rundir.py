@@ -123,6 +123,20 @@ def run_dir_of_spec(spec_path: Path) -> Optional[RunDir]:
     return run if run.exists() and run.spec_file.resolve() == Path(spec_path).resolve() else None
 
 
+def link_rank_logs(run: RunDir, rank: int) -> None:
+    """Point ``<run>/logs/rank<N>.out|.err`` at the files this process writes to, where the
+    launcher chose them (srun --output in the raw sbatch templates). Launchers that already
+    write there (local, submitit) leave nothing to do; a terminal or pipe is skipped."""
+    for fd, kind in ((1, "out"), (2, "err")):
+        link = run.logs / f"rank{rank}.{kind}"
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if not (link.exists() or link.is_symlink()) and target.is_file():
+                link.symlink_to(target)
+        except OSError:  # no /proc (not Linux), or another rank's link raced ours
+            continue
+
+
 def record_error(run: RunDir, rank: int, exc: BaseException) -> dict:
     """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective)."""
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__)

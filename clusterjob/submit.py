@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from clusterjob.errors import BadInput
@@ -94,8 +95,6 @@ class LiveLine:
     """One terminal line rewritten in place; on a pipe, a plain line every 10 s at most."""
 
     def __init__(self, stream) -> None:
-        import time
-
         self.stream, self.tty, self.clock = stream, stream.isatty(), time.monotonic
         self.last, self.shown_at = None, 0.0
 
@@ -131,9 +130,9 @@ def summary_line(info: dict, run: RunDir) -> str:
 
 
 def print_report(runs: list[RunDir]) -> None:
-    """The report of the runs just finished, when more than one ran."""
-    if len(runs) < 2:
-        return
+    """The report (markdown) of the runs just finished."""
     from clusterjob import report
+
+    print()
 
     print(report.format_report([run.path for run in runs], fmt="md"))

@@ -32,7 +32,8 @@ from clusterjob.errors import BadInput
 from clusterjob.models import build_model
 from clusterjob.optim import current_lrs
 from clusterjob.preempt import StopSignal
-from clusterjob.rundir import RunDir, create_run, mark_failed, new_run_id, now_iso, record_error, run_dir_of_spec
+from clusterjob.rundir import (RunDir, create_run, link_rank_logs, mark_failed, new_run_id, now_iso, record_error,
+                               run_dir_of_spec)
 from clusterjob.spec import Spec, dump_spec, expand_sweep, load_spec
 from clusterjob.train import EpochState, Trainer, build_trainer, epoch_metrics, evaluate, train_epoch
 
@@ -94,6 +95,7 @@ def _run(args: argparse.Namespace, env: envmod.DistEnv, spec: Spec, params: dict
     run = None
     try:
         run = _resolve_run(args, spec, params)
+        link_rank_logs(run, env.rank)
         return run_training(spec, env, plan, run, stop)
     except BaseException as exc:
         _on_failure(run, env, exc)

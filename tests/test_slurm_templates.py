@@ -134,6 +134,10 @@ def test_template_run_completes(runs, way):
     assert epochs == [1, 2], f"{way}: epochs logged {epochs} (the --set {OVERRIDE} override must reach the worker)"
     per_task = {"srun": "*.[0-3].out", "torchrun": "*.node[01].out"}[way]
     assert len(list(workdir.glob(per_task))) == {"srun": 4, "torchrun": 2}[way], "one log per srun task (%t, %n)"
+    for rank in range(4):  # the worker links each rank's log into the run folder for `clusterjob logs`
+        assert (run_dir / "logs" / f"rank{rank}.out").resolve().parent == workdir
+    if way == "srun":
+        assert "epoch 2/2 train_loss" in (run_dir / "logs" / "rank0.out").read_text()
 
 
 def test_templates_agree(runs):
