@@ -103,6 +103,8 @@ def test_dry_run_prints_the_script_and_submits_nothing(slurm_cluster, tmp_path):
                  "#SBATCH --requeue", "--kill-on-bad-exit=1", "export SRUN_CPUS_PER_TASK=1", "#SBATCH --signal=USR2@"):
         assert flag in done.stdout
     assert not (tmp_path / "results").exists()
+    auto = cli(slurm_cluster, tmp_path, "submit", str(spec), "--dry-run")  # --executor auto: sbatch works
+    assert auto.returncode == 0 and "#SBATCH --nodes=2" in auto.stdout
 
 
 def test_sweep_is_one_array_with_a_run_folder_per_point(slurm_cluster, tmp_path):
