@@ -75,13 +75,16 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def _teardown(runs_file: Path) -> list[str]:
+    """The line after srun in the job script ($? is then srun's exit status)."""
+    return [f'{sys.executable} -m clusterjob.launch.slurm finalize {runs_file} "${{SLURM_ARRAY_TASK_ID:-0}}" $?']
+
+
 def _executor(spec: Spec, folder: Path, runs_file: Path):
     import submitit
 
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
-    # $? is srun's exit status: the first line after it in submitit's script
-    teardown = [f'{sys.executable} -m clusterjob.launch.slurm finalize {runs_file} "${{SLURM_ARRAY_TASK_ID:-0}}" $?']
-    executor.update_parameters(**slurm_parameters(spec, teardown))
+    executor.update_parameters(**slurm_parameters(spec, _teardown(runs_file)))
     return executor
 
 
@@ -90,13 +93,10 @@ def dry_run(spec: Spec, points: list[SweepPoint]) -> int:
     from submitit.slurm import slurm
 
     folder = Path(spec.output.root) / spec.name / ".slurm"
-    runs_file = folder / "<stamp>.runs.json"
+    params = slurm_parameters(spec, _teardown(folder / "<stamp>.runs.json"))
+    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
     for part in chunks(points, max_array_size()):
-        params = slurm_parameters(spec, [f"{sys.executable} -m clusterjob.launch.slurm finalize {runs_file} "
-                                         '"${SLURM_ARRAY_TASK_ID:-0}" $?'])
-        params.pop("job_name")
-        command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-        print(slurm._make_sbatch_string(command=command, folder=folder, job_name=spec.name,
+        print(slurm._make_sbatch_string(command=command, folder=folder,
                                         map_count=len(part) if len(points) > 1 else None, **params))
     return 0
 
