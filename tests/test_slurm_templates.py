@@ -140,11 +140,20 @@ def test_template_run_completes(runs, way):
         assert "epoch 2/2 train_loss" in (run_dir / "logs" / "rank0.out").read_text()
 
 
-def test_templates_agree(runs):
+def test_templates_agree_with_each_other_and_the_submitit_run(runs, slurm_cluster):
     losses = {}
     for way, (job, state, workdir, run_dir) in runs.items():
         assert state == "COMPLETED", f"job {job} ({way}) ended {state}\n{logs(workdir)}"
         losses[way] = json.loads((run_dir / "run.json").read_text())["final"]["val_loss"]
+    spec_file = runs["srun"][3].parents[2] / "tiny.yaml"  # <base>/results/templates/slurm-<id>
+    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec_file), "--executor", "slurm",
+                           "--set", OVERRIDE, "--wait"], env=job_env(slurm_cluster), capture_output=True,
+                          text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "  completed  " in line]
+    info = json.loads((Path(line.split(" -> ")[1]) / "run.json").read_text())
+    assert info["world_size"] == 4 and len(info["hosts"]) == 2
+    losses["submitit"] = info["final"]["val_loss"]
     assert max(losses.values()) - min(losses.values()) <= 1e-6, losses
 
 
