@@ -123,6 +123,14 @@ def run_dir_of_spec(spec_path: Path) -> Optional[RunDir]:
     return run if run.exists() and run.spec_file.resolve() == Path(spec_path).resolve() else None
 
 
+def tail_lines(path: Path, count: int) -> list[str]:
+    """The last ``count`` lines of a text file ([] when it cannot be read)."""
+    try:
+        return path.read_text(errors="replace").strip().splitlines()[-count:]
+    except OSError:
+        return []
+
+
 def link_rank_logs(run: RunDir, rank: int) -> None:
     """Point ``<run>/logs/rank<N>.out|.err`` at the files this process writes to, where the
     launcher chose them (srun --output in the raw sbatch templates). Launchers that already

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from clusterjob import env as envmod
-from clusterjob.rundir import RunDir, mark_failed, now_iso
+from clusterjob.rundir import RunDir, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
 GRACE_S = 5.0  # after one rank fails, the others get this long to exit before SIGKILL
@@ -78,18 +78,12 @@ def run_one(run: RunDir, world: int, on_tick: Callable[[], None] = lambda: None)
     bad = [(r, c) for r, c in enumerate(codes) if c != 0]
     if bad and info.get("status") != "failed":
         rank, code = bad[0]
-        info = mark_failed(run, f"rank {rank} exited with code {code}: {_tail(run.logs / f'rank{rank}.err')}")
+        stderr = " | ".join(tail_lines(run.logs / f"rank{rank}.err", 5))
+        info = mark_failed(run, f"rank {rank} exited with code {code}: {stderr}")
     if not bad and info.get("status") in ("pending", "running"):
         info = run.update(status="failed", finished_at=now_iso(),
                           error={"rank": None, "message": "workers exited without finishing", "traceback": ""})
     return info
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def last_progress(run: RunDir) -> Optional[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from clusterjob import env as envmod
-from clusterjob.rundir import FINAL_STATUSES, RunDir, mark_failed, now_iso
+from clusterjob.rundir import FINAL_STATUSES, RunDir, mark_failed, now_iso, tail_lines
 from clusterjob.spec import Spec, SweepPoint
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
@@ -172,7 +172,7 @@ def finalize(runs_file: str, index: str, srun_status: str) -> int:
         rank, node, reason = killed
         run.update(status="failed", finished_at=now_iso(), error={
             "rank": rank, "message": f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
-            "traceback": _tail_text(run.logs / f"rank{rank}.err")})
+            "traceback": "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))})
     elif info.get("status") != "failed":
         mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
                          f"(see `clusterjob logs {run.path}`)")
@@ -197,13 +197,6 @@ def _batch_log(info: dict) -> str:
     path = Path(info.get("log_dir") or ".") / f"{info.get('slurm_job_id')}_0_log.err"
     try:
         return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail_text(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 
