@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import yaml
 
 from clusterjob import checkpoint
 from clusterjob.env import clean_environ
+from clusterjob.launch.local import free_port  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,12 +39,6 @@ def write_spec(folder: Path, name: str = "t", **sections) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env() -> dict:
