@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Optional
 
 from clusterjob import slurmctl
 from clusterjob.errors import BadInput
@@ -172,7 +171,3 @@ def cmd_cancel(args) -> int:
     cancel(run)
     print(f"cancelled {run.path}")
     return 0
-
-
-def latest_status(run: RunDir) -> Optional[str]:
-    return refresh([run])[0].get("status")
