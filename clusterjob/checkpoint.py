@@ -57,15 +57,19 @@ def load_latest(folder: Path) -> Optional[dict]:
     return None
 
 
-def rng_state() -> dict[str, Any]:
-    """RNG states that a resumed run must continue from (dropout, CPU-side augmentation)."""
+def rng_state(device: str) -> dict[str, Any]:
+    """RNG states that a resumed run must continue from (dropout, augmentation): the CPU
+    generator, and the generator of this rank's own GPU only. (All visible GPUs would
+    break a resume that sees another number of them, and leave this rank's stream
+    unrestored when its GPU has another index.)"""
     state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.startswith("cuda"):
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: str) -> None:
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if device.startswith("cuda") and isinstance(cuda, torch.Tensor):  # not an old all-GPU list
+        torch.cuda.set_rng_state(cuda, device)

@@ -9,7 +9,8 @@ runs the sample's transforms under that seed. So augmentations differ across ran
 an epoch's crops and flips are the same whatever ``num_workers`` is, with persistent
 workers, and after a resume, without saving any generator state.
 
-All ranks must call ``build_datasets`` (the download runs inside ``dist.rank0_first``).
+With ``data.download``, the caller runs ``build_datasets`` inside ``dist.rank0_first`` (see
+``downloads``), so that one process downloads and the others find the files.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from clusterjob import dist
 from clusterjob.errors import BadInput
 
 # Per-channel mean and std of the training pixels in [0, 1] (CIFAR-10: the true per-pixel
@@ -91,18 +91,22 @@ class Datasets:
     in_shape: tuple[int, int, int]  # (C, H, W)
 
 
-def build_datasets(data, local_rank: int, seed: int) -> Datasets:
+def downloads(data) -> bool:
+    """True when building ``data``'s splits may download files (run it rank 0 first)."""
+    return data.dataset != "synthetic" and data.download
+
+
+def build_datasets(data, seed: int) -> Datasets:
     """The train and validation splits named by ``data`` (a DataSpec), limits applied.
 
-    All ranks must call this: a download runs on rank 0 first while the others wait at a
-    barrier (``dist.rank0_first``). Raises BadInput when the files are missing and
-    ``data.download`` is false, or when the download fails.
+    Raises BadInput when the files are missing and ``data.download`` is false, or when
+    the download fails.
     """
     if data.dataset == "synthetic":
         train = SyntheticImages(data.limit_train or SYNTHETIC_TRAIN, seed, "train", data.augment)
         val = SyntheticImages(data.limit_val or SYNTHETIC_VAL, seed, "val", augment=False)
     else:
-        train, val = _load_torchvision(data, local_rank)
+        train, val = _torchvision_split(data, train=True), _torchvision_split(data, train=False)
         train, val = _first(train, data.limit_train), _first(val, data.limit_val)
     return Datasets(train, val, NUM_CLASSES, SHAPES[data.dataset])
 
@@ -112,22 +116,6 @@ def _first(ds: Dataset, limit: Optional[int]) -> Dataset:
     if limit is None or limit >= len(ds):
         return ds
     return Subset(ds, range(limit))
-
-
-def _load_torchvision(data, local_rank: int) -> tuple[Dataset, Dataset]:
-    """Both splits through torchvision, the download (if any) rank 0 first.
-
-    An error inside the block is raised only after it, so every rank still reaches every
-    barrier of ``rank0_first`` and none waits for a rank that already failed."""
-    error: Optional[BaseException] = None
-    with dist.rank0_first(local_rank):
-        try:
-            splits = (_torchvision_split(data, train=True), _torchvision_split(data, train=False))
-        except Exception as err:  # re-raised below, after the barriers
-            error = err
-    if error is not None:
-        raise error
-    return splits
 
 
 def _torchvision_split(data, train: bool) -> Dataset:

@@ -1,24 +1,35 @@
 """One device check decides device, backend, AMP dtype, pinning and SyncBatchNorm.
 
 ``plan_device`` is pure (the CUDA facts are arguments) so the CUDA/NCCL choices are unit
-tested on machines without a GPU; ``detect_plan`` feeds it the real facts.
+tested on machines without a GPU; ``detect_plan`` feeds it this machine's facts, and
+``plan_for_job`` redoes it after the rendezvous with the facts every rank must share.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import socket
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
 
 from clusterjob.errors import BadInput
+
+# Compute capability (major * 10 + minor) from which bf16 runs natively (Ampere, 8.0);
+# below it torch emulates bf16, slower than fp16 with a GradScaler.
+BF16_CAPABILITY = 80
+# Backends whose collectives need CUDA tensors; "cuda:gloo" is gloo restricted to CUDA,
+# the same device rule as NCCL, and lets two ranks share one GPU (scripts/gpu-check).
+CUDA_BACKENDS = ("nccl", "cuda:gloo")
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "off": None}
 
 
 @dataclass(frozen=True)
 class DevicePlan:
     device: str                 # "cpu" or "cuda:N"
-    backend: str                # "nccl" or "gloo"
+    backend: str                # "nccl", "gloo" or "cuda:gloo"
     amp_dtype: Optional[str]    # "float16", "bfloat16" or None (AMP off)
     pin_memory: bool
     sync_bn: bool
+    capability: Optional[int] = None  # the job's lowest GPU compute capability, e.g. 80
 
     @property
     def device_type(self) -> str:
@@ -34,39 +45,98 @@ class DevicePlan:
         return {"float16": "fp16", "bfloat16": "bf16", None: "off"}[self.amp_dtype]
 
 
-def plan_device(spec, local_rank: int, world_size: int, cuda_count: int) -> DevicePlan:
-    """Decide where and how to train. ``cuda_count`` is the number of visible CUDA devices."""
+def plan_device(spec, local_rank: int, local_world_size: int, world_size: int, cuda_count: int,
+                capability: Optional[int] = None) -> DevicePlan:
+    """Decide where and how to train. ``cuda_count`` is the number of CUDA devices this
+    process sees, ``capability`` the lowest compute capability of the job's GPUs."""
     on_gpu = cuda_count > 0
-    device = f"cuda:{_cuda_index(local_rank, cuda_count)}" if on_gpu else "cpu"
+    device = f"cuda:{cuda_index(local_rank, local_world_size, cuda_count)}" if on_gpu else "cpu"
     backend = spec.dist.backend if spec.dist.backend != "auto" else ("nccl" if on_gpu else "gloo")
-    if backend == "nccl" and not on_gpu:
-        raise BadInput("dist.backend: nccl needs a CUDA device and none is visible on this node; "
+    if backend in CUDA_BACKENDS and not on_gpu:
+        raise BadInput(f"dist.backend: {backend} needs a CUDA device and none is visible on this node; "
                        "use backend: auto or gloo")
-    amp = spec.train.amp if spec.train.amp != "auto" else ("fp16" if on_gpu else "bf16")
     pin = spec.data.pin_memory if isinstance(spec.data.pin_memory, bool) else on_gpu
     return DevicePlan(
         device=device,
         backend=backend,
-        amp_dtype={"fp16": "float16", "bf16": "bfloat16", "off": None}[amp],
+        amp_dtype=_DTYPES[amp_mode(spec.train.amp, on_gpu, capability)],
         pin_memory=bool(pin and on_gpu),
         sync_bn=bool(spec.model.sync_bn and on_gpu and world_size > 1),  # SyncBN raises on CPU
+        capability=capability,
     )
 
 
-def _cuda_index(local_rank: int, cuda_count: int) -> int:
-    """LOCAL_RANK picks the GPU, unless Slurm already narrowed the task to one GPU
-    (--gpus-per-task / CUDA_VISIBLE_DEVICES of one entry): then it is device 0."""
+def amp_mode(amp: str, on_gpu: bool, capability: Optional[int]) -> str:
+    """``train.amp`` resolved: auto is bf16 on CPU and on GPUs that run it natively (no
+    GradScaler, no overflow), fp16 + GradScaler on older GPUs."""
+    if amp != "auto":
+        return amp
+    if not on_gpu or (capability is not None and capability >= BF16_CAPABILITY):
+        return "bf16"
+    return "fp16"
+
+
+def cuda_index(local_rank: int, local_world_size: int, cuda_count: int) -> int:
+    """The GPU of this rank among the ones it sees.
+
+    As many GPUs as ranks on the node (or more): LOCAL_RANK picks. One GPU: Slurm gave
+    each task its own (``--gpus-per-task``, MIG), or the ranks share it, which
+    ``check_unique_gpus`` refuses after the rendezvous. Fewer than the ranks, but
+    several: no rule maps ranks to GPUs without sharing."""
+    if local_rank < cuda_count and local_world_size <= cuda_count:
+        return local_rank
     if cuda_count == 1:
         return 0
-    if local_rank >= cuda_count:
-        raise BadInput(f"LOCAL_RANK={local_rank} but only {cuda_count} GPUs are visible on this node; "
-                       "run at most one task per GPU (resources.tasks_per_node <= gpus_per_node)")
-    return local_rank
+    raise BadInput(f"LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world_size} ranks on this node, but "
+                   f"{cuda_count} GPUs are visible; run one task per GPU "
+                   "(resources.tasks_per_node <= gpus_per_node, or --gpus-per-task=1)")
 
 
-def detect_plan(spec, local_rank: int, world_size: int) -> DevicePlan:
-    """``plan_device`` with this machine's CUDA facts."""
+def check_unique_gpus(identities: Sequence[tuple[str, str]], backend: str) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") deep in its first
+    collective; say which ranks and why before that. ``identities`` is (host, GPU UUID)
+    per rank."""
+    if backend != "nccl":
+        return
+    first: dict[tuple[str, str], int] = {}
+    for rank, ident in enumerate(identities):
+        if ident in first:
+            raise BadInput(f"ranks {first[ident]} and {rank} both run on GPU {ident[1]} of {ident[0]}; NCCL needs "
+                           "one GPU per rank: request one GPU per task (resources.gpus_per_node = tasks_per_node), "
+                           "or set dist.backend: gloo")
+        first[ident] = rank
+
+
+def detect_plan(spec, env) -> DevicePlan:
+    """``plan_device`` with this machine's CUDA facts; selects the plan's GPU for this
+    process. ``env`` is a clusterjob.env.DistEnv."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return plan_device(spec, local_rank, world_size, count)
+    plan = plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count)
+    if plan.device_type != "cuda":
+        return plan
+    torch.cuda.set_device(plan.device)
+    major, minor = torch.cuda.get_device_capability(plan.device)
+    return plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count, major * 10 + minor)
+
+
+def plan_for_job(plan: DevicePlan, spec, env) -> DevicePlan:
+    """After the rendezvous: refuse shared GPUs under NCCL, and let every rank take the
+    AMP mode of the job's oldest GPU (nodes of several GPU types may share a job).
+    All ranks must call this."""
+    from clusterjob import dist
+
+    if plan.device_type != "cuda":
+        return plan
+    check_unique_gpus(dist.all_gather_object(gpu_identity(plan.device)), plan.backend)
+    lowest = dist.min_int(plan.capability or 0)
+    return replace(plan, capability=lowest, amp_dtype=_DTYPES[amp_mode(spec.train.amp, True, lowest)])
+
+
+def gpu_identity(device: str) -> tuple[str, str]:
+    """(host name, GPU UUID) of ``device``: MIG slices and Slurm's renumbering give each
+    GPU its own UUID, whatever index the process sees."""
+    import torch
+
+    return socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid)

@@ -1,17 +1,37 @@
-"""Process group setup and collectives that fall back to no-ops in a single process.
+"""The one door to torch.distributed: rendezvous, process group, collectives.
+
+No other module of clusterjob touches ``torch.distributed`` (DDP and DistributedSampler
+aside); a test reads the imports to keep it so. The reason is the device rule of the
+backends: NCCL (and the ``cuda:gloo`` test backend) serve CUDA tensors only, gloo serves
+CPU tensors. Every helper here puts its tensors on the process group's device, so no
+caller has to remember which one that is.
 
 Functions documented "all ranks must call this" are collectives: calling them on some
-ranks only hangs the others until the timeout.
+ranks only hangs the others until the timeout. In a single process they are no-ops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Any, Iterator
+import os
+import signal
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as tdist
+
+from clusterjob.errors import BadInput
+
+# How long a rank waits for rank 0 to finish a dataset download (a rank that dies meanwhile
+# is ended by its launcher: srun --kill-on-bad-exit, the local supervisor).
+DOWNLOAD_WAIT_S = 4 * 3600
+
+_device = torch.device("cpu")  # where collective tensors live: the process group's device
+_store: Optional[tdist.Store] = None
+_store_world, _store_rank = 1, 0
+_FAILED = "\0failed"
 
 
 def initialized() -> bool:
@@ -31,27 +51,103 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(env, backend: str, init_method: str, timeout_s: int) -> None:
-    """Join the process group (no-op for one process). ``env`` is a clusterjob.env.DistEnv."""
+def device() -> torch.device:
+    """The device of the process group's tensors: cuda:LOCAL_RANK under NCCL, else cpu."""
+    return _device
+
+
+def group_device(backend: str, training_device: str) -> torch.device:
+    """NCCL and ``cuda:...`` backends take tensors on the training GPU; gloo takes CPU ones."""
+    return torch.device(training_device) if backend == "nccl" or backend.startswith("cuda:") else torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------- rendezvous
+
+
+def check_init_method(init_method: str) -> None:
+    """A ``file://`` rendezvous into a missing folder spins forever inside torch, deaf to
+    the timeout and to signals: refuse it before trying."""
+    if init_method.startswith("file://"):
+        folder = Path(init_method[len("file://"):]).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise BadInput(f"dist.init_method: the folder of {init_method!r} does not exist or is not writable "
+                           f"here; create {str(folder)!r} on a file system every node shares, or use env")
+
+
+@contextlib.contextmanager
+def _signals_end_the_wait() -> Iterator[None]:
+    """Inside a rendezvous torch waits in C++, where Python's signal handlers never run: let
+    SIGTERM and SIGINT end the process at once (nothing is trained yet) instead of after
+    the timeout."""
+    saved = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def rendezvous(env, init_method: str, timeout_s: float) -> None:
+    """Meet the other ranks in a key-value store (before any process group, so that a
+    dataset download can wait on it without the collective timeout). ``env`` is a
+    clusterjob.env.DistEnv. No-op for one process. All ranks must call this."""
+    global _store, _store_world, _store_rank
     if env.world_size == 1:
         return
-    from clusterjob import env as envmod
+    check_init_method(init_method)
+    _store_world, _store_rank = env.world_size, env.rank
+    timeout = datetime.timedelta(seconds=timeout_s)
+    with _signals_end_the_wait():
+        if init_method.startswith("file://"):
+            _store = tdist.FileStore(init_method[len("file://"):], env.world_size)
+            _store.set_timeout(timeout)
+        else:
+            host, port = _tcp_address(env, init_method)
+            # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; multi_tenant lets
+            # a process group made later in this process (the user's own code) share ours.
+            hosted = init_method == "env" and env.agent_store
+            _store = tdist.TCPStore(host, port, env.world_size, is_master=env.rank == 0 and not hosted,
+                                    timeout=timeout, multi_tenant=True)
 
+
+def _tcp_address(env, init_method: str) -> tuple[str, int]:
     if init_method == "env":
-        envmod.export(env)  # torch's env:// reads MASTER_ADDR/PORT, RANK, WORLD_SIZE
-    tdist.init_process_group(
-        backend=backend,
-        init_method="env://" if init_method == "env" else init_method,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+        return env.master_addr, env.master_port
+    host, _, port = init_method[len("tcp://"):].rpartition(":")
+    return host, int(port)
+
+
+def init(env, backend: str, training_device: str, timeout_s: float) -> None:
+    """Make the process group on the rendezvous store; the group's collectives use
+    ``group_device(backend, training_device)``. All ranks must call this."""
+    global _device
+    if env.world_size == 1:
+        return
+    _device = group_device(backend, training_device)
+    extra = {"device_id": _device} if backend == "nccl" else {}  # eager NCCL init: errors show here
+    with _signals_end_the_wait():
+        tdist.init_process_group(backend=backend, store=tdist.PrefixStore("clusterjob/pg", _store),
+                                 rank=env.rank, world_size=env.world_size,
+                                 timeout=datetime.timedelta(seconds=timeout_s), **extra)
 
 
 def destroy() -> None:
-    """Leave the process group; safe to call on every exit path."""
+    """Leave the process group after a clean run (every rank gets here)."""
     if initialized():
         tdist.destroy_process_group()
+
+
+def abort() -> None:
+    """Leave the process group after an error: destroy_process_group could wait behind a
+    collective that the other ranks never match, and then the launcher's kill of the
+    failed task (srun --kill-on-bad-exit) never comes."""
+    if initialized():
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()
+
+
+# ----------------------------------------------------------------------------- collectives
 
 
 def barrier() -> None:
@@ -61,10 +157,40 @@ def barrier() -> None:
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over ranks in place and return it. All ranks must call this."""
-    if initialized():
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
+    """The sum of ``tensor`` over ranks (on the group's device). All ranks must call this."""
+    if not initialized():
+        return tensor
+    tensor = tensor.to(_device)
+    tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
     return tensor
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any rank (one host sync). All ranks
+    must call this."""
+    if not initialized():
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int32, device=_device)
+    tdist.all_reduce(value, op=tdist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def min_int(value: int) -> int:
+    """The smallest of the ranks' ``value``. All ranks must call this."""
+    if not initialized():
+        return value
+    box = torch.tensor([value], dtype=torch.int64, device=_device)
+    tdist.all_reduce(box, op=tdist.ReduceOp.MIN)
+    return int(box.item())
+
+
+def all_gather_object(obj: Any) -> list:
+    """Every rank's ``obj`` (picklable), in rank order. All ranks must call this."""
+    if not initialized():
+        return [obj]
+    out: list = [None] * world_size()
+    tdist.all_gather_object(out, obj)  # torch stages the bytes on the group's device
+    return out
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
@@ -72,16 +198,57 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not initialized():
         return obj
     box = [obj]
-    tdist.broadcast_object_list(box, src=src)
+    tdist.broadcast_object_list(box, src=src, device=_device)
     return box[0]
 
 
+# ----------------------------------------------------------------------------- before the group
+
+
+def _store_barrier(key: str, timeout_s: float) -> None:
+    """Wait on the rendezvous store until all ``_store_world`` ranks arrived at ``key``."""
+    if _store.add(f"clusterjob/{key}", 1) == _store_world:
+        _store.set(f"clusterjob/{key}/done", b"1")
+    _store.wait([f"clusterjob/{key}/done"], datetime.timedelta(seconds=timeout_s))
+
+
 @contextlib.contextmanager
-def rank0_first(local_rank: int) -> Iterator[None]:
-    """Rank 0 runs the block first (e.g. a download), then each node's local rank 0
-    (node-local storage), then everyone else. All ranks must enter it."""
-    stage = 0 if rank() == 0 else (1 if local_rank == 0 else 2)
+def rank0_first(env) -> Iterator[None]:
+    """Rank 0 runs the block first (a download), then each node's local rank 0 (node-local
+    storage), then everyone else. It waits on the rendezvous store, before the process
+    group exists, so a long download is not bound by the collective timeout. An error in
+    the block is raised after the last turn, so no rank waits for one that already failed.
+    All ranks must enter it (after ``rendezvous``)."""
+    stage = 0 if env.rank == 0 else (1 if env.local_rank == 0 else 2)
+    error: Optional[BaseException] = None
     for turn in range(3):
         if turn == stage:
-            yield
-        barrier()
+            try:
+                yield
+            except Exception as exc:  # re-raised below, after the other turns
+                error = exc
+        if _store is not None:
+            _store_barrier(f"rank0-first/{turn}", DOWNLOAD_WAIT_S)
+    if error is not None:
+        raise error
+
+
+def from_rank0(key: str, make: Callable[[], str]) -> str:
+    """Rank 0's ``make()`` on every rank, through the rendezvous store (no process group
+    needed). When it raises on rank 0, the other ranks raise too instead of waiting.
+    All ranks must call this (after ``rendezvous``)."""
+    if _store is None:
+        return make()
+    name = f"clusterjob/value/{key}"
+    if _store_rank != 0:
+        value = _store.get(name).decode()
+        if value == _FAILED:
+            raise BadInput(f"rank 0 could not set up the run ({key}); its log says why")
+        return value
+    try:
+        value = make()
+    except BaseException:
+        _store.set(name, _FAILED)
+        raise
+    _store.set(name, value)
+    return value

@@ -16,8 +16,6 @@ import signal
 import time
 from typing import Optional
 
-import torch
-
 from clusterjob import dist
 
 
@@ -42,5 +40,4 @@ class StopSignal:
 
     def agreed(self) -> bool:
         """True on every rank when any rank got a signal. All ranks must call this."""
-        flag = torch.tensor([1.0 if self.received_at is not None else 0.0])
-        return dist.all_reduce_sum(flag).item() > 0
+        return dist.any_rank(self.received_at is not None)

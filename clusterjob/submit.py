@@ -66,7 +66,7 @@ def _submit_local(spec: Spec, points: list[SweepPoint], args) -> int:
     if args.dry_run:
         for point in points:
             print(f"would run {spec.resources.tasks_per_node} local processes: "
-                  f"python -m clusterjob.worker <run>/spec.yaml  params={point.params}")
+                  f"python -m clusterjob.run <run>/spec.yaml  params={point.params}")
         return 0
     from clusterjob.launch import local
 

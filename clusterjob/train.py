@@ -8,7 +8,9 @@ caller's callbacks, which act on rank 0 only.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -36,12 +38,47 @@ class NullEma:
         pass
 
 
-def build_ema(model: torch.nn.Module, decay: Optional[float]) -> Any:
-    if decay is None:
-        return NullEma()
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+class Ema:
+    """An exponential moving average of the weights and buffers, for evaluation.
 
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+    One fused ``_foreach_lerp_`` per step; the update count is a host int. (torch's
+    AveragedModel keeps its count on the device and copies it there every step: a host
+    sync per step.) The first update copies the weights, as AveragedModel does. The
+    state_dict has AveragedModel's layout ("module.<name>", "n_averaged")."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+        self.decay, self.updates = decay, 0
+        self._floats, self._others = _split_floating(self.module)
+
+    @torch.no_grad()
+    def update_parameters(self, model: torch.nn.Module) -> None:
+        floats, others = _split_floating(model)
+        if self.updates == 0:
+            torch._foreach_copy_(self._floats, floats)
+        else:
+            torch._foreach_lerp_(self._floats, floats, 1.0 - self.decay)
+        if others:
+            torch._foreach_copy_(self._others, others)  # integer buffers (BN's batch count)
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        return {**{f"module.{k}": v for k, v in self.module.state_dict().items()},
+                "n_averaged": torch.tensor(self.updates)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict({k[len("module."):]: v for k, v in state.items() if k.startswith("module.")})
+        self.updates = int(state["n_averaged"])
+
+
+def _split_floating(model: torch.nn.Module) -> tuple[list, list]:
+    """(floating-point parameters and buffers, the other buffers), in a fixed order."""
+    tensors = [t.detach() for t in itertools.chain(model.parameters(), model.buffers())]
+    return [t for t in tensors if t.is_floating_point()], [t for t in tensors if not t.is_floating_point()]
+
+
+def build_ema(model: torch.nn.Module, decay: Optional[float]) -> Any:
+    return NullEma() if decay is None else Ema(model, decay)
 
 
 def autocast_for(plan: DevicePlan) -> Callable[[], Any]:
@@ -75,7 +112,8 @@ class Trainer:
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        if state["scaler"]:  # fp16 saved it; a run saved with bf16 or AMP off has none
+            self.scaler.load_state_dict(state["scaler"])
         self.ema.load_state_dict(state["ema"])
         self.step = state["step"]
 
@@ -116,27 +154,73 @@ def _sync_context(model: torch.nn.Module, sync: bool) -> Any:
 Progress = Callable[[int, int, float, float], None]  # (step in epoch, steps, loss, images/s)
 
 
+class DivergedError(RuntimeError):
+    """The loss was not finite in any step of a whole progress window."""
+
+
 @dataclass(frozen=True)
 class EpochState:
     """How far this rank got in an epoch: what a mid-epoch checkpoint stores."""
 
-    batches: int = 0                      # micro-batches done
-    totals: tuple = (0.0, 0.0, 0.0)       # this rank's loss sum, correct, samples
+    batches: int = 0                          # micro-batches done
+    totals: tuple = (0.0, 0.0, 0.0, 0.0)      # this rank's finite-loss sum, correct, finite-loss samples, samples
     seconds: float = 0.0
     finished: bool = False
 
 
-def train_epoch(t: Trainer, loader: Any, progress: Progress, stop: Callable[[], bool],
+class Meter:
+    """One rank's running sums of an epoch, kept on the device so that a step needs no
+    host sync; sample counts are host ints (the batch sizes are known there).
+
+    The loss sums skip non-finite steps (fp16 overflows now and then; the GradScaler skips
+    those steps too), and a progress window in which no step was finite is divergence."""
+
+    def __init__(self, done: EpochState, device: str, step: int):
+        loss_sum, correct, loss_samples, self.samples = done.totals
+        self.sums = torch.tensor([loss_sum, correct, loss_samples], device=device)
+        self.window = torch.zeros(2, device=device)  # finite-loss sum and samples since the last line
+        self.window_samples, self.window_step = 0, step
+
+    def add(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        n = y.shape[0]
+        loss = loss.detach().float()
+        finite = torch.isfinite(loss)
+        step = torch.stack([torch.where(finite, loss * n, 0.0), (out.argmax(1) == y).sum().float(),
+                            finite.float() * n])
+        self.sums += step
+        self.window += step[::2]  # a strided view: an index list would be copied from the host
+        self.samples += n
+        self.window_samples += n
+
+    def take_window(self, t: "Trainer", epoch: int) -> tuple[float, float]:
+        """(finite-loss sum, finite samples) since the last call, one host sync;
+        DivergedError when no step of the window had a finite loss."""
+        loss_sum, finite = self.window.tolist()
+        samples, since = self.window_samples, self.window_step
+        self.window.zero_()
+        self.window_samples, self.window_step = 0, t.step
+        if samples and not finite:
+            raise DivergedError(
+                f"the loss is not finite (nan or inf) in any step of epoch {epoch} from step {since} to {t.step}: "
+                f"training diverged; lower train.lr (now {t.spec.train.lr:g}), or use train.amp: bf16 rather than fp16")
+        return loss_sum, finite
+
+    def state(self, batches: int, seconds: float, finished: bool = False) -> EpochState:
+        loss_sum, correct, loss_samples = self.sums.tolist()
+        return EpochState(batches, (loss_sum, correct, loss_samples, self.samples), seconds, finished)
+
+
+def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: Callable[[], bool],
                 done: EpochState = EpochState()) -> EpochState:
-    """Train over this rank's shard from ``done.batches`` on. At each progress line (the one
-    host sync per ``train.log_every`` steps) ranks agree whether to stop; a stopped epoch
-    returns unfinished, at an optimizer-step boundary."""
+    """Train over this rank's shard from ``done.batches`` on. The step has no host sync:
+    the only ones are at each progress line (every ``train.log_every`` steps), where the
+    ranks also agree whether to stop; a stopped epoch returns unfinished, at an
+    optimizer-step boundary."""
     t.model.train()
     device, accum = t.plan.device, t.spec.train.grad_accum
     autocast = autocast_for(t.plan)
-    totals = torch.tensor(done.totals, device=device)
-    window = torch.zeros(2, device=device)  # loss sum and samples since the last progress line
-    n_batches, started, first_step = done.batches + len(loader), time.perf_counter(), t.step
+    meter = Meter(done, device, t.step)
+    n_batches, clock, first_step = done.batches + len(loader), Clock(done.seconds), t.step
     for i, (x, y) in enumerate(loader, start=done.batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         ends_step = (i + 1) % accum == 0 or i + 1 == n_batches
@@ -145,21 +229,40 @@ def train_epoch(t: Trainer, loader: Any, progress: Progress, stop: Callable[[], 
                 out = t.model(x)
                 loss = F.cross_entropy(out, y, label_smoothing=t.spec.train.label_smoothing)
             t.scaler.scale(loss / accum).backward()
-        batch = torch.stack([loss.detach().float() * len(y), (out.argmax(1) == y).sum().float(),
-                             torch.tensor(float(len(y)), device=device)])
-        totals += batch
-        window += batch[[0, 2]]
+        meter.add(loss, out, y)
         if ends_step:
             _optimizer_step(t)
             if (t.step - first_step) % t.spec.train.log_every == 0:
-                _report(progress, t, -(-(i + 1) // accum), first_step, window, started)
+                progress_line(t, meter, ProgressLine(epoch, -(-(i + 1) // accum), first_step, clock), progress)
                 if i + 1 < n_batches and stop():
-                    return EpochState(i + 1, tuple(totals.tolist()), done.seconds + time.perf_counter() - started)
-    return EpochState(n_batches, tuple(totals.tolist()), done.seconds + time.perf_counter() - started, True)
+                    return meter.state(i + 1, clock.seconds())
+    meter.take_window(t, epoch)  # the steps after the last progress line
+    return meter.state(n_batches, clock.seconds(), finished=True)
+
+
+class Clock:
+    """Seconds spent in an epoch, across a mid-epoch resume."""
+
+    def __init__(self, before: float):
+        self.before, self.started = before, time.perf_counter()
+
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.started
+
+    def session(self) -> float:
+        return time.perf_counter() - self.started
+
+
+@dataclass(frozen=True)
+class ProgressLine:
+    epoch: int
+    step_in_epoch: int
+    first_step: int  # the trainer's step when this session of the epoch began
+    clock: Clock
 
 
 def _optimizer_step(t: Trainer) -> None:
-    t.scaler.step(t.optimizer)
+    t.scaler.step(t.optimizer)  # fused optimizers take the inf check on the device: no .item()
     t.scaler.update()
     t.optimizer.zero_grad(set_to_none=True)
     t.scheduler.step()
@@ -167,20 +270,18 @@ def _optimizer_step(t: Trainer) -> None:
     t.step += 1
 
 
-def _report(progress: Progress, t: Trainer, step_in_epoch: int, first_step: int, window: torch.Tensor,
-            started: float) -> None:
-    """This rank's mean loss since the last line, and the global images/s of this session."""
-    loss_sum, samples = window.tolist()
-    window.zero_()
-    elapsed = time.perf_counter() - started
-    seen = (t.step - first_step) * t.spec.train.batch_size * t.spec.train.grad_accum * dist.world_size()
-    progress(step_in_epoch, t.steps_per_epoch, loss_sum / max(samples, 1.0), seen / max(elapsed, 1e-9))
+def progress_line(t: Trainer, meter: Meter, line: ProgressLine, progress: Progress) -> None:
+    """The host sync of a progress line: this rank's mean loss since the last line and the
+    global images/s of this session; DivergedError on divergence."""
+    loss_sum, finite = meter.take_window(t, line.epoch)
+    seen = (t.step - line.first_step) * t.spec.train.batch_size * t.spec.train.grad_accum * dist.world_size()
+    progress(line.step_in_epoch, t.steps_per_epoch, loss_sum / max(finite, 1.0), seen / max(line.clock.session(), 1e-9))
 
 
-def epoch_metrics(state: EpochState, device: str) -> dict:
+def epoch_metrics(state: EpochState) -> dict:
     """The epoch's train metrics over all ranks. All ranks must call this."""
-    loss_sum, correct, count = dist.all_reduce_sum(torch.tensor(state.totals, device=device)).tolist()
-    return {"train_loss": loss_sum / count, "train_acc": correct / count,
+    loss_sum, correct, loss_samples, count = dist.all_reduce_sum(torch.tensor(state.totals, dtype=torch.float64)).tolist()
+    return {"train_loss": loss_sum / max(loss_samples, 1.0), "train_acc": correct / count,
             "epoch_time_s": state.seconds, "samples_per_s": count / state.seconds}
 
 
@@ -194,18 +295,19 @@ def evaluate(model: torch.nn.Module, loader: Any, n_valid: int, plan: DevicePlan
     """
     model.eval()
     autocast = autocast_for(plan)
-    totals = torch.zeros(4, device=plan.device)  # loss sum, correct, samples, correct with flip TTA
-    seen = 0
+    totals = torch.zeros(3, dtype=torch.float64, device=plan.device)  # loss sum, correct, correct with flip TTA
+    seen = count = 0
     for x, y in loader:
         keep = max(0, min(len(y), n_valid - seen))
-        seen += len(y)
+        seen, count = seen + len(y), count + keep
         x, y = x[:keep].to(plan.device, non_blocking=True), y[:keep].to(plan.device, non_blocking=True)
         with autocast():
             logits = model(x).float()
             flipped = model(x.flip(3)).float() if tta else logits
         probs = logits.softmax(1) + flipped.softmax(1)
         totals += torch.stack([F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(1) == y).sum(),
-                               torch.tensor(float(keep), device=plan.device), (probs.argmax(1) == y).sum()])
-    loss_sum, correct, count, correct_tta = dist.all_reduce_sum(totals).tolist()
+                               (probs.argmax(1) == y).sum()]).double()
+    loss_sum, correct, correct_tta, count = dist.all_reduce_sum(
+        torch.cat([totals.cpu(), torch.tensor([float(count)], dtype=torch.float64)])).tolist()
     result = {"val_loss": loss_sum / count, "val_acc": correct / count}
     return {**result, "val_acc_tta": correct_tta / count} if tta else result

@@ -94,7 +94,7 @@ def test_fixture_is_the_published_pickle_layout(cifar_root):
 def test_cifar10_reads_files_normalized(cifar_root):
     root, rows, labels, test_rows, test_labels = cifar_root
     spec = DataSpec(dataset="cifar10", root=str(root), download=False, augment=False)
-    ds = build_datasets(spec, local_rank=0, seed=0)
+    ds = build_datasets(spec, seed=0)
     assert (ds.num_classes, ds.in_shape) == (10, (3, 32, 32))
     assert (len(ds.train), len(ds.val)) == (5 * CIFAR_TRAIN_ROWS, CIFAR_TEST_ROWS)
     train = torch.stack([ds.train[i][0] for i in range(len(ds.train))])
@@ -112,7 +112,7 @@ def test_cifar10_limits_take_the_first_samples(cifar_root):
     root, rows, labels = cifar_root[:3]
     spec = DataSpec(dataset="cifar10", root=str(root), download=False, augment=False,
                     limit_train=7, limit_val=2)
-    ds = build_datasets(spec, local_rank=0, seed=0)
+    ds = build_datasets(spec, seed=0)
     assert (len(ds.train), len(ds.val)) == (7, 2)
     assert [ds.train[i][1] for i in range(7)] == labels[:7]
     assert torch.allclose(ds.train[6][0], _normalized(rows[6:7], "cifar10")[0], atol=1e-5)
@@ -120,7 +120,7 @@ def test_cifar10_limits_take_the_first_samples(cifar_root):
 
 def test_cifar10_augment_crops_and_flips_train_only(cifar_root):
     root, rows = cifar_root[:2]
-    ds = build_datasets(DataSpec(dataset="cifar10", root=str(root), download=False), local_rank=0, seed=0)
+    ds = build_datasets(DataSpec(dataset="cifar10", root=str(root), download=False), seed=0)
     plain = _normalized(rows[:1], "cifar10")[0]
     torch.manual_seed(0)
     views = [ds.train[0][0] for _ in range(20)]
@@ -156,7 +156,7 @@ def mnist_root(tmp_path):
 
 def test_mnist_reads_idx_files_normalized(mnist_root):
     root, splits = mnist_root
-    ds = build_datasets(DataSpec(dataset="mnist", root=str(root), download=False), local_rank=0, seed=0)
+    ds = build_datasets(DataSpec(dataset="mnist", root=str(root), download=False), seed=0)
     assert (ds.num_classes, ds.in_shape) == (10, (1, 28, 28))
     assert (len(ds.train), len(ds.val)) == (5, 3)
     images, labels = splits["train"]
@@ -173,7 +173,7 @@ def test_mnist_reads_idx_files_normalized(mnist_root):
 def test_mnist_limit_val(mnist_root):
     root, splits = mnist_root
     spec = DataSpec(dataset="mnist", root=str(root), download=False, limit_val=2, limit_train=50)
-    ds = build_datasets(spec, local_rank=0, seed=0)
+    ds = build_datasets(spec, seed=0)
     assert (len(ds.train), len(ds.val)) == (5, 2)  # a limit above the size keeps everything
     assert [ds.val[i][1] for i in range(2)] == splits["t10k"][1][:2].tolist()
 
@@ -182,7 +182,7 @@ def test_mnist_limit_val(mnist_root):
 def test_missing_files_without_download_is_bad_input(tmp_path, dataset):
     spec = DataSpec(dataset=dataset, root=str(tmp_path / "nowhere"), download=False)
     with pytest.raises(BadInput) as err:
-        build_datasets(spec, local_rank=0, seed=0)
+        build_datasets(spec, seed=0)
     message = str(err.value)
     assert "data.root" in message and str(tmp_path / "nowhere") in message
     assert "data.download is false" in message and "set data.download: true" in message
@@ -193,7 +193,7 @@ def test_missing_files_without_download_is_bad_input(tmp_path, dataset):
 
 def _synthetic(seed=0, **kw):
     spec = DataSpec(dataset="synthetic", **{"limit_train": 256, "limit_val": 128, "augment": False, **kw})
-    return build_datasets(spec, local_rank=0, seed=seed)
+    return build_datasets(spec, seed=seed)
 
 
 def test_synthetic_is_deterministic_and_splits_differ():
@@ -215,7 +215,7 @@ def test_synthetic_first_n_do_not_depend_on_size():
 
 
 def test_synthetic_default_sizes():
-    ds = build_datasets(DataSpec(dataset="synthetic", limit_val=10), local_rank=0, seed=0)
+    ds = build_datasets(DataSpec(dataset="synthetic", limit_val=10), seed=0)
     assert (len(ds.train), len(ds.val)) == (10_000, 10)
 
 
@@ -237,7 +237,7 @@ def _timed(fn):
 def test_mlp_learns_synthetic_with_augmentation():
     torch.manual_seed(0)
     spec = DataSpec(dataset="synthetic", limit_train=2048, limit_val=512, num_workers=0, augment=True)
-    ds = build_datasets(spec, local_rank=0, seed=0)
+    ds = build_datasets(spec, seed=0)
     loaders = build_loaders(ds, spec, batch_size=64, rank=0, world_size=1, seed=0, pin_memory=False)
     model = build_model("mlp", ds.num_classes, ds.in_shape)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -310,7 +310,7 @@ def test_drop_last_drops_tail_and_partial_batch():
 def test_augmentation_differs_across_ranks_and_epochs():
     # one sample over two ranks: the sampler pads, so both ranks draw sample 0
     spec = DataSpec(dataset="synthetic", limit_train=1, limit_val=1, num_workers=0, augment=True)
-    ds = build_datasets(spec, local_rank=0, seed=0)
+    ds = build_datasets(spec, seed=0)
     ranks = [build_loaders(ds, spec, 1, rank, 2, seed=0, pin_memory=False) for rank in range(2)]
     views = {(rank, epoch): _first_batch(ranks[rank], epoch) for rank in range(2) for epoch in range(3)}
     assert all(y.item() == ds.train.targets[0] for _, y in views.values())
@@ -329,7 +329,7 @@ def _first_batch(loaders, epoch):
 def test_augmentation_same_with_workers_and_global_rng_untouched():
     spec0 = DataSpec(dataset="synthetic", limit_train=32, limit_val=8, num_workers=0, augment=True)
     spec2 = DataSpec(dataset="synthetic", limit_train=32, limit_val=8, num_workers=2, augment=True)
-    ds = build_datasets(spec0, local_rank=0, seed=0)
+    ds = build_datasets(spec0, seed=0)
     inline = build_loaders(ds, spec0, 8, 0, 1, seed=0, pin_memory=False)
     workers = build_loaders(ds, spec2, 8, 0, 1, seed=0, pin_memory=False)
     assert workers.train_loader.persistent_workers and not inline.train_loader.persistent_workers

@@ -239,8 +239,8 @@ def dry_run(tmp_path, style, script_args=()):
 def test_dry_run_srun_style(tmp_path):
     srun, python, extra = dry_run(tmp_path, "srun", ["--set", "train.seed=1"])
     assert srun.startswith("srun --kill-on-bad-exit=1 ") and srun.endswith(
-        f" {tmp_path / 'bin' / 'python'} -m clusterjob.worker {SPEC_PATH} --set train.lr=0.2 --set train.seed=1")
-    assert python == f"python -m clusterjob.worker {SPEC_PATH} --set train.lr=0.2 --set train.seed=1"
+        f" {tmp_path / 'bin' / 'python'} -m clusterjob.run {SPEC_PATH} --set train.lr=0.2 --set train.seed=1")
+    assert python == f"python -m clusterjob.run {SPEC_PATH} --set train.lr=0.2 --set train.seed=1"
     assert extra == "SRUN_CPUS_PER_TASK=3 SETUP=done USR2_IGNORED=0"
 
 
@@ -249,7 +249,7 @@ def test_dry_run_torchrun_style(tmp_path):
     assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6 ")
     port = 20000 + 4242 % 40000
     assert python == ("python -m torch.distributed.run --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d "
-                      f"--rdzv_endpoint=node7:{port} --rdzv_id=4242 -m clusterjob.worker {SPEC_PATH} "
+                      f"--rdzv_endpoint=node7:{port} --rdzv_id=4242 -m clusterjob.run {SPEC_PATH} "
                       "--set train.lr=0.2")
     assert extra.startswith("SRUN_CPUS_PER_TASK=unset SETUP=done") and extra.endswith("USR2_IGNORED=1")
 

@@ -51,11 +51,11 @@ def _eval_rank(rank: int, world: int, init_file: str, weights: dict, out: str) -
         tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     spec = spec_from_dict({"name": "e", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 101,
                                                 "num_workers": 0, "augment": False}})
-    ds = build_datasets(spec.data, rank, seed=0)
+    ds = build_datasets(spec.data, seed=0)
     loaders = build_loaders(ds, spec.data, 8, rank, world, seed=0, pin_memory=False)
     model = build_model("mlp", ds.num_classes, ds.in_shape)
     model.load_state_dict(weights)
-    plan = plan_device(spec_from_dict({"name": "e", "train": {"amp": "off"}}), rank, world, cuda_count=0)
+    plan = plan_device(spec_from_dict({"name": "e", "train": {"amp": "off"}}), rank, world, world, cuda_count=0)
     result = evaluate(model, loaders.val_loader, val_valid_count(len(ds.val), rank, world), plan, tta=True)
     if rank == 0:
         with open(out, "w") as f:
@@ -141,7 +141,7 @@ def test_launch_styles_agree(tmp_path):
     run_hand_set(spec, tmp_path / "tcp", world=2, init_method=f"tcp://127.0.0.1:{free_port()}")
     run_torchrun(spec, tmp_path / "torchrun", world=2)
     legacy = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
-              "-m", "clusterjob.worker", str(spec), "--run-dir", str(tmp_path / "legacy")]
+              "-m", "clusterjob.run", str(spec), "--run-dir", str(tmp_path / "legacy")]
     done = subprocess.run(legacy, env={**base_env(), "PYTHONWARNINGS": "ignore"}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
@@ -171,7 +171,7 @@ def test_stop_signal_mid_epoch_checkpoints_and_resumes_exactly(tmp_path):
     for rank in range(2):
         env = {**base_env(), "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         out = open(tmp_path / f"rank{rank}.out", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.worker", str(parts), "--run-dir",
+        procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(parts), "--run-dir",
                                        str(tmp_path / "parts")], env=env, stdout=out, stderr=subprocess.STDOUT))
     deadline = time.time() + 120
     while "[progress] epoch 1/2 step 6/" not in (tmp_path / "rank0.out").read_text() and time.time() < deadline:

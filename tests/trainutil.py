@@ -48,7 +48,7 @@ def base_env() -> dict:
 
 
 def worker_cmd(spec: Path, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "clusterjob.worker", str(spec), "--run-dir", str(run_dir)]
+    return [sys.executable, "-m", "clusterjob.run", str(spec), "--run-dir", str(run_dir)]
 
 
 def check_all(procs: list[subprocess.Popen], timeout: float = 240) -> None:
@@ -72,7 +72,7 @@ def run_hand_set(spec: Path, run_dir: Path, world: int, init_method: str = "env"
 
 def run_torchrun(spec: Path, run_dir: Path, world: int) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           "-m", "clusterjob.worker", str(spec), "--run-dir", str(run_dir)]
+           "-m", "clusterjob.run", str(spec), "--run-dir", str(run_dir)]
     check_all([subprocess.Popen(cmd, env=base_env(), cwd=spec.parent, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)])
 

@@ -45,7 +45,7 @@ def start_ranks(run: RunDir, world: int) -> list[subprocess.Popen]:
     port, procs = free_port(), []
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
-            procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.worker", str(run.spec_file)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(run.spec_file)],
                                           env=rank_environ(dict(os.environ), rank, world, port),
                                           stdout=out, stderr=err, stdin=subprocess.DEVNULL))
     return procs

@@ -1,14 +1,15 @@
 """Slurm executor through submitit: one job per run, one job array per sweep.
 
-Every task runs ``SlurmTask``: the worker on its run folder's spec.yaml. The worker owns
-SIGUSR2 (clusterjob.preempt): it checkpoints and requeues the job itself, so the same
-behaviour holds for the raw sbatch templates. A teardown line after srun records a run
+Every task runs ``RunTask``: ``python -m clusterjob.run`` on its run folder's spec.yaml,
+which owns SIGUSR2 (clusterjob.preempt): it checkpoints and requeues the job itself, so the
+same behaviour holds for the raw sbatch templates. A teardown line after srun records a run
 that ended without saying so (a task killed by a signal) as failed in its run.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -23,19 +24,19 @@ from clusterjob.spec import Spec, SweepPoint
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
 
 
-class SlurmTask:
-    """The callable every Slurm task runs (pickled by submitit)."""
+class RunTask:
+    """The callable a submitit task runs (pickled by reference, so the submitting process
+    never imports the trainer): it replaces the task's process with
+    ``python -m clusterjob.run SPEC``, the entry every launch uses. The runner then owns
+    the stop signals alone; submitit's own handlers go with the replaced process."""
 
     def __init__(self, spec_file: str) -> None:
         self.spec_file = spec_file
 
-    def __call__(self) -> str:
-        from clusterjob import worker
-
-        outcome = worker.run_task([self.spec_file])
-        if outcome == "stopped":
-            raise SystemExit(0)  # requeued: leave no result behind for submitit to report
-        return outcome
+    def __call__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-u", "-m", "clusterjob.run", self.spec_file])
 
 
 def slurm_parameters(spec: Spec, teardown: list[str]) -> dict[str, Any]:
@@ -125,10 +126,10 @@ def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
     runs_file.write_text(json.dumps([str(r.path.resolve()) for r in runs]))
     executor = _executor(spec, folder, runs_file)
     if len(runs) == 1:
-        jobs = [executor.submit(SlurmTask(str(runs[0].spec_file.resolve())))]
+        jobs = [executor.submit(RunTask(str(runs[0].spec_file.resolve())))]
     else:
         with executor.batch():
-            jobs = [executor.submit(SlurmTask(str(r.spec_file.resolve()))) for r in runs]
+            jobs = [executor.submit(RunTask(str(r.spec_file.resolve()))) for r in runs]
     for run, job in zip(runs, jobs):
         run.update(executor="slurm", slurm_job_id=job.job_id, log_dir=str(folder.resolve()))
         _link_logs(run, folder, job.job_id, spec.world_size)

@@ -1,0 +1,120 @@
+"""What every task runs: ``python -m clusterjob.run SPEC``.
+
+The local executor, submitit's tasks, both sbatch templates and ``clusterjob sbatch`` all
+start this, and so can any launcher by hand; clusterjob.env derives the ranks from each:
+
+    srun python -m clusterjob.run jobs/cifar.yaml                   # Slurm variables
+    torchrun --nproc_per_node 2 -m clusterjob.run jobs/cifar.yaml
+    python -m torch.distributed.launch --nproc_per_node 2 -m clusterjob.run jobs/cifar.yaml
+    MASTER_ADDR=h MASTER_PORT=p RANK=r WORLD_SIZE=n python -m clusterjob.run jobs/cifar.yaml
+
+SPEC is a spec file or a run folder's ``spec.yaml``; running again on the same run folder
+resumes it. The runner derives the environment (checked before any rendezvous), meets
+the other ranks, finds or makes the run folder, owns the stop signals (SIGUSR2, SIGTERM),
+and runs the built-in trainer (clusterjob.worker) or the spec's entrypoint. Nothing
+imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from clusterjob import env as envmod
+from clusterjob.errors import BadInput
+from clusterjob.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
+from clusterjob.spec import Spec, dump_spec, expand_sweep, load_spec
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m clusterjob.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", help="spec file, or a run folder's spec.yaml")
+    p.add_argument("--run-dir", help="run folder to use (default: the spec's own, else a new one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
+    p.add_argument("--point", type=int, help="sweep point to run (default: SLURM_ARRAY_TASK_ID)")
+    # The legacy launcher passes --local_rank; clusterjob.env reads it from argv.
+    p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Exit status 0 when the run completed or stopped to be resumed, 2 on bad input,
+    1 when it failed."""
+    faulthandler.enable(all_threads=True)  # an abort (NCCL's watchdog) still leaves a traceback in the log
+    try:
+        run_task(argv)
+    except BadInput as err:
+        print(f"clusterjob.run: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_task(argv: Optional[list[str]] = None) -> str:
+    """This task's part of the run: "completed", or "stopped" (checkpointed to resume)."""
+    args = parse_args(argv)
+    env = envmod.detect(argv=sys.argv if argv is None else argv)
+    spec, params = _spec_point(args, env)
+    if "OMP_NUM_THREADS" not in os.environ:  # else every rank takes every core and they thrash
+        os.environ["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_task)  # before torch is imported
+    from clusterjob import dist, runrecord
+    from clusterjob.preempt import StopSignal
+
+    stop = StopSignal().install()
+    dist.rendezvous(env, spec.dist.init_method, spec.dist.timeout_s)
+    run = RunDir(Path(dist.from_rank0("run-dir", lambda: str(_choose_run(args, spec, params).path))))
+    from clusterjob.rundir import link_rank_logs
+
+    link_rank_logs(run, env.rank)
+    try:
+        outcome = _target(spec)(spec, env, run, stop)
+    except BaseException as exc:
+        runrecord.on_failure(run, env.rank, exc)
+        dist.abort()
+        raise
+    dist.destroy()
+    return outcome
+
+
+def _target(spec: Spec):
+    from clusterjob import worker
+
+    return worker.train
+
+
+def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, dict]:
+    """The spec of this run; a sweep spec runs the point of --point or the array task."""
+    points = expand_sweep(load_spec(args.spec, args.set))
+    if len(points) == 1:
+        return points[0].spec, points[0].params
+    job = envmod.slurm_job()
+    index = args.point if args.point is not None else (job and job.array_task_id)
+    if index is None or not str(index).isdigit() or not 0 <= int(index) < len(points):
+        raise BadInput(f"{args.spec} is a sweep of {len(points)} runs; pass --point 0..{len(points) - 1}, "
+                       "run it as a Slurm array, or use `clusterjob submit`")
+    point = points[int(index)]
+    return point.spec, point.params
+
+
+def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
+    """--run-dir, else the run folder holding SPEC, else a new one (named after the Slurm job,
+    so a requeued raw sbatch job finds its folder again and resumes)."""
+    if args.run_dir:
+        run = RunDir(Path(args.run_dir))
+    else:
+        run = run_dir_of_spec(Path(args.spec))
+        if run is None:
+            job = envmod.slurm_job()
+            run_id = f"slurm-{job.run_key}" if job else new_run_id()
+            run = RunDir(Path(spec.output.root) / spec.name / run_id)
+    if not run.exists():
+        run = create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params)
+    return run
+
+
+if __name__ == "__main__":
+    sys.exit(main())

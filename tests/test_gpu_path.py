@@ -1,0 +1,266 @@
+"""The CUDA/NCCL path, checked on CPU: no host sync in the step, collectives on the group's
+device, checkpoints that resume across AMP modes and GPU counts, abort on errors."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from clusterjob import checkpoint, dist, train
+from clusterjob.device import plan_device
+from clusterjob.env import DistEnv
+from clusterjob.models import build_model
+from clusterjob.spec import spec_from_dict
+
+aten = torch.ops.aten
+
+# Ops that make the host wait for the device (or copy host data to it) in the step.
+HOST_SYNCS = {aten._local_scalar_dense.default, aten.lift_fresh.default, aten.lift_fresh_copy.default,
+              aten.nonzero.default, aten.masked_select.default, aten.is_nonzero.default, aten.equal.default}
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.paused, self.seen = False, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and func in HOST_SYNCS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _pausing(counter: SyncCounter, fn):
+    """``fn`` with the counter paused: the syncs of a progress line are allowed."""
+    def wrapped(*args, **kwargs):
+        counter.paused = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            counter.paused = False
+    return wrapped
+
+
+def _trainer(amp: str, ema: bool = True, grad_accum: int = 2, optimizer: str = "sgd"):
+    spec = spec_from_dict({"name": "t", "model": {"arch": "mlp"}, "data": {"dataset": "synthetic"},
+                           "train": {"amp": amp, "grad_accum": grad_accum, "ema_decay": 0.9 if ema else None,
+                                     "log_every": 3, "batch_size": 8, "epochs": 2, "optimizer": optimizer}})
+    plan = plan_device(spec, 0, 1, 1, cuda_count=0)
+    torch.manual_seed(0)
+    return train.build_trainer(spec, plan, build_model("mlp", 10, (3, 32, 32)), num_batches=16, world_size=1)
+
+
+def _batches(n: int = 16):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("amp", ["fp16", "bf16", "off"])
+def test_no_host_sync_in_the_step_between_progress_lines(monkeypatch, amp):
+    trainer, batches, lines = _trainer(amp), _batches(), []
+    counter = SyncCounter()
+    monkeypatch.setattr(train, "progress_line", _pausing(counter, train.progress_line))
+    monkeypatch.setattr(train.Meter, "state", _pausing(counter, train.Meter.state))
+    monkeypatch.setattr(train.Meter, "take_window", _pausing(counter, train.Meter.take_window))
+    monkeypatch.setattr(train.Meter, "__init__", _pausing(counter, train.Meter.__init__))  # the epoch's start
+    with counter:
+        state = train.train_epoch(trainer, batches, 1, lambda *a: lines.append(a), _pausing(counter, lambda: False))
+    assert state.finished and trainer.step == 8 and len(lines) == 2  # progress lines after steps 3 and 6
+    assert counter.seen == []
+    assert trainer.ema.updates == 8
+
+
+def test_the_sync_counter_sees_an_item_per_step_of_a_non_fused_fp16_optimizer(monkeypatch):
+    trainer = _trainer("fp16", ema=False)
+    trainer.optimizer = torch.optim.SGD(trainer.raw_model.parameters(), lr=0.1)  # not fused
+    counter = SyncCounter()
+    monkeypatch.setattr(train, "progress_line", _pausing(counter, train.progress_line))
+    monkeypatch.setattr(train.Meter, "state", _pausing(counter, train.Meter.state))
+    monkeypatch.setattr(train.Meter, "take_window", _pausing(counter, train.Meter.take_window))
+    with counter:
+        train.train_epoch(trainer, _batches(), 1, lambda *a: None, lambda: False)
+    assert counter.seen.count("aten._local_scalar_dense.default") >= 8  # GradScaler's found_inf.item()
+
+
+def test_a_diverged_loss_fails_with_the_epoch_steps_and_a_hint():
+    trainer = _trainer("off", ema=False, grad_accum=1)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = float("inf")
+    trainer.scheduler.base_lrs = [float("inf")] * len(trainer.scheduler.base_lrs)
+    with pytest.raises(train.DivergedError, match=r"epoch 4 from step 3 to 6: training diverged; lower train.lr"):
+        train.train_epoch(trainer, _batches(), 4, lambda *a: None, lambda: False)
+
+
+def test_ema_matches_torch_averaged_model():
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ours, theirs = train.Ema(model, 0.9), AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    for _ in range(5):
+        model(torch.randn(8, 4)).sum().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        ours.update_parameters(model)
+        theirs.update_parameters(model)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and int(a["n_averaged"]) == 5
+    for key in a:
+        if a[key].is_floating_point():
+            assert torch.allclose(a[key], b[key], atol=1e-6), key
+    restored = train.Ema(model, 0.9)
+    restored.load_state_dict(a)
+    assert restored.updates == 5 and torch.equal(restored.module[0].weight, ours.module[0].weight)
+
+
+@pytest.mark.parametrize("saved, resumed", [("bf16", "fp16"), ("off", "fp16"), ("fp16", "bf16"), ("fp16", "fp16")])
+def test_resume_across_amp_modes(saved, resumed):
+    state = _trainer(saved).state_dict()
+    assert (state["scaler"] != {}) == (saved == "fp16")
+    target = _trainer(resumed)
+    target.load_state_dict(state)
+    assert torch.equal(target.raw_model.fc1.weight, _trainer(saved).raw_model.fc1.weight)
+    assert target.scaler.is_enabled() == (resumed == "fp16")
+
+
+def test_checkpoint_rng_is_the_own_gpus_only_whatever_the_gpu_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": calls.append(("get", device)) or
+                        torch.full((8,), 7, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": calls.append(("set", device)))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("saves every visible GPU"))
+    state = checkpoint.rng_state("cuda:2")
+    assert isinstance(state["cuda"], torch.Tensor) and calls == [("get", "cuda:2")]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the resume sees fewer GPUs
+    checkpoint.set_rng_state(state, "cuda:0")
+    assert calls[-1] == ("set", "cuda:0")
+    checkpoint.set_rng_state({"torch": torch.get_rng_state(), "cuda": [torch.zeros(8, dtype=torch.uint8)] * 4},
+                             "cuda:0")  # an old all-GPU list: not restored, no IndexError
+    assert len(calls) == 2
+    assert "cuda" not in checkpoint.rng_state("cpu")
+
+
+def _env(rank: int = 0, world: int = 2) -> DistEnv:
+    return DistEnv("torchrun", rank, rank, world, world, 0, 1, "127.0.0.1", 29500, ("127.0.0.1",))
+
+
+class Seen(Exception):
+    pass
+
+
+def test_every_collective_helper_puts_its_tensors_on_the_group_device(monkeypatch):
+    def fake_collective(tensor, *args, **kwargs):
+        raise Seen(tensor.device)
+
+    monkeypatch.setattr(dist, "initialized", lambda: True)
+    monkeypatch.setattr(dist, "_device", torch.device("meta"))
+    monkeypatch.setattr(dist.tdist, "all_reduce", fake_collective)
+    for call in (lambda: dist.all_reduce_sum(torch.ones(3)), lambda: dist.any_rank(True), lambda: dist.min_int(80),
+                 lambda: train.epoch_metrics(train.EpochState(1, (1.0, 1.0, 1.0, 1.0), 1.0))):
+        with pytest.raises(Seen) as seen:
+            call()
+        assert seen.value.args[0] == torch.device("meta")
+    recorded = {}
+    monkeypatch.setattr(dist.tdist, "broadcast_object_list", lambda box, src, device: recorded.update(device=device))
+    dist.broadcast_object({"a": 1})
+    assert recorded["device"] == torch.device("meta")
+
+
+@pytest.mark.parametrize("backend, device, expected, device_id", [
+    ("nccl", "cuda:1", "cuda:1", True), ("cuda:gloo", "cuda:0", "cuda:0", False), ("gloo", "cuda:1", "cpu", False),
+    ("gloo", "cpu", "cpu", False)])
+def test_init_picks_the_group_device_and_passes_device_id_to_nccl(monkeypatch, backend, device, expected, device_id):
+    seen = {}
+    monkeypatch.setattr(dist, "_store", torch.distributed.HashStore())
+    monkeypatch.setattr(dist, "_device", torch.device("cpu"))
+    monkeypatch.setattr(dist.tdist, "init_process_group", lambda **kwargs: seen.update(kwargs))
+    dist.init(_env(), backend, device, 7)
+    assert dist.device() == torch.device(expected)
+    assert ("device_id" in seen) == device_id and seen["timeout"] == datetime.timedelta(seconds=7)
+    assert seen["backend"] == backend and seen["rank"] == 0 and seen["world_size"] == 2
+
+
+def test_a_file_rendezvous_into_a_missing_folder_is_refused_before_it_hangs(tmp_path):
+    from clusterjob.errors import BadInput
+
+    with pytest.raises(BadInput, match="does not exist or is not writable"):
+        dist.rendezvous(_env(), f"file://{tmp_path}/missing/rdzv", 5)
+    dist.check_init_method(f"file://{tmp_path}/rdzv")  # an existing folder is fine
+
+
+def _run_failing(monkeypatch, tmp_path, target):
+    from clusterjob import run as runner
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\noutput: {{root: {tmp_path / 'results'}}}\nresources: {{cpus_per_task: 1}}\n")
+    calls = []
+    monkeypatch.setattr(dist, "initialized", lambda: True)
+    monkeypatch.setattr(dist.tdist, "destroy_process_group", lambda *a: calls.append("destroy"))
+    monkeypatch.setattr("torch.distributed.distributed_c10d._abort_process_group", lambda *a: calls.append("abort"))
+    monkeypatch.setattr(runner, "_target", lambda spec: target)
+    monkeypatch.setattr(sys, "argv", ["clusterjob.run", str(spec)])
+    return runner, spec, calls
+
+
+def test_an_error_aborts_the_process_group_and_a_clean_run_destroys_it(monkeypatch, tmp_path):
+    def boom(*args):
+        raise RuntimeError("boom")
+
+    runner, spec, calls = _run_failing(monkeypatch, tmp_path, boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.run_task([str(spec)])
+    assert calls == ["abort"]
+    (run_json,) = (tmp_path / "results" / "s").glob("*/run.json")
+    assert json.loads(run_json.read_text())["status"] == "failed"
+    runner, spec, calls = _run_failing(monkeypatch, tmp_path, lambda *args: "completed")
+    assert runner.run_task([str(spec)]) == "completed" and calls == ["destroy"]
+
+
+def _two_ranks(rank: int, port: int, folder: str) -> None:
+    """Stop agreement, the checkpoint gather and exact eval through clusterjob.dist."""
+    from clusterjob.data import build_datasets, build_loaders, val_valid_count
+    from clusterjob.preempt import StopSignal
+
+    env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, ("127.0.0.1",))
+    dist.rendezvous(env, "env", 60)
+    assert dist.from_rank0("k", lambda: f"from rank {rank}") == "from rank 0"
+    dist.init(env, "gloo", "cpu", 60)
+    stop = StopSignal()
+    first = stop.agreed()
+    if rank == 1:
+        stop.received_at, stop.signal = 1.0, "SIGUSR2"  # one rank told; all must agree
+    second = stop.agreed()
+    gathered = dist.all_gather_object((rank, checkpoint.rng_state("cpu")["torch"].shape))
+    spec = spec_from_dict({"name": "e", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 101,
+                                                "num_workers": 0, "augment": False}, "train": {"amp": "off"}})
+    ds = build_datasets(spec.data, seed=0)
+    loaders = build_loaders(ds, spec.data, 8, rank, 2, seed=0, pin_memory=False)
+    torch.manual_seed(3)
+    model = build_model("mlp", 10, (3, 32, 32))
+    plan = plan_device(spec, rank, 2, 2, cuda_count=0)
+    result = train.evaluate(model, loaders.val_loader, val_valid_count(len(ds.val), rank, 2), plan)
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(
+        {"first": first, "second": second, "gathered": [[r, list(s)] for r, s in gathered], **result,
+         "min": dist.min_int(80 + rank)}))
+    dist.destroy()
+
+
+@pytest.mark.slow
+def test_stop_agreement_gather_and_eval_under_two_ranks(tmp_path):
+    from clusterjob.launch.local import free_port
+
+    mp.spawn(_two_ranks, args=(free_port(), str(tmp_path)), nprocs=2)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["first"] for r in results] == [False, False] and [r["second"] for r in results] == [True, True]
+    assert results[0]["gathered"] == results[1]["gathered"] and [g[0] for g in results[0]["gathered"]] == [0, 1]
+    assert results[0]["val_acc"] == results[1]["val_acc"] and 0 < results[0]["val_acc"] < 1
+    assert [r["min"] for r in results] == [80, 80]
