@@ -1,6 +1,6 @@
 """The distributed environment of this process: who am I, how many are we, where is rank 0.
 
-This is the only module that reads rank variables from ``os.environ`` (DESIGN section 4),
+This is the only module that reads rank variables from ``os.environ``,
 so every launch style (srun, torchrun, the legacy launcher, hand-set variables, the local
 executor) is decided in one place and checked before any rendezvous: a wrong count here
 would otherwise show up as a rendezvous that hangs until its timeout.
@@ -47,6 +47,11 @@ T = TypeVar("T")
 
 _LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 _NON_NEGATIVE = re.compile(r"[0-9]+")
+# Ranks, sizes and job ids are far shorter; a longer number is garbage (and int() of
+# thousands of digits is slow or refused).
+_MAX_DIGITS = 18
+# A host name or address: no spaces, line breaks or other control characters.
+_HOST = re.compile(r"[\x21-\x7e]+")
 
 _TORCHRUN_HINT = (
     "launch with torchrun, or set RANK, WORLD_SIZE (and LOCAL_RANK, LOCAL_WORLD_SIZE) "
@@ -68,7 +73,7 @@ _PORT_HINT = "set MASTER_PORT to a free TCP port in 1..65535, or unset it to use
 class DistEnv:
     """Where this process sits in the job; everything a rendezvous and the trainer need."""
 
-    source: str  # "torchrun" | "slurm" | "single": which rule of DESIGN section 4 matched
+    source: str  # "torchrun" | "slurm" | "single": which launch rule matched
     rank: int
     local_rank: int
     world_size: int
@@ -78,20 +83,12 @@ class DistEnv:
     master_addr: str
     master_port: int
     hosts: tuple[str, ...]
+    # torchrun's agent serves the rendezvous store at MASTER_ADDR:MASTER_PORT itself
+    agent_store: bool = False
 
     def __post_init__(self) -> None:
         # Accept a list for convenience but store a tuple, so the value stays hashable.
         object.__setattr__(self, "hosts", tuple(self.hosts))
-
-    @property
-    def is_main(self) -> bool:
-        """True on global rank 0, the one process that prints and writes results."""
-        return self.rank == 0
-
-    @property
-    def is_local_main(self) -> bool:
-        """True on the first process of each node (per-node work such as downloads)."""
-        return self.local_rank == 0
 
     def to_dict(self) -> dict[str, object]:
         """The fields of ``clusterjob env --json``, JSON-ready (hosts as a list)."""
@@ -134,7 +131,7 @@ class SlurmJob:
 def detect(
     environ: Optional[Mapping[str, str]] = None, argv: Optional[Sequence[str]] = None
 ) -> DistEnv:
-    """This process's distributed environment, by the first matching rule of DESIGN 4.
+    """This process's distributed environment, by the first matching rule.
 
     torchrun (RANK and WORLD_SIZE set) wins over Slurm, because torchrun started from an
     srun task sees both and only its own variables describe the processes. Raises
@@ -184,6 +181,7 @@ def _from_torchrun(environ: Mapping[str, str], argv: Sequence[str]) -> DistEnv:
         master_addr=master_addr,
         master_port=_master_port(environ, DEFAULT_MASTER_PORT),
         hosts=_slurm_hosts_if_consistent(environ, num_nodes) or (master_addr,),
+        agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
 
 
@@ -204,7 +202,7 @@ def _torchrun_node_counts(
     """(processes per node, node count, where the count came from, for error messages).
 
     With neither LOCAL_WORLD_SIZE nor GROUP_WORLD_SIZE (hand-set launches, the
-    pre-elastic launcher) one node is assumed, the same assumption as DESIGN 4's
+    pre-elastic launcher) one node is assumed, the same assumption as the
     LOCAL_RANK = RANK fallback; a last node may run fewer processes, hence ceil.
     """
     groups = _optional_int(
@@ -288,6 +286,11 @@ def _master_addr(environ: Mapping[str, str]) -> str:
             f"MASTER_ADDR={value!r} is blank. Hint: set it to the host name or address of "
             f"rank 0, or unset it to use {DEFAULT_MASTER_ADDR}"
         )
+    if not _HOST.fullmatch(value.strip()):
+        raise EnvError(
+            f"MASTER_ADDR={value!r} is not a host name or address (it holds spaces, control or "
+            f"non-ASCII characters). Hint: set it to the host name or address of rank 0"
+        )
     return value.strip()
 
 
@@ -366,7 +369,7 @@ def _parsed_slurm_list(
         return name, parse(environ[name])
     except HostlistError as error:
         raise EnvError(
-            f"{name}={environ[name]!r} is not {what} ({error}). Hint: {hint}"
+            f"{name}={_brief(environ[name])} is not {what} ({error}). Hint: {hint}"
         ) from error
 
 
@@ -473,7 +476,14 @@ def slurm_job(environ: Optional[Mapping[str, str]] = None) -> Optional[SlurmJob]
         raise EnvError(f"{found[0]}={found[1]!r} is blank. Hint: {_SLURM_HINT}")
     array_job_id, array_task_id = _array_ids(environ)
     restart = _optional_int(environ, "SLURM_RESTART_COUNT", _SLURM_HINT) or 0
-    return SlurmJob(found[1].strip(), array_job_id, array_task_id, restart)
+    return SlurmJob(_job_id(found[0], found[1]), array_job_id, array_task_id, restart)
+
+
+def _job_id(name: str, raw: str) -> str:
+    """A Slurm job or array task id: decimal digits. It names run folders (``slurm-<id>``),
+    so anything else (a path, a space) is refused rather than used."""
+    _parse_int(name, raw, _SLURM_HINT)
+    return raw.strip()
 
 
 def _array_ids(environ: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
@@ -486,7 +496,9 @@ def _array_ids(environ: Mapping[str, str]) -> tuple[Optional[str], Optional[str]
             f"{name}={environ[name]!r} is set without its partner "
             f"(SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID come together). Hint: {_SLURM_HINT}"
         )
-    return job, task
+    if job is None or task is None:
+        return None, None
+    return _job_id("SLURM_ARRAY_JOB_ID", job), _job_id("SLURM_ARRAY_TASK_ID", task)
 
 
 def _master_port(environ: Mapping[str, str], default: int) -> int:
@@ -526,7 +538,7 @@ def export(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None) -> 
 
 
 def clean_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``environ`` without the job layout of the shell it came from (DESIGN 7).
+    """A copy of ``environ`` without the job layout of the shell it came from.
 
     Submitting from inside an allocation would otherwise hand the old job's SLURM_* and
     rank variables to the new job, whose tasks would then detect the wrong layout.
@@ -564,6 +576,12 @@ def describe(env: DistEnv) -> str:
 
 
 # --- reading variables ------------------------------------------------------------------------
+
+
+def _brief(raw: str) -> str:
+    """``repr(raw)``, shortened when long, so an error stays readable."""
+    text = repr(raw)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-10:]} ({len(raw)} characters)"
 
 
 def _first_set(environ: Mapping[str, str], names: Iterable[str]) -> Optional[tuple[str, str]]:
@@ -625,7 +643,9 @@ def _parse_int(
     # int() alone would also take "+3", "1_0" and non-ASCII digits; Slurm and torchrun
     # never write those, so seeing one means the variable was set by mistake.
     if not _NON_NEGATIVE.fullmatch(text):
-        raise EnvError(f"{label}={raw!r} is not a non-negative integer. Hint: {hint}")
+        raise EnvError(f"{label}={_brief(raw)} is not a non-negative integer. Hint: {hint}")
+    if len(text) > _MAX_DIGITS:
+        raise EnvError(f"{label}={_brief(raw)} is too large ({len(text)} digits). Hint: {hint}")
     value = int(text)
     if value < minimum:
         raise EnvError(f"{label}={raw!r} must be at least {minimum}. Hint: {hint}")

@@ -1,4 +1,4 @@
-"""Distributed environment detection (DESIGN section 4) on faked environments."""
+"""Distributed environment detection on faked environments."""
 
 import json
 import subprocess
@@ -107,7 +107,6 @@ def test_slurm_2x2_rank0_all_fields():
         "master_port": master_port_for_job("4"),
         "hosts": ["node1", "node2"],
     }
-    assert got.is_main and got.is_local_main
 
 
 @pytest.mark.parametrize(
@@ -122,7 +121,6 @@ def test_slurm_2x2_every_rank_agrees_on_master(procid, nodeid, localid):
     got = detect(environ, argv=[])
     assert (got.rank, got.node_rank, got.local_rank) == (int(procid), int(nodeid), int(localid))
     assert (got.master_addr, got.master_port) == ("node1", master_port_for_job("4"))
-    assert got.is_main == (procid == "0")
 
 
 def test_slurm_step_on_subset_uses_the_steps_nodes():
@@ -200,7 +198,7 @@ def test_slurm_master_port_override():
 
 
 def test_slurm_ignores_a_leaked_master_addr():
-    # DESIGN 4: the master is the step's first host; only the port can be overridden.
+    # The master is the step's first host; only the port can be overridden.
     got = detect(task(SLURM_2X2, MASTER_ADDR="elsewhere"), argv=[])
     assert got.master_addr == "node1"
 
@@ -453,6 +451,26 @@ def test_detect_defaults_to_process_environment(monkeypatch):
         (task(SLURM_2X2, SLURM_JOB_ID=None), [], ["SLURM_JOB_ID", "MASTER_PORT"]),
         (task(SLURM_2X2, SLURM_RESTART_COUNT="x"), [], ["SLURM_RESTART_COUNT='x'"]),
         (task(SLURM_2X2, SLURM_ARRAY_TASK_ID="3"), [], ["SLURM_ARRAY_TASK_ID='3'"]),
+        (task(SLURM_2X2, SLURM_STEP_TASKS_PER_NODE="2,0"), [],
+         ["SLURM_STEP_TASKS_PER_NODE='2,0'", "0 tasks"]),
+        (task(SLURM_2X2, SLURM_STEP_TASKS_PER_NODE="0(x2)"), [],
+         ["SLURM_STEP_TASKS_PER_NODE='0(x2)'", "0 tasks"]),
+        (task(SLURM_2X2, SLURM_STEP_TASKS_PER_NODE="2(x2) junk"), [],
+         ["SLURM_STEP_TASKS_PER_NODE='2(x2) junk'"]),
+        (task(SLURM_2X2, SLURM_STEP_NODELIST="node1\x07,node2"), [],
+         ["SLURM_STEP_NODELIST='node1\\x07,node2'", "'\\x07'"]),
+        (task(SLURM_2X2, SLURM_JOB_ID="../x"), [], ["SLURM_JOB_ID='../x'"]),
+        (task(SLURM_2X2, SLURM_JOB_ID="4 5"), [], ["SLURM_JOB_ID='4 5'"]),
+        (task(SLURM_2X2, SLURM_ARRAY_JOB_ID="3", SLURM_ARRAY_TASK_ID="1/.."), [],
+         ["SLURM_ARRAY_TASK_ID='1/..'"]),
+        (task(SLURM_2X2, SLURM_ARRAY_JOB_ID="x", SLURM_ARRAY_TASK_ID="1"), [],
+         ["SLURM_ARRAY_JOB_ID='x'"]),
+        (task(SLURM_2X2, SLURM_PROCID="1" * 19), [], ["SLURM_PROCID='" + "1" * 19 + "'", "too large"]),
+        (task(SLURM_2X2, SLURM_PROCID="1" * 5000), [], ["SLURM_PROCID=", "(5000 characters)", "too large"]),
+        ({"RANK": "0", "WORLD_SIZE": "9" * 5000}, [], ["WORLD_SIZE=", "too large"]),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a\nb"}, [], ["MASTER_ADDR='a\\nb'"]),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node 1"}, [], ["MASTER_ADDR='node 1'"]),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "n\u00f6de"}, [], ["MASTER_ADDR='n\u00f6de'"]),
     ],
 )
 def test_errors_name_variable_value_and_hint(environ, argv, names):
@@ -490,6 +508,20 @@ def test_slurm_job_array_and_restarts():
 
 def test_slurm_job_legacy_jobid_variable():
     assert slurm_job({"SLURM_JOBID": "12"}).run_key == "12"
+
+
+def test_slurm_job_ids_are_digits_because_they_name_run_folders():
+    assert slurm_job({"SLURM_JOB_ID": " 12\n"}).run_key == "12"
+    for name, value in (("SLURM_JOB_ID", "12/../x"), ("SLURM_JOBID", "-1"), ("SLURM_JOB_ID", "1" * 30)):
+        with pytest.raises(EnvError, match=name):
+            slurm_job({name: value})
+    with pytest.raises(EnvError, match="SLURM_ARRAY_TASK_ID='a'"):
+        slurm_job({"SLURM_JOB_ID": "5", "SLURM_ARRAY_JOB_ID": "4", "SLURM_ARRAY_TASK_ID": "a"})
+
+
+def test_master_addr_is_stripped_but_must_be_one_word():
+    got = detect({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": " node1\n"}, argv=[])
+    assert got.master_addr == "node1"
 
 
 # --- export, clean_environ, describe -------------------------------------------------------

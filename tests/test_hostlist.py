@@ -4,6 +4,7 @@ import pytest
 
 from clusterjob.hostlist import (
     MAX_RANGE,
+    MAX_TASKS_PER_NODE,
     HostlistError,
     expand_hostlist,
     parse_tasks_per_node,
@@ -69,6 +70,12 @@ def test_expand_hostlist(text, expected):
         ("", "''", "empty"),
         ("   ", "'   '", "empty"),
         ("n[0-70000]", "0-70000", str(MAX_RANGE)),
+        ("node1\x01,node2", "'node1\\x01'", "'\\x01'"),
+        ("nod\u00e91", "'nod\u00e91'", "'\u00e9'"),
+        ("a\x7f[1-2]", "'a\\x7f[1-2]'", "'\\x7f'"),
+        ("n[1-2]\x00x", "'n[1-2]\\x00x'", "'\\x00'"),
+        ("n[" + "1" * 19 + "]", "1" * 19, "longer than 18 digits"),
+        ("n[1-" + "9" * 5000 + "]", "(5005 characters)", "longer than 18 digits"),
     ],
 )
 def test_expand_hostlist_errors_name_the_text(text, offending, words):
@@ -124,3 +131,30 @@ def test_parse_tasks_per_node_errors(text, offending):
         parse_tasks_per_node(text)
     assert offending in str(caught.value)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "text, entry, words",
+    [
+        ("2,0", "'0'", "gives nodes 0 tasks"),
+        ("0(x2)", "'0(x2)'", "gives nodes 0 tasks"),
+        ("1,00", "'00'", "gives nodes 0 tasks"),
+        ("99999999", "'99999999'", f"more than {MAX_TASKS_PER_NODE} tasks"),
+        ("1(x" + "9" * 19 + ")", "'1(x" + "9" * 19 + ")'", "longer than 18 digits"),
+        ("1(x" + "9" * 5000 + ")", "'1(x9999", "(5004 characters) has a number longer than 18 digits"),
+        ("x2(x2)", "'x2(x2)'", "is not 'N' or 'N(xM)'"),
+        ("2(x2)junk", "'2(x2)junk'", "is not 'N' or 'N(xM)'"),
+        ("2, 1", "' 1'", "is not 'N' or 'N(xM)'"),
+        ("\u0662", "'\u0662'", "is not 'N' or 'N(xM)'"),  # a non-ASCII digit
+    ],
+)
+def test_tasks_per_node_refuses_zero_huge_and_garbage(text, entry, words):
+    with pytest.raises(HostlistError) as caught:
+        parse_tasks_per_node(text)
+    message = str(caught.value)
+    assert f"entry {entry}" in message and words in message
+
+
+def test_huge_repeat_within_bounds_is_counted_not_refused():
+    assert parse_tasks_per_node(f"1(x{MAX_TASKS_PER_NODE})") == [1] * MAX_TASKS_PER_NODE
+    assert parse_tasks_per_node(f"{MAX_TASKS_PER_NODE}") == [MAX_TASKS_PER_NODE]

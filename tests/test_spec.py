@@ -1,8 +1,8 @@
-"""Spec loading, overrides, sweeps and every class of bad input (DESIGN section 2)."""
+"""Spec loading, overrides, sweeps and every class of bad input."""
 
 import pytest
 
-from clusterjob.errors import SpecError
+from clusterjob.errors import EnvError, SpecError
 from clusterjob.spec import (Spec, TrainSpec, apply_overrides, dump_spec, expand_sweep, load_spec,
                              parse_yaml, spec_from_dict, spec_to_dict)
 
@@ -19,7 +19,9 @@ def error_of(raw) -> str:
 
 def test_defaults_match_the_design():
     spec = build()
-    assert (spec.data.dataset, spec.data.root, spec.data.download, spec.data.num_workers) == ("cifar10", "./data", True, 4)
+    assert (spec.data.dataset, spec.data.root, spec.data.download, spec.data.num_workers) == ("cifar10", "./data", True,
+                                                                                              "auto")
+    assert spec.data.loader == "auto"
     assert spec.data.pin_memory == "auto" and spec.data.tta == "none" and spec.data.limit_train is None
     assert (spec.model.arch, spec.model.sync_bn) == ("resnet18", True)
     t = spec.train
@@ -104,9 +106,22 @@ def test_no_sweep_is_one_point():
     ({"name": "my run"}, "name: 'my run' is not allowed; use letters, digits"),
     ({"name": "a/b"}, "name: 'a/b' is not allowed"),
     ({"name": ".."}, "name: '..' is not a folder name"),
+    ({"name": ".hidden"}, "name: '.hidden' starts with '.', which hides its results folder"),
+    ({"name": "a" * 101}, "name: 'aaaa"),
+    ({"name": "t", "train": {"lr": float("inf")}}, "train.lr: inf must be a finite number"),
+    ({"name": "t", "train": {"lr": "nan"}}, "train.lr: nan must be a finite number"),
+    ({"name": "t", "train": {"lr": 10**400}}, "train.lr: 1000"),
+    ({"name": "t", "train": {"seed": 2**63}}, "train.seed: 9223372036854775808 is too large"),
+    ({"name": "t", "dist": {"init_method": "tcp://h:0"}}, "dist.init_method: 'tcp://h:0': port 0 is out of range"),
+    ({"name": "t", "dist": {"init_method": "tcp://h:65536"}}, "port 65536 is out of range; use a TCP port in 1..65535"),
+    ({"name": "t", "sweep": {1: [1]}}, "sweep.1: 1 is not a spec key"),
+    ({"name": "t", "sweep": {"train.lr": [0.1] * 101, "train.seed": list(range(100))}},
+     "sweep: 101 (train.lr) x 100 (train.seed) = 10100 runs is more than 10000"),
+    ({"name": "t", 1: 2}, "1: unknown key"),
     ({}, "name: required"),
     ({"name": "t", "sweep": {"train.lr": 0.1}}, "sweep.train.lr: 0.1 is not a list"),
-    ({"name": "t", "sweep": {"train.lr": []}}, "sweep.train.lr: [] is not a list"),
+    ({"name": "t", "sweep": {"train.lr": []}}, "sweep.train.lr: [] gives no runs; give at least one value to "
+                                               "try, e.g. train.lr: [0.1]"),
     ({"name": "t", "sweep": {"train.lrr": [0.1]}}, "sweep.train.lrr: 'train.lrr' is not a spec key (did you mean 'train.lr'?)"),
     ({"name": "t", "sweep": {"train": [1]}}, "sweep.train: 'train' is not a spec key"),
     ({"name": "t", "sweep": {"resources.nodes": [1, 2]}}, "sweep.resources.nodes: name, resources and output are per submission"),
@@ -130,8 +145,104 @@ def test_bad_input_names_key_value_and_fix(raw, expected):
 
 def test_sweep_point_values_are_validated():
     spec = build(sweep={"train.lr": [0.1, -1]})
-    with pytest.raises(SpecError, match=r"sweep.train.lr: -1.0 is out of range; it must be > 0 \(sweep point"):
+    with pytest.raises(SpecError, match=r"sweep.train.lr: -1.0 is out of range; it must be > 0 \(sweep point 1: "):
         expand_sweep(spec)
+
+
+def test_a_cross_field_error_of_a_point_names_its_sweep_values():
+    spec = build(train={"epochs": 4, "warmup_epochs": 3}, sweep={"train.seed": [0, 1], "train.epochs": [5, 2]})
+    with pytest.raises(SpecError) as info:
+        expand_sweep(spec)
+    assert str(info.value) == ("train.warmup_epochs: 3.0 is longer than epochs (2); set warmup_epochs <= epochs "
+                               "(sweep point 1: {'train.seed': 0, 'train.epochs': 2})")
+
+
+def test_sweep_points_equal_specs_built_from_scratch():
+    sweep = {"train.lr": [0.05, 0.2], "data.limit_train": [None, 64], "model.arch": ["mlp"],
+             "train.param_groups": [[], [{"match": "fc.", "lr_mult": 10}]]}
+    spec = build(train={"epochs": 3}, sweep=sweep)
+    points = expand_sweep(spec)
+    assert len(points) == 8
+    for point in points:
+        raw = spec_to_dict(spec)
+        raw["sweep"] = {}
+        for key, value in point.params.items():
+            section, name = key.split(".")
+            raw[section][name] = value
+        assert point.spec == spec_from_dict(raw), point.params
+    assert points[7].spec.train.param_groups[0].lr_mult == 10.0 and points[7].spec.data.limit_train == 64
+
+
+def test_yaml_aliases_and_merge_keys_work_in_a_normal_spec(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: t\ntrain:\n  <<: {lr: 0.2, epochs: 3}\n  epochs: 4\n"
+                    "sweep:\n  train.seed: &seeds [1, 2]\n  data.num_workers: *seeds\n")
+    spec = load_spec(path)
+    assert (spec.train.lr, spec.train.epochs) == (0.2, 4)
+    assert spec.sweep == {"train.seed": [1, 2], "data.num_workers": [1, 2]}
+    assert len(expand_sweep(spec)) == 4
+
+
+def test_home_is_expanded_in_roots(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = build(output={"root": "~/results"}, data={"root": "~"})
+    assert (spec.output.root, spec.data.root) == (f"{tmp_path}/results", str(tmp_path))
+    assert load_spec_text(tmp_path, dump_spec(spec)) == spec  # the run's spec.yaml holds the expanded path
+    with pytest.raises(SpecError, match=r"output.root: '~nosuchuser1/x' starts with ~nosuchuser1, but there is no"):
+        build(output={"root": "~nosuchuser1/x"})
+
+
+def load_spec_text(folder, text):
+    path = folder / "spec.yaml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+@pytest.mark.parametrize("dataset, data, train, resources, key", [
+    ("synthetic", {"limit_train": 255}, {"batch_size": 128}, {"tasks_per_node": 2}, "data.limit_train"),
+    ("synthetic", {}, {"batch_size": 5001}, {"tasks_per_node": 2}, "train.batch_size"),
+    ("cifar10", {"limit_train": 40000}, {"batch_size": 10001}, {"nodes": 2, "tasks_per_node": 2}, "data.limit_train"),
+    ("cifar10", {"limit_train": 90000}, {"batch_size": 12501}, {"nodes": 2, "tasks_per_node": 2}, "train.batch_size"),
+    ("mnist", {}, {"batch_size": 30001}, {"tasks_per_node": 2}, "train.batch_size"),
+])
+def test_drop_last_needs_a_batch_on_every_rank(dataset, data, train, resources, key):
+    raw = {"name": "t", "data": {"dataset": dataset, "drop_last": True, **data}, "train": train,
+           "resources": resources}
+    assert error_of(raw).startswith(f"{key}: with drop_last,")
+    raw["data"]["drop_last"] = False
+    assert spec_from_dict(raw).data.drop_last is False
+
+
+def test_drop_last_at_the_boundary_is_fine():
+    spec = build(data={"dataset": "synthetic", "limit_train": 256, "drop_last": True}, train={"batch_size": 128},
+                 resources={"tasks_per_node": 2})
+    assert spec.world_size * spec.train.batch_size == spec.data.limit_train
+    cifar = build(data={"limit_train": 10**6, "drop_last": True}, train={"batch_size": 25000},
+                  resources={"tasks_per_node": 2})
+    assert cifar.data.limit_train == 10**6  # cut to the 50,000 of the split: exactly one batch per rank
+
+
+@pytest.mark.parametrize("item", [".train=1", "train..lr=1", "train.=1", "sweep.=1", "sweep.train..lr=[1]", "..=2"])
+def test_override_with_an_empty_part_names_the_key_as_written(item):
+    with pytest.raises(SpecError) as info:
+        apply_overrides({"name": "t"}, [item])
+    key = item.partition("=")[0]
+    assert str(info.value).startswith(f"{key}: --set {item!r}: the dotted path has an empty part")
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("resources.setup", ["module load x", "echo a\nrm -rf ~"], "resources.setup[1]: 'echo a\\nrm -rf ~'"),
+    ("output.root", "a\rb", "output.root: 'a\\rb'"),
+    ("data.root", "/data\x00", "data.root: '/data\\x00'"),
+    ("dist.init_method", "file:///tmp/a\x07b", "dist.init_method: 'file:///tmp/a\\x07b'"),
+    ("train.param_groups", [{"match": "fc\u2028"}], "train.param_groups[0].match: 'fc\\u2028'"),
+    ("name", "a\tb", "name: 'a\\tb'"),
+])
+def test_control_characters_are_refused_in_every_string(key, value, shown):
+    section, _, name = key.rpartition(".")
+    raw = {"name": "t", section: {name: value}} if section else {"name": value}
+    message = error_of(raw)
+    assert message.startswith(shown) and "contains the control character" in message
 
 
 def test_yaml_syntax_error_names_the_line():
@@ -157,6 +268,11 @@ def test_sections_built_in_code_are_validated_too():
         TrainSpec(lr=-1)
     assert Spec(name="x").world_size == 1
     assert spec_to_dict(build())["train"]["param_groups"] == []
+
+
+def test_errors_are_one_line_whatever_they_quote():
+    assert str(SpecError("k", "a\nb\x00c\u2028")) == "k: a\\nb\\x00c\\u2028"
+    assert str(EnvError("X='1'\r\n")) == "X='1'\\r\\n"
 
 
 def test_shipped_job_specs_are_valid():
