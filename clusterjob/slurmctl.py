@@ -1,7 +1,8 @@
 """Thin wrappers over the Slurm commands clusterjob runs (squeue, sacct, scontrol, scancel).
 
-Each returns plain data or raises nothing on a missing/unreachable Slurm: callers treat
-"unknown" as "ask the run folder", never as a state of its own.
+None of them raises on a missing or unreachable Slurm. The queries tell a failed query
+(None: no Slurm here, controller down, timed out) from an answer ({}: none of these
+jobs is in the queue), so that callers never take an error for "the job ended".
 """
 
 from __future__ import annotations
@@ -10,14 +11,23 @@ import subprocess
 from typing import Optional
 
 TIMEOUT_S = 15
+# squeue's answer for a single job id that has left the controller's memory (MinJobAge):
+# an answer ("not in the queue"), not a failure, although squeue exits 1.
+_GONE = "Invalid job id specified"
+
+
+def _query(cmd: list[str]) -> Optional[subprocess.CompletedProcess]:
+    """The finished command, or None when it could not run or ran past TIMEOUT_S."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, errors="replace")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _run(cmd: list[str]) -> Optional[str]:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    done = _query(cmd)
+    return done.stdout if done is not None and done.returncode == 0 else None
 
 
 def requeue(job_id: str) -> bool:
@@ -29,23 +39,31 @@ def cancel(job_id: str) -> bool:
     return _run(["scancel", job_id]) is not None
 
 
-def queue_states(job_ids: list[str]) -> dict[str, str]:
-    """State of jobs still in the queue, e.g. {"123_4": "RUNNING"}; finished jobs are absent."""
+def queue_states(job_ids: list[str]) -> Optional[dict[str, str]]:
+    """State of jobs still in the queue, e.g. {"123_4": "RUNNING"}; jobs that left it are
+    absent; None when squeue did not answer."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(job_ids)]) or ""
-    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    done = _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(job_ids)])
+    if done is None:
+        return None
+    if done.returncode != 0:
+        return {} if _GONE in done.stderr else None
+    return dict(line.split("|", 1) for line in done.stdout.splitlines() if "|" in line)
 
 
-def accounting_states(job_ids: list[str]) -> dict[str, str]:
-    """Final states from sacct (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...); {} without accounting."""
+def accounting_states(job_ids: list[str]) -> Optional[dict[str, str]]:
+    """Final states from sacct (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...); None when
+    sacct did not answer (no accounting on this cluster, or unreachable)."""
     if not job_ids:
         return {}
-    out = _run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]) or ""
+    out = _run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
+    if out is None:
+        return None
     states = {}
     for line in out.splitlines():
         job, _, state = line.partition("|")
-        states[job] = state.split()[0] if state else ""  # "CANCELLED by 0" -> CANCELLED
+        states[job] = state.split()[0] if state.split() else ""  # "CANCELLED by 0" -> CANCELLED
     return states
 
 
@@ -66,3 +84,13 @@ def parse_duration(text: str) -> Optional[int]:
         return seconds + int(days or 0) * 86400
     except ValueError:
         return None
+
+
+def max_array_size(default: int = 1001) -> int:
+    """The cluster's MaxArraySize (array indices run 0 .. MaxArraySize-1); Slurm's
+    default when the controller does not say."""
+    for line in (_run(["scontrol", "show", "config"]) or "").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return int(value.strip())
+    return default

@@ -28,7 +28,7 @@ def exp(tmp_path: Path) -> Path:
 
 def args(root, **kw) -> argparse.Namespace:
     """What the CLI's report subcommand hands to report.main."""
-    base = dict(dir=str(root), group_by=None, format=None, out=None, runs=False)
+    base = dict(dir=str(root), group_by=None, format=None, out=None, runs=False, metric=None, mode=None)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -173,3 +173,90 @@ def test_report_of_a_list_of_run_folders(exp):
     text = quiet([exp / "r0", exp / "r1", exp / "r3"])
     assert "3 runs: 3 completed" in text and "## exp" in text
     assert not (exp / ".clusterjob-cache.npz").exists()  # a list of runs is never cached
+
+
+# ---------------------------------------------------------------- a user's own metrics
+
+# params.lr -> final (loss, accuracy) of seeds 0 and 1: loss ranks lr 0.1 first, accuracy lr 0.01.
+USER_FINAL = {0.1: [(0.30, 0.80), (0.34, 0.84)], 0.01: [(0.50, 0.90), (0.54, 0.92)]}
+
+
+def user_sweep(root: Path) -> Path:
+    """Runs of a user's own code: step lines with loss, and accuracy on some of them."""
+    for i, (lr, seed) in enumerate((lr, seed) for lr in USER_FINAL for seed in (0, 1)):
+        loss, acc = USER_FINAL[lr][seed]
+        lines = [{"step": 100, "loss": 1.0}, {"step": 150, "loss": 0.9, "accuracy": 0.5},
+                 {"step": 200, "loss": loss, "accuracy": acc}]
+        write_run(root, f"u{i}", {"params.lr": lr, "params.seed": seed}, lines, name="mine")
+    return root / "mine"
+
+
+def test_default_metric_of_user_runs_is_the_first_logged(tmp_path):
+    rep = report.build_report(user_sweep(tmp_path))
+    assert (rep.primary.name, rep.primary.mode) == ("loss", "min")
+    assert rep.keys == ["params.lr"]  # params.seed is a seed: never a group key
+    groups = rep.groups
+    assert list(groups.columns) == ["params.lr", "n", "loss_mean", "loss_std", "completed"]
+    assert groups["params.lr"].tolist() == [0.1, 0.01]  # lower loss first
+    assert groups["loss_mean"].tolist() == pytest.approx([0.32, 0.52])
+    assert groups["loss_std"].tolist() == pytest.approx([0.02 * 2 ** 0.5, 0.02 * 2 ** 0.5])
+    assert rep.best == {"params.lr": 0.1}
+    text = quiet(tmp_path / "mine")
+    assert "sorted by mean loss, lowest first (mode min: the name says loss or err)" in " ".join(text.split())
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert rows[2].startswith("|*|") and "0.32 ± 0.02828" in rows[2]
+
+
+def test_metric_and_mode_pick_the_ranking(tmp_path):
+    root = user_sweep(tmp_path)
+    rep = report.build_report(root, metric="accuracy")
+    assert (rep.primary.mode, rep.groups["params.lr"].tolist()) == ("max", [0.01, 0.1])
+    assert list(rep.groups.columns[:4]) == ["params.lr", "n", "accuracy_mean", "accuracy_std"]
+    assert rep.groups["accuracy_mean"].tolist() == pytest.approx([0.91, 0.82])
+    assert report.build_report(root, metric="accuracy", mode="min").groups["params.lr"].tolist() == [0.1, 0.01]
+    data = json.loads(quiet(root, fmt="json", metric="loss", mode="max"))
+    assert (data["metric"], data["mode"], data["best"]) == ("loss", "max", {"params.lr": 0.01})
+    assert data["groups"][0]["loss_mean"] == pytest.approx(0.52)
+    runs = pd.read_csv(io.StringIO(quiet(root, fmt="csv", runs=True, metric="accuracy")))
+    assert list(runs.columns) == ["run_id", "status", "params.lr", "params.seed", "step", "accuracy"]
+    assert runs["accuracy"].tolist() == pytest.approx([0.90, 0.92, 0.80, 0.84])  # ordered by lr, seed
+    assert runs["step"].tolist() == [200] * 4  # no epochs logged: the last step instead
+
+
+def test_standard_runs_with_another_metric(exp):
+    rep = report.build_report(exp, metric="val_loss")
+    assert rep.primary.mode == "min" and rep.groups["train.lr"].tolist() == [0.1, 0.05]
+    assert rep.metrics == ["val_loss", "val_acc", "best_val_acc", "wall_time_s"]
+    assert report.build_report(exp, metric="best_val_acc").groups["best_val_acc_mean"].tolist() == \
+        pytest.approx([0.83, 0.75])
+    assert "sorted by mean val_acc, highest first (--mode max) (* = best)." in \
+        " ".join(quiet(exp, metric="val_acc", mode="max").split())
+    assert "sorted by mean val_acc, highest first (* = best)." in " ".join(quiet(exp).split())
+
+
+def test_bad_metric_or_mode_is_bad_input_and_writes_nothing(tmp_path, capsys):
+    root = user_sweep(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(BadInput, match=r"--metric: no run logged 'acc' \(did you mean 'accuracy'\?\); "
+                                       r"metrics these runs logged: step, loss, accuracy"):
+        report.main(args(root, metric="acc"))
+    with pytest.raises(BadInput, match=r"--mode: 'best' is not max or min"):
+        report.main(args(root, mode="best"))
+    with pytest.raises(BadInput, match=r"--metric: no run logged 'status'"):
+        report.main(args(root, metric="status"))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert report.main(args(root, metric="accuracy")) == 0
+    assert (root / ".clusterjob-cache.npz").is_file()  # a report that succeeded caches
+
+
+def test_user_runs_curves_are_drawn_over_steps(tmp_path):
+    from clusterjob import plots
+
+    rep = report.build_report(user_sweep(tmp_path), metric="accuracy")
+    table = plots.curve_table(rep.results, rep.runs, rep.groups, rep.keys, "accuracy")
+    assert table.index.names == ["group", "step"]
+    assert [name for name, _, _ in plots.panels(rep.results, "accuracy")] == ["accuracy", "loss"]
+    assert table.loc[(0, 200), ("accuracy", "mean")] == pytest.approx(0.91)  # the best group is 0
+    assert table.loc[(1, 100), ("loss", "mean")] == pytest.approx(1.0)
+    page = quiet(tmp_path / "mine", fmt="html", metric="accuracy")
+    assert "data:image/png;base64," in page and "accuracy at the last value logged." in page

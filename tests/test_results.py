@@ -1,4 +1,4 @@
-"""clusterjob.results: run folders (DESIGN section 3) into pandas tables.
+"""clusterjob.results: run folders into pandas tables.
 
 The helpers ``write_run`` and ``sweep`` build run folders exactly as the worker
 writes them; tests/test_report.py uses them too.
@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from clusterjob import results
-from clusterjob.results import ResultsWarning, find_runs, load_epochs, load_runs
+from clusterjob.results import ResultsWarning, load_epochs, load_runs
+from clusterjob.rundir import find_runs
 
 T0 = "2026-11-21T23:59:00+00:00"
 
@@ -118,11 +119,13 @@ def test_extra_metrics_are_kept_with_nan_where_absent(tmp_path):
     write_run(tmp_path, "a", {}, [epoch_line(1, 0.5, val_acc_ema=0.55, lr_fc=1.0)])
     write_run(tmp_path, "b", {}, [epoch_line(1, 0.6)])
     write_run(tmp_path, "c", {}, [epoch_line(1, 0.7, note="resumed"), epoch_line(2, 0.8, note=None)])
-    epochs = load_epochs(tmp_path / "exp")
+    with pytest.warns(ResultsWarning, match=r"exp/c: metrics.jsonl: note is 'resumed' \(not a number\) on line 1"):
+        epochs = load_epochs(tmp_path / "exp")
     assert epochs["note"].isna().all() and epochs["val_acc"].tolist()[-2:] == [0.7, 0.8]
     assert epochs["val_acc_ema"].tolist()[0] == 0.55 and np.isnan(epochs["val_acc_ema"].iloc[1])
     assert "lr_fc" in epochs.columns
-    runs = load_runs(tmp_path / "exp")
+    with pytest.warns(ResultsWarning):
+        runs = load_runs(tmp_path / "exp")
     assert runs["val_acc_ema"].iloc[0] == 0.55
 
 
@@ -205,9 +208,9 @@ def test_error_fields(tmp_path):
 def test_find_runs_at_three_depths(tmp_path):
     sweep(tmp_path)
     write_run(tmp_path, "z", {}, [epoch_line(1, 0.1)], name="other")
-    assert [p.name for p in find_runs(tmp_path / "exp")] == [f"r{i}" for i in range(6)]
+    assert [r.run_id for r in find_runs(tmp_path / "exp")] == [f"r{i}" for i in range(6)]
     assert len(find_runs(tmp_path)) == 7  # results/: every name
-    assert find_runs(tmp_path / "exp" / "r3") == [tmp_path / "exp" / "r3"]
+    assert [r.path for r in find_runs(tmp_path / "exp" / "r3")] == [tmp_path / "exp" / "r3"]
     runs = load_runs(tmp_path)
     assert sorted(runs["name"].unique()) == ["exp", "other"]
     assert load_runs(tmp_path / "exp" / "r3")["run_id"].tolist() == ["r3"]
@@ -257,3 +260,106 @@ def test_cache_keeps_warnings_and_survives_corruption(exp):
 def test_no_cache_writes_nothing(exp):
     quiet_load(exp, cache=False)
     assert not (exp / results.CACHE_NAME).exists()
+
+
+def test_cache_is_written_only_by_a_finished_read(exp, monkeypatch):
+    got = results.collect(exp)
+    assert not (exp / results.CACHE_NAME).exists()  # collect reads; the caller saves on success
+    got.save_cache()
+    assert (exp / results.CACHE_NAME).is_file()
+    (exp / results.CACHE_NAME).unlink()
+    monkeypatch.setattr(results.os, "access", lambda path, mode: False)  # a folder we may not write
+    load_runs(exp)
+    assert sorted(p.name for p in exp.iterdir()) == [f"r{i}" for i in range(6)]
+
+
+def test_values_that_are_no_numbers_are_nan_and_named(tmp_path):
+    lines = [{"epoch": 1, "val_acc": 0.5, "accuracy": "high", "flag": True},
+             {"epoch": 2, "val_acc": "0.6", "accuracy": 0.7, "flag": False},
+             {"epoch": 3, "val_acc": [0.7], "accuracy": {"top1": 0.8}, "flag": 1}]
+    write_run(tmp_path, "a", {}, lines)
+    with pytest.warns(ResultsWarning) as caught:
+        epochs = load_epochs(tmp_path / "exp")
+    messages = [str(w.message) for w in caught]
+    assert any("exp/a: metrics.jsonl: accuracy is 'high' (not a number) on line 1, 3" in m for m in messages)
+    assert any("val_acc is '0.6' (not a number) on line 2, 3" in m for m in messages)
+    assert any("flag is True (not a number) on line 1, 2" in m for m in messages)
+    assert np.isnan(epochs["val_acc"].iloc[1]) and epochs["val_acc"].iloc[0] == 0.5  # "0.6" is text
+    assert epochs["accuracy"].tolist()[1] == 0.7 and np.isnan(epochs["accuracy"].iloc[0])
+    assert np.isnan(epochs["flag"].iloc[0]) and epochs["flag"].iloc[2] == 1.0  # true is no 100%
+
+
+def test_user_lines_keep_the_last_of_a_repeated_step(tmp_path):
+    lines = [{"step": 10, "loss": 2.0}, {"step": 20, "loss": 1.5}, {"loss": 9.9},
+             {"step": 20, "loss": 1.4}, {"step": 30, "loss": 1.0, "accuracy": 0.6}]
+    write_run(tmp_path, "u", {"params.lr": 0.1}, lines)
+    with pytest.warns(ResultsWarning, match=r"metrics.jsonl: steps repeated \(20\); kept the last line of each"):
+        epochs = load_epochs(tmp_path / "exp")
+    assert epochs["step"].tolist() == [10, pd.NA, 20, 30]  # file order; a line without a step stays
+    assert epochs["loss"].tolist() == [2.0, 9.9, 1.4, 1.0]
+    with pytest.warns(ResultsWarning, match="steps repeated"):
+        runs = load_runs(tmp_path / "exp")
+    assert runs["epochs"].tolist() == [4]  # no epoch logged: the number of lines
+    assert runs["train_loss"].isna().all() and runs["params.lr"].tolist() == [0.1]
+
+
+def test_resumed_epochs_keep_the_last_line_in_epoch_order(tmp_path):
+    run = write_run(tmp_path, "a", {}, [])
+    lines = [epoch_line(1, 0.1), epoch_line(2, 0.2), epoch_line(3, 0.3), epoch_line(2, 0.25), epoch_line(3, 0.35)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.warns(ResultsWarning, match=r"epochs repeated \(2, 3\)"):
+        epochs = load_epochs(tmp_path / "exp")
+    assert epochs["epoch"].tolist() == [1, 2, 3] and epochs["val_acc"].tolist() == [0.1, 0.25, 0.35]
+
+
+def test_lines_that_are_no_objects_and_deep_nesting(tmp_path):
+    run = write_run(tmp_path, "a", {}, [])
+    deep = "[" * 100_000 + "]" * 100_000
+    text = "\n".join([json.dumps(epoch_line(1, 0.1)), "[1, 2, 3]", deep, "7",
+                      json.dumps(epoch_line(2, 0.2, extra=[[[1]]])), ""])
+    (run / "metrics.jsonl").write_text(text)
+    (run / "run.json").write_text('{"status": "completed", "final": ' + deep + "}")
+    with pytest.warns(ResultsWarning) as caught:
+        runs = load_runs(tmp_path / "exp")
+    messages = " ".join(str(w.message) for w in caught)
+    assert "3 line(s) not a JSON object (line 2, 3, 4); skipped" in messages
+    assert "extra is [[[1]]] (not a number) on line 5" in messages
+    assert "run.json is cut off or not a JSON object (read: status)" in messages
+    assert runs["status"].tolist() == ["completed"] and runs["val_acc"].tolist() == [0.2]
+
+
+@pytest.mark.parametrize("info, problem", [
+    ("[1, 2]", "run.json and metrics.jsonl are both unreadable"),
+    ('{"status": "completed", "final": "done"}', "final is 'done' (str), not a mapping of metrics"),
+    ('{"status": "failed", "error": ["boom"]}', "error is ['boom'] (a list), not a mapping"),
+    ('{"status": "completed", "requeues": "3", "world_size": 2.5}', "requeues is '3' (str), not a whole number"),
+    ('{"status": "completed", "params": {"train.lr": ' + "[" * 40 + "]" * 40 + "}}", "params.train.lr nests deeper"),
+    ('{"status": "completed", "started_at": 5, "epochs": 10}', "started_at is 5 (int), not text"),
+    ('{"status": "completed", "final": {"epoch": 1e300, "val_acc": 0.5}}', None),
+])
+def test_mistyped_run_json_fields_are_named_and_ignored(tmp_path, info, problem):
+    run = write_run(tmp_path, "a", {}, [])
+    (run / "metrics.jsonl").unlink()
+    (run / "run.json").write_text(info)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path / "exp")
+    messages = " ".join(str(w.message) for w in caught if issubclass(w.category, ResultsWarning))
+    assert (problem in messages) if problem else messages == ""
+    assert len(runs) == 1 and runs["run_id"].tolist() == ["a"]
+    assert not [w for w in caught if not issubclass(w.category, ResultsWarning)]  # no numpy noise either
+
+
+def test_runs_are_found_by_one_rule(tmp_path):
+    write_run(tmp_path, "r10", {}, [epoch_line(1, 0.1)])
+    write_run(tmp_path, "r9", {}, [epoch_line(1, 0.1)])
+    only_metrics = tmp_path / "exp" / "r11"
+    only_metrics.mkdir()
+    (only_metrics / "metrics.jsonl").write_text(json.dumps(epoch_line(1, 0.1)) + "\n")
+    hidden = tmp_path / "exp" / ".slurm" / "x"
+    hidden.mkdir(parents=True)
+    (hidden / "run.json").write_text("{}")
+    (tmp_path / "exp" / "r12").mkdir()  # neither file: no run
+    assert [r.run_id for r in find_runs(tmp_path / "exp")] == ["r9", "r10", "r11"]
+    with pytest.warns(ResultsWarning, match="r11: run.json is missing"):
+        assert load_runs(tmp_path / "exp")["run_id"].tolist() == ["r9", "r10", "r11"]

@@ -1,0 +1,117 @@
+"""Which process a pid is: enough to tell a run's own process from a later one that got
+the same pid (pids are reused, and results folders are shared between users and hosts).
+
+A ``ProcessRef`` holds the host, the boot, the pid and the process's start time from
+/proc/PID/stat; ``check`` says whether that very process is still alive here. Nothing is
+ever signalled without it. Stdlib only (``status`` and ``cancel`` run on login nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    host: str
+    boot_id: str
+    pid: int
+    start_ticks: int  # field 22 of /proc/PID/stat: clock ticks after boot
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Optional["ProcessRef"]:
+        """The ref recorded in run.json, or None when it is missing or damaged."""
+        try:
+            ref = cls(str(raw["host"]), str(raw["boot_id"]), int(raw["pid"]), int(raw["start_ticks"]))
+        except (TypeError, KeyError, ValueError):
+            return None
+        return ref if ref.pid > 0 else None
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _stat(pid: int) -> Optional[tuple[str, int]]:
+    """(state letter, start ticks) of a live pid, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[-1].split()  # the name in parentheses may hold spaces
+    return fields[0], int(fields[19])
+
+
+def current(pid: Optional[int] = None) -> Optional[ProcessRef]:
+    """The ref of ``pid`` (default: this process), or None where /proc cannot tell."""
+    pid = os.getpid() if pid is None else pid
+    found = _stat(pid)
+    if found is None:
+        return None
+    return ProcessRef(socket.gethostname(), _boot_id(), pid, found[1])
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Why a ref is not a live process of this host: ``kind`` is elsewhere, rebooted,
+    exited or reused; ``message`` says it in words."""
+
+    kind: str
+    message: str
+
+
+def check(ref: ProcessRef) -> Optional[Mismatch]:
+    """None when ``ref`` is a live process of this host; else why it is not."""
+    here = socket.gethostname()
+    if ref.host != here:
+        return Mismatch("elsewhere", f"it runs on {ref.host}, not on this host ({here})")
+    if ref.boot_id != _boot_id():
+        return Mismatch("rebooted", f"{ref.host} rebooted since pid {ref.pid} started")
+    found = _stat(ref.pid)
+    if found is None or found[0] in ("Z", "X"):
+        return Mismatch("exited", f"pid {ref.pid} has exited")
+    if found[1] != ref.start_ticks:
+        return Mismatch("reused", f"pid {ref.pid} now belongs to another process (the recorded one exited)")
+    return None
+
+
+def terminate(ref: ProcessRef, sig: int = signal.SIGTERM) -> Optional[Mismatch]:
+    """Send ``sig`` to the process ``ref`` names if, and only if, it is that process;
+    None when sent, else why not. A pidfd pins the process between the check and the
+    signal, so a pid reused in that instant is not hit either."""
+    try:
+        fd = os.pidfd_open(ref.pid)
+    except ProcessLookupError:
+        return Mismatch("exited", f"pid {ref.pid} has exited")
+    except (OSError, AttributeError):  # no pidfd (old kernel): check, then signal
+        fd = None
+    try:
+        why = check(ref)
+        if why is None:
+            _send(fd, ref.pid, sig)
+        return why
+    except ProcessLookupError:
+        return Mismatch("exited", f"pid {ref.pid} has exited")
+    except PermissionError:
+        return Mismatch("reused", f"pid {ref.pid} belongs to another user")
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _send(fd: Optional[int], pid: int, sig: int) -> None:
+    if fd is None:
+        os.kill(pid, sig)
+    else:
+        signal.pidfd_send_signal(fd, sig)
