@@ -10,13 +10,14 @@ from __future__ import annotations
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from clusterjob.rundir import atomic_open
 
-_NAME = re.compile(r"epoch-(\d+)(?:-(\d+))?\.pt")
+# epoch-0003.pt, epoch-0003-000120.pt (the built-in trainer); step-000001200.pt (your own code)
+_NAME = re.compile(r"(?:epoch-(\d+)(?:-(\d+))?|step-(\d+))\.pt")
 
 
 def path_for(folder: Path, epoch: int, batches: int = 0) -> Path:
@@ -26,8 +27,16 @@ def path_for(folder: Path, epoch: int, batches: int = 0) -> Path:
 
 def save(folder: Path, epoch: int, state: dict, keep_last: int, batches: int = 0) -> Path:
     """Write ``state`` atomically and keep only the ``keep_last`` newest checkpoints."""
+    return _write(folder, path_for(folder, epoch, batches), state, keep_last)
+
+
+def save_step(folder: Path, step: int, state: Any, keep_last: int) -> Path:
+    """``step-NNNNNNNNN.pt``: a checkpoint of the user's own code (clusterjob.save_checkpoint)."""
+    return _write(folder, folder / f"step-{step:09d}.pt", state, keep_last)
+
+
+def _write(folder: Path, target: Path, state: Any, keep_last: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    target = path_for(folder, epoch, batches)
     with atomic_open(target, "wb") as f:
         torch.save(state, f)
     for old in list_checkpoints(folder)[:-keep_last]:
@@ -37,20 +46,20 @@ def save(folder: Path, epoch: int, state: dict, keep_last: int, batches: int = 0
 
 def list_checkpoints(folder: Path) -> list[Path]:
     """Checkpoint files, oldest first."""
-    found = [((int(m.group(1)), int(m.group(2) or 0)), p)
-             for p in folder.glob("epoch-*.pt") if (m := _NAME.fullmatch(p.name))]
+    found = [(tuple(int(g or 0) for g in m.groups()), p)
+             for p in folder.glob("*.pt") if (m := _NAME.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+def load(path: Path, map_location: Any = "cpu", weights_only: bool = True) -> Any:
+    return torch.load(path, map_location=map_location, weights_only=weights_only)
 
 
-def load_latest(folder: Path) -> Optional[dict]:
+def load_latest(folder: Path, map_location: Any = "cpu", weights_only: bool = True) -> Any:
     """The newest checkpoint that loads, or None when there is none."""
     for path in reversed(list_checkpoints(folder)):
         try:
-            return load(path)
+            return load(path, map_location, weights_only)
         except Exception as err:  # a truncated zip raises RuntimeError, others OSError/EOFError
             warnings.warn(f"checkpoint {path} does not load ({type(err).__name__}: {err}); "
                           "using the previous one", RuntimeWarning, stacklevel=2)

@@ -1,4 +1,5 @@
-"""``clusterjob``: the command line (DESIGN section 1). Exit 0 ok, 2 bad input, 1 otherwise.
+"""``clusterjob``: the command line (docs/design.md, "Command line"). Exit 0 ok, 2 bad
+input, 1 otherwise.
 
 Used on login nodes: this module and the commands env/status/logs/report and spec
 validation never import torch; each command imports its module when it runs.
@@ -18,7 +19,13 @@ from clusterjob.errors import BadInput
 def cmd_submit(args: argparse.Namespace) -> int:
     from clusterjob.submit import submit
 
-    return submit(args)
+    return submit(args.spec, args.set, executor=args.executor, wait=args.wait, dry_run=args.dry_run)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from clusterjob.submit import resume
+
+    return resume(args.run, wait=args.wait)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -35,6 +42,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     from clusterjob import env
 
+    if args.port:
+        print(env.job_port())
+        return 0
     derived = env.detect()
     print(json.dumps(derived.to_dict(), indent=2) if args.json else env.describe(derived))
     return 0
@@ -65,7 +75,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
-    from clusterjob import sbatch
+    from clusterjob.launch import sbatch
 
     return sbatch.main(args)
 
@@ -88,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run from its last checkpoint")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.add_argument("--wait", action="store_true", help="block until the run ends; print its summary")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("sbatch", help="print a standalone sbatch script for a spec")
     _add_spec_args(p)
@@ -114,12 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("env", help="print the distributed environment derived from this process's variables")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--port", action="store_true",
+                   help="print only the master port of this Slurm job (MASTER_PORT if set)")
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
     p.add_argument("dir", help="results/<name>, results/, or one run folder")
-    p.add_argument("--group-by", nargs="+", metavar="KEY", help="group keys (default: swept keys but train.seed)")
-    p.add_argument("--format", choices=("md", "csv", "html", "json"), help="default md (or from --out's suffix)")
+    p.add_argument("--group-by", nargs="+", metavar="KEY",
+                   help="group keys (default: swept keys but the seeds, train.seed and params.seed)")
+    # --format and --mode are checked by the report itself: one error line, like every bad input
+    p.add_argument("--format", metavar="md|csv|html|json", help="default md (or from --out's suffix)")
+    p.add_argument("--metric", metavar="NAME", help="primary metric (default: val_acc if logged, else the first "
+                                                    "metric the runs logged)")
+    p.add_argument("--mode", metavar="max|min", help="which way is better (default: min for names with loss or "
+                                                     "err, else max)")
     p.add_argument("--out", help="write to this file instead of the terminal")
     p.add_argument("--runs", action="store_true", help="one row per run instead of per group")
     p.set_defaults(func=cmd_report)

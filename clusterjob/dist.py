@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import signal
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as tdist
 
 from clusterjob.errors import BadInput
+from clusterjob.spec import check_rendezvous_file
 
 # How long a rank waits for rank 0 to finish a dataset download (a rank that dies meanwhile
 # is ended by its launcher: srun --kill-on-bad-exit, the local supervisor).
 DOWNLOAD_WAIT_S = 4 * 3600
 
-_device = torch.device("cpu")  # where collective tensors live: the process group's device
+_device: Optional[torch.device] = None  # the group's device, once ``init`` made the group
 _store: Optional[tdist.Store] = None
 _store_world, _store_rank = 1, 0
 _FAILED = "\0failed"
@@ -52,8 +51,13 @@ def is_main() -> bool:
 
 
 def device() -> torch.device:
-    """The device of the process group's tensors: cuda:LOCAL_RANK under NCCL, else cpu."""
-    return _device
+    """The device of the process group's tensors: cuda:LOCAL_RANK under NCCL, else cpu.
+    A group made by the user's own code (an entrypoint) is asked for its backend."""
+    if _device is not None:
+        return _device
+    if initialized() and "nccl" in str(tdist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def group_device(backend: str, training_device: str) -> torch.device:
@@ -62,16 +66,6 @@ def group_device(backend: str, training_device: str) -> torch.device:
 
 
 # ----------------------------------------------------------------------------- rendezvous
-
-
-def check_init_method(init_method: str) -> None:
-    """A ``file://`` rendezvous into a missing folder spins forever inside torch, deaf to
-    the timeout and to signals: refuse it before trying."""
-    if init_method.startswith("file://"):
-        folder = Path(init_method[len("file://"):]).parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            raise BadInput(f"dist.init_method: the folder of {init_method!r} does not exist or is not writable "
-                           f"here; create {str(folder)!r} on a file system every node shares, or use env")
 
 
 @contextlib.contextmanager
@@ -94,7 +88,8 @@ def rendezvous(env, init_method: str, timeout_s: float) -> None:
     global _store, _store_world, _store_rank
     if env.world_size == 1:
         return
-    check_init_method(init_method)
+    if init_method.startswith("file://"):
+        check_rendezvous_file(init_method)  # torch would spin forever, deaf to the timeout and signals
     _store_world, _store_rank = env.world_size, env.rank
     timeout = datetime.timedelta(seconds=timeout_s)
     with _signals_end_the_wait():
@@ -160,7 +155,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The sum of ``tensor`` over ranks (on the group's device). All ranks must call this."""
     if not initialized():
         return tensor
-    tensor = tensor.to(_device)
+    tensor = tensor.to(device())
     tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
     return tensor
 
@@ -170,7 +165,7 @@ def any_rank(flag: bool) -> bool:
     must call this."""
     if not initialized():
         return flag
-    value = torch.tensor([int(flag)], dtype=torch.int32, device=_device)
+    value = torch.tensor([int(flag)], dtype=torch.int32, device=device())
     tdist.all_reduce(value, op=tdist.ReduceOp.MAX)
     return bool(value.item())
 
@@ -179,7 +174,7 @@ def min_int(value: int) -> int:
     """The smallest of the ranks' ``value``. All ranks must call this."""
     if not initialized():
         return value
-    box = torch.tensor([value], dtype=torch.int64, device=_device)
+    box = torch.tensor([value], dtype=torch.int64, device=device())
     tdist.all_reduce(box, op=tdist.ReduceOp.MIN)
     return int(box.item())
 
@@ -198,7 +193,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not initialized():
         return obj
     box = [obj]
-    tdist.broadcast_object_list(box, src=src, device=_device)
+    tdist.broadcast_object_list(box, src=src, device=device())
     return box[0]
 
 
@@ -252,3 +247,33 @@ def from_rank0(key: str, make: Callable[[], str]) -> str:
         raise
     _store.set(name, value)
     return value
+
+
+# ----------------------------------------------------------------------------- with or without a group
+
+
+_agreements = 0
+
+
+def any_rank_anywhere(flag: bool) -> bool:
+    """``any_rank`` through the process group when there is one (the user's own code
+    made it), else through the rendezvous store. All ranks must call this."""
+    global _agreements
+    if initialized() or _store is None:
+        return any_rank(flag)
+    _agreements += 1
+    key = f"clusterjob/any/{_agreements}"
+    _store.add(key, int(flag))
+    _store_barrier(f"any/{_agreements}", _store.timeout.total_seconds())
+    return int(_store.get(key)) > 0
+
+
+def barrier_anywhere() -> None:
+    """``barrier`` through the process group when there is one, else the rendezvous store.
+    All ranks must call this."""
+    global _agreements
+    if initialized() or _store is None:
+        barrier()
+        return
+    _agreements += 1
+    _store_barrier(f"barrier/{_agreements}", _store.timeout.total_seconds())

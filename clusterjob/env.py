@@ -25,9 +25,11 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 # torchrun's own default; used only when a hand-set launch names no port (e.g. it
 # rendezvouses through a file:// init method and never opens this port).
 DEFAULT_MASTER_PORT = 29500
-# Derived Slurm ports stay clear of the well-known and common service ports below 20000.
+# Derived Slurm ports stay clear of the well-known and common service ports below 20000,
+# and of Linux's ephemeral range (32768-60999), where the kernel picks the local ports of
+# outgoing connections: a rendezvous port there can be taken by any client socket.
 PORT_RANGE_START = 20000
-PORT_RANGE_END = 60000
+PORT_RANGE_END = 32768
 
 # Variables a submitting shell must not pass on: inside an allocation they describe the
 # old job, and a new job or local launch would take them as its own layout.
@@ -449,7 +451,7 @@ def _single(environ: Mapping[str, str]) -> DistEnv:
 def master_port_for_job(
     job_id: str, array_job_id: Optional[str] = None, array_task_id: Optional[str] = None
 ) -> int:
-    """A port in [20000, 60000) that every rank of a job derives alike, without talking.
+    """A port in [20000, 32768) that every rank of a job derives alike, without talking.
 
     zlib.crc32 rather than hash(): Python salts str hashes per process, so ranks would
     disagree. Array tasks add their task id to the array's base port, so the tasks of
@@ -464,6 +466,20 @@ def master_port_for_job(
     if not job_id:
         raise ValueError("master_port_for_job needs a job id (SLURM_JOB_ID), got an empty one")
     return PORT_RANGE_START + zlib.crc32(f"job:{job_id}".encode()) % span
+
+
+def job_port(environ: Optional[Mapping[str, str]] = None) -> int:
+    """MASTER_PORT when set, else the port derived from this process's Slurm job: the
+    number every task of the job derives (``clusterjob env --port``, which the torchrun
+    template uses for its rendezvous, so there is one rule for the port)."""
+    environ = os.environ if environ is None else environ
+    if "MASTER_PORT" in environ:
+        return _master_port(environ, DEFAULT_MASTER_PORT)
+    job = slurm_job(environ)
+    if job is None:
+        raise EnvError("neither MASTER_PORT nor SLURM_JOB_ID is set, so no port can be derived. "
+                       f"Hint: run this inside a Slurm job, or set MASTER_PORT")
+    return master_port_for_job(job.job_id, job.array_job_id, job.array_task_id)
 
 
 def slurm_job(environ: Optional[Mapping[str, str]] = None) -> Optional[SlurmJob]:

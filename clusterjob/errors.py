@@ -1,6 +1,8 @@
-"""Error types the CLI maps to exit codes (2: bad input, 1: anything else)."""
+"""Error types the CLI maps to exit codes (2: bad input, 1: anything else), and how an
+error quotes what the user gave."""
 
 import re
+from typing import Any
 
 # Line breaks and other control characters, shown escaped so that an error is one line.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
@@ -33,3 +35,21 @@ class SpecError(BadInput):
 
 class EnvError(BadInput):
     """The distributed environment variables are missing or inconsistent."""
+
+
+def brief(value: Any) -> str:
+    """``repr(value)``, shortened when long (an error line stays readable)."""
+    text = repr(value)
+    size = len(value) if isinstance(value, str) else len(text)
+    return text if len(text) <= 120 else f"{text[:100]}...{text[-10:]} ({size} characters)"
+
+
+def key_text(key: Any) -> str:
+    """A key as written in an error: itself if a plain string, else its repr (e.g. 1, None)."""
+    plain = isinstance(key, str) and len(key) <= 100 and not _CONTROL.search(key)
+    return key if plain else brief(key)
+
+
+def shown(value: Any) -> str:
+    """``brief(value)`` with its type: "'x' (str)"."""
+    return f"{brief(value)} ({type(value).__name__})"

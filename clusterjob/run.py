@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import sys
 from pathlib import Path
@@ -67,9 +68,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     stop = StopSignal().install()
     dist.rendezvous(env, spec.dist.init_method, spec.dist.timeout_s)
     run = RunDir(Path(dist.from_rank0("run-dir", lambda: str(_choose_run(args, spec, params).path))))
-    from clusterjob.rundir import link_rank_logs
-
-    link_rank_logs(run, env.rank)
+    _register(run, env, stop)
     try:
         outcome = _target(spec)(spec, env, run, stop)
     except BaseException as exc:
@@ -80,7 +79,27 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     return outcome
 
 
+def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
+    """Link this rank's logs into the run folder and record which process it is (for
+    ``clusterjob cancel``, which signals only a process it verified); rank 0 also
+    stops when the run is marked cancelled."""
+    from clusterjob import procs
+    from clusterjob.rundir import link_rank_logs, write_atomic
+
+    link_rank_logs(run, env.rank)
+    ref = procs.current()
+    if ref is not None:
+        write_atomic(run.proc_file(env.rank), json.dumps(ref.to_dict()) + "\n")
+    if env.rank == 0:
+        stop.watch(run)
+
+
 def _target(spec: Spec):
+    """The built-in trainer, or the user's own code."""
+    if spec.entrypoint is not None:
+        from clusterjob import entrypoint
+
+        return entrypoint.run
     from clusterjob import worker
 
     return worker.train

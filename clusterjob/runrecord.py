@@ -34,12 +34,14 @@ def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, second
                  in_slurm: bool = True) -> StopOutcome:
     """The decision after every rank checkpointed on a stop signal.
 
-    ``signal``: "SIGUSR2", "SIGTERM" or None (a debug stop); ``requeues``: how often the
+    ``signal``: "SIGUSR2", "SIGTERM", "cancel" or None (a debug stop); ``requeues``: how often the
     run was requeued already; ``seconds_left``: before the job's time limit (None:
     unknown or unlimited). Near the limit the stop is a timeout, else a preemption. USR2
     asks the run to requeue itself; after SIGTERM Slurm requeues or ends the job itself,
     and outside Slurm there is nothing to requeue.
     """
+    if signal == "cancel":  # `clusterjob cancel`: stays cancelled, never requeued
+        return StopOutcome("cancelled", requeue=False)
     near_limit = signal is not None and seconds_left is not None and seconds_left <= TIMEOUT_MARGIN_S
     status = "timeout" if near_limit else "preempted"
     if not in_slurm or signal == "SIGTERM":
@@ -57,7 +59,7 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
     Slurm job (the array task only) when the outcome says so."""
     job = envmod.slurm_job()
     requeues = _count(run.read_info().get("requeues"))
-    left = slurmctl.time_left_s(job.run_key) if job is not None and signal is not None else None
+    left = slurmctl.time_left_s(job.run_key) if job is not None and signal not in (None, "cancel") else None
     outcome = stop_outcome(signal, requeues, max_requeues, left, in_slurm=job is not None)
     if outcome.error:
         run.update(status="failed", finished_at=now_iso(), error={"rank": None, "message": outcome.error,

@@ -17,27 +17,28 @@ import json
 import math
 import os
 import re
-import select
-import stat
-import time
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from clusterjob.errors import SpecError
+from clusterjob.errors import SpecError, brief, key_text, shown
+from clusterjob.specfile import apply_overrides, read_spec_file
 
 _NAME = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' only")
 _SLURM_WORD = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' (no spaces or shell characters)")
 _CONSTRAINT = (r"[A-Za-z0-9._,&|\[\]()*:!-]+", "a Slurm feature expression without spaces or quotes")
 _INIT = (r"env|tcp://[A-Za-z0-9._-]+:[0-9]{1,5}|file:///\S+", "env, tcp://HOST:PORT or file:///absolute/path")
 _SCHEDULES = ("cosine", "step", "constant")
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_MODULE = (rf"{_IDENT}(?:\.{_IDENT})*", "a dotted module name such as mypkg.train")
+_FUNCTION = (rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}", "module:function, such as mypkg.train:main")
+_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_PLACEHOLDER = re.compile(r"\{params\.([^{}]*)\}")
+# Sections that only the built-in trainer reads; with an entrypoint they would do nothing.
+TRAINER_SECTIONS = ("data", "model", "train")
 
-MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few hundred bytes; this is 1 MiB
-MAX_YAML_VALUES = 30_000  # values after alias expansion (a 10,000-value sweep list fits)
-MAX_YAML_ALIASES = 100
-MAX_YAML_DEPTH = 32  # the deepest spec key is 4 levels down (train.param_groups[0].match)
 MAX_SWEEP_POINTS = 10_000
 MAX_NAME_LENGTH = 100  # <root>/<name>/<run_id> must stay within file system limits
 MAX_TEXT_LENGTH = 10_000  # any string value: a setup line, a path, a rendezvous URL
@@ -54,8 +55,6 @@ MAX_AUTO_WORKERS = 8  # data.num_workers auto: beyond this, more workers rarely 
 # Line breaks, other control characters and lone surrogates: a value written into a shell
 # script, a #SBATCH line, a file name or a YAML file must stay one line of printable text.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-# How long a spec given as a FIFO or device may take to deliver its bytes.
-_READ_TIMEOUT_S = 5.0
 
 
 def opt(default: Any, doc: str = "", **checks: Any) -> Any:
@@ -109,7 +108,7 @@ class DataSpec(Section):
     def check(self) -> None:
         workers = self.num_workers
         if workers != "auto" and (isinstance(workers, str) or workers < 0):
-            raise SpecError("num_workers", f"{_brief(workers)} is not allowed; use auto or a whole number >= 0")
+            raise SpecError("num_workers", f"{brief(workers)} is not allowed; use auto or a whole number >= 0")
         if self.loader == "tensor" and self.dataset not in IN_MEMORY_DATASETS:
             raise SpecError("loader", f"tensor holds the whole dataset in memory, which {self.dataset} does not "
                             "fit; use loader: auto or torchvision")
@@ -174,7 +173,8 @@ class TrainSpec(Section):
 
 @dataclass(frozen=True)
 class DistSpec(Section):
-    backend: str = opt("auto", "auto (nccl on CUDA, else gloo) | nccl | gloo", choices=("auto", "nccl", "gloo"))
+    backend: str = opt("auto", "auto (nccl on CUDA, else gloo) | nccl | gloo | cuda:gloo (gloo with NCCL's "
+                       "device rule, for tests: scripts/gpu-check)", choices=("auto", "nccl", "gloo", "cuda:gloo"))
     init_method: str = opt("env", "env | tcp://HOST:PORT | file:///shared/path", pattern=_INIT)
     timeout_s: int = opt(600, "collective and rendezvous timeout in seconds", ge=1)
 
@@ -227,6 +227,78 @@ class DebugSpec(Section):
     exit_after_epoch: Optional[int] = opt(None, "exit (as if preempted) after this epoch's checkpoint", ge=1)
     fail_at_epoch: Optional[int] = opt(None, "raise on fail_rank at the start of this epoch", ge=1)
     fail_rank: int = opt(0, "which rank raises for fail_at_epoch", ge=0)
+    deterministic: bool = opt(False, "deterministic kernels (slower): exact resume checks on GPU")
+
+
+@dataclass(frozen=True)
+class EntrypointSpec(Section):
+    """Your own training code, run on every task instead of the built-in trainer."""
+
+    script: Optional[str] = opt(None, "a Python script, relative to the folder `submit` runs in", path=True)
+    module: Optional[str] = opt(None, "a module run as `python -m`, e.g. mypkg.train", pattern=_MODULE)
+    function: Optional[str] = opt(None, "module:function, called with no arguments", pattern=_FUNCTION)
+    args: tuple[str, ...] = opt((), "the code's arguments; {params.NAME} becomes the run's value")
+    metrics: dict = opt({}, "metric name -> regex with one group, matched on rank 0's output")
+    local_rank_arg: bool = opt(False, "append --local_rank=N, as torch.distributed.launch did")
+    snapshot: bool = opt(False, "copy the code into <run>/code/ at submit and run that copy")
+
+    def check(self) -> None:
+        given = [k for k in ("script", "module", "function") if getattr(self, k) is not None]
+        if len(given) != 1:
+            which = " and ".join(given) if given else "none"
+            raise SpecError("", f"set exactly one of script, module or function (got {which}), "
+                                "e.g. script: train.py")
+        for name, regex in self.metrics.items():
+            _check_metric_regex(name, regex)
+        if self.script is not None:
+            object.__setattr__(self, "script", _existing_script(self.script))
+        elif not _module_exists((self.module or self.function).split(":")[0]):
+            key = "module" if self.module else "function"
+            raise SpecError(key, f"{getattr(self, key)!r}: no such module from {os.getcwd()!r} or the Python path; "
+                                 "run submit in the folder that holds the package, or install it")
+
+
+def _check_metric_regex(name: Any, regex: Any) -> None:
+    if not isinstance(name, str) or not _METRIC.fullmatch(name):
+        raise SpecError(f"metrics.{key_text(name)}", "a metric name is letters, digits, '_' and '.', "
+                                                     "starting with a letter, e.g. val_acc")
+    where = f"metrics.{name}"
+    if not isinstance(regex, str):
+        raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
+    _check_text(where, regex)
+    try:
+        groups = re.compile(regex).groups
+    except re.error as err:
+        raise SpecError(where, f"{brief(regex)} is not a regex ({err}); e.g. 'Accuracy is ([0-9.]+)'") from None
+    if groups != 1:
+        raise SpecError(where, f"{brief(regex)} has {groups} groups; it needs exactly one, around the number, "
+                               "e.g. 'Accuracy is ([0-9.]+)' (write (?:...) for other groups)")
+
+
+def _existing_script(path: str) -> str:
+    """The script as an absolute path (relative to the working directory: the folder
+    `submit` runs in), which must be a file."""
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise SpecError("script", f"{path!r}: no such file (looked for {full!r}); give the path of your "
+                                  "training script relative to the folder you submit from")
+    return full
+
+
+def _module_exists(name: str) -> bool:
+    """Whether module ``name`` can be found, without running any of its code (and so
+    without torch): importlib's find_spec on a dotted name would import the parent
+    packages, so the path finder is asked one level at a time instead. The working
+    directory comes first, as with ``python -m``."""
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    top, *rest = name.split(".")
+    found = PathFinder.find_spec(top, [os.getcwd()]) or find_spec(top)  # a top-level lookup runs no code
+    for part in rest:
+        locations = list(found.submodule_search_locations or []) if found else []
+        found = PathFinder.find_spec(part, locations) if locations else None
+    return found is not None
 
 
 @dataclass(frozen=True)
@@ -242,6 +314,8 @@ class Spec(Section):
     sweep: dict = opt({}, "dotted key -> list of values; the grid of all lists, one run per point")
     output: OutputSpec = opt(OutputSpec)
     debug: DebugSpec = opt(DebugSpec)
+    entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
+    params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
     def check(self) -> None:
         if self.dist.backend == "nccl" and self.resources.gpus_per_node == 0:
@@ -252,9 +326,11 @@ class Spec(Section):
         if self.name.startswith("."):
             raise SpecError("name", f"{self.name!r} starts with '.', which hides its results folder; "
                             "start it with a letter or digit")
-        _check_sweep(self.sweep)
-        _check_full_batches(self)
-        _check_num_workers(self)
+        _check_sweep(self.sweep, self.entrypoint is not None)
+        _check_params(self)
+        if self.entrypoint is None:
+            _check_full_batches(self)
+            _check_num_workers(self)
 
     @property
     def world_size(self) -> int:
@@ -276,7 +352,7 @@ def _check_value(key: str, value: Any, meta: Any) -> None:
     _check_kind(key, value, meta)
     choices = meta.get("choices")
     if choices is not None and not any(value is c or (type(value) is type(c) and value == c) for c in choices):
-        raise SpecError(key, f"{_brief(value)} is not allowed; choose one of {_words(choices)}"
+        raise SpecError(key, f"{brief(value)} is not allowed; choose one of {_words(choices)}"
                              f"{_close(value, choices)}")
     for name, ok, words in _BOUNDS:
         bound = meta.get(name)
@@ -284,7 +360,7 @@ def _check_value(key: str, value: Any, meta: Any) -> None:
             raise SpecError(key, f"{value!r} is out of range; it must be {words} {bound}")
     pattern = meta.get("pattern")
     if pattern is not None and not re.fullmatch(pattern[0], value):
-        raise SpecError(key, f"{_brief(value)} is not allowed; use {pattern[1]}")
+        raise SpecError(key, f"{brief(value)} is not allowed; use {pattern[1]}")
 
 
 _BOUNDS = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<"))
@@ -297,7 +373,7 @@ def _check_kind(key: str, value: Any, meta: Any) -> None:
     elif isinstance(value, float) and not math.isfinite(value):
         raise SpecError(key, f"{value!r} must be a finite number; write a number such as 0.1")
     elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-        raise SpecError(key, f"{_brief(value)} is too large; it must be at most {MAX_INT}")
+        raise SpecError(key, f"{brief(value)} is too large; it must be at most {MAX_INT}")
 
 
 def _check_text(key: str, value: str, max_len: int = MAX_TEXT_LENGTH) -> None:
@@ -305,10 +381,10 @@ def _check_text(key: str, value: str, max_len: int = MAX_TEXT_LENGTH) -> None:
     bad = _CONTROL.search(value)
     if bad:
         fix = "put each line in its own list entry" if key.startswith("setup[") else "remove it"
-        raise SpecError(key, f"{_brief(value)} contains the control character {bad.group()!r} at position "
+        raise SpecError(key, f"{brief(value)} contains the control character {bad.group()!r} at position "
                              f"{bad.start()}; a value must be one line of printable text: {fix}")
     if len(value) > max_len:
-        raise SpecError(key, f"{_brief(value)} is {len(value)} characters long; use at most {max_len}")
+        raise SpecError(key, f"{brief(value)} is {len(value)} characters long; use at most {max_len}")
 
 
 def _checked_path(key: str, value: str) -> str:
@@ -320,31 +396,90 @@ def _checked_path(key: str, value: str) -> str:
                              "write the path out")
     size = len(path.encode())
     if size > MAX_PATH_BYTES:
-        raise SpecError(key, f"{_brief(path)} is {size} bytes long; a path may have at most {MAX_PATH_BYTES}")
+        raise SpecError(key, f"{brief(path)} is {size} bytes long; a path may have at most {MAX_PATH_BYTES}")
     for part in path.split("/"):
         if len(part.encode()) > MAX_PATH_PART_BYTES:
-            raise SpecError(key, f"{_brief(path)} has a folder name {_brief(part)} longer than "
+            raise SpecError(key, f"{brief(path)} has a folder name {brief(part)} longer than "
                                  f"{MAX_PATH_PART_BYTES} bytes; shorten it")
     return path
 
 
-def _check_sweep(sweep: dict) -> None:
-    """Sweep keys must be existing leaf keys, their values non-empty lists, the grid bounded."""
+def _check_sweep(sweep: dict, own_code: bool = False) -> None:
+    """Sweep keys must be existing leaf keys (or params.NAME), their values non-empty
+    lists, the grid bounded."""
     leaves = _leaf_keys(Spec)
     for key, values in sweep.items():
-        where = f"sweep.{_key_text(key)}"
-        if key not in leaves:
-            raise SpecError(where, f"{_brief(key)} is not a spec key{_close(key, leaves)}")
-        if key in ("name", "sweep") or key.startswith(("resources.", "output.")):
-            raise SpecError(where, "name, resources and output are per submission, not per sweep point; "
-                            "submit a spec per value instead")
+        where = f"sweep.{key_text(key)}"
+        if isinstance(key, str) and key.startswith("params."):
+            if not re.fullmatch(_IDENT, key[len("params."):]):
+                raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
+        elif key not in leaves:
+            raise SpecError(where, f"{brief(key)} is not a spec key{_close(key, leaves)}")
+        if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.")):
+            raise SpecError(where, "name, resources, output and entrypoint are per submission, not per sweep "
+                            "point; submit a spec per value instead")
+        if own_code and key.split(".")[0] in TRAINER_SECTIONS:
+            raise SpecError(where, _trainer_key_message(key))
         if not isinstance(values, (list, tuple)):
-            raise SpecError(where, f"{_brief(values)} is not a list; write the values to try as a list, "
-                            f"e.g. {key}: [{_brief(values)}]")
+            raise SpecError(where, f"{brief(values)} is not a list; write the values to try as a list, "
+                            f"e.g. {key}: [{brief(values)}]")
         if not values:
+            example = 0.1 if key.startswith("params.") else spec_to_dict(_leaf_default(key))
             raise SpecError(where, f"[] gives no runs; give at least one value to try, "
-                                   f"e.g. {key}: [{json.dumps(spec_to_dict(_leaf_default(key)))}]")
+                                   f"e.g. {key}: [{json.dumps(example)}]")
     _check_sweep_size(sweep)
+
+
+def _trainer_key_message(key: str) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return (f"has no effect with an entrypoint: data, model and train are the built-in trainer's; "
+            f"put your code's settings in params and read them there, e.g. params.{leaf}")
+
+
+def _check_params(spec: "Spec") -> None:
+    """Params are names with plain values, for an entrypoint only; every {params.NAME} of
+    its args names one (given directly or by the sweep)."""
+    if spec.entrypoint is None:
+        if spec.params:
+            raise SpecError("params", "params go to your own code (entrypoint: script, module or function); "
+                                      "the built-in trainer reads data, model and train")
+        return
+    for name, value in spec.params.items():
+        if not isinstance(name, str) or not re.fullmatch(_IDENT, name):
+            raise SpecError(f"params.{key_text(name)}", "a params key is a name (letters, digits, '_'), e.g. lr")
+        _check_plain(f"params.{name}", value)
+    known = set(spec.params) | {k[len("params."):] for k in spec.sweep if k.startswith("params.")}
+    for index, arg in enumerate(spec.entrypoint.args):
+        for name in _PLACEHOLDER.findall(arg):
+            if name not in known:
+                raise SpecError(f"entrypoint.args[{index}]", f"{{params.{name}}} names no params key (params has: "
+                                f"{', '.join(sorted(known)) or 'none'}); add {name} to params or fix the name")
+
+
+def _check_plain(key: str, value: Any) -> None:
+    """A params value: text, numbers, booleans, null, and lists or mappings of them."""
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            if not isinstance(name, str):
+                raise SpecError(f"{key}.{key_text(name)}", "keys are names (strings)")
+            _check_plain(f"{key}.{name}", inner)
+    elif isinstance(value, (list, tuple)):
+        for index, inner in enumerate(value):
+            _check_plain(f"{key}[{index}]", inner)
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise SpecError(key, f"{shown(value)} is not plain data; use text, numbers, true/false or lists")
+    else:
+        _check_kind(key, value, {})
+
+
+def entrypoint_args(spec: "Spec") -> tuple[str, ...]:
+    """The entrypoint's args with each {params.NAME} replaced by the run's value (text as
+    is, other values as JSON: 0.01, true, [1, 2])."""
+    def value(match: "re.Match") -> str:
+        found = spec.params[match.group(1)]
+        return found if isinstance(found, str) else json.dumps(found)
+
+    return tuple(_PLACEHOLDER.sub(value, arg) for arg in spec.entrypoint.args)
 
 
 def _check_sweep_size(sweep: dict) -> None:
@@ -396,13 +531,6 @@ def _leaf_default(key: str) -> Any:
     return default.default if default.default is not MISSING else default.default_factory()
 
 
-def _brief(value: Any) -> str:
-    """``repr(value)``, shortened when long (an error line stays readable)."""
-    text = repr(value)
-    size = len(value) if isinstance(value, str) else len(text)
-    return text if len(text) <= 120 else f"{text[:100]}...{text[-10:]} ({size} characters)"
-
-
 def _words(choices: Any) -> str:
     return ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
 
@@ -445,17 +573,24 @@ def _leaf_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
 
 def spec_from_dict(raw: Any) -> Spec:
     """Build and validate a Spec from plain data (a parsed YAML mapping)."""
+    if isinstance(raw, dict) and raw.get("entrypoint") is not None:
+        for section in TRAINER_SECTIONS:
+            if section in raw:
+                inner = raw[section]
+                first = next(iter(inner), None) if isinstance(inner, dict) else None
+                key = f"{section}.{key_text(first)}" if first is not None else section
+                raise SpecError(key, _trainer_key_message(key))
     return _build(Spec, raw, "")
 
 
 def _build(cls: type, raw: Any, path: str) -> Any:
     if not isinstance(raw, dict):
-        raise SpecError(path, f"expected a mapping of keys, got {_show(raw)}")
+        raise SpecError(path, f"expected a mapping of keys, got {shown(raw)}")
     hints = _hints(cls)
     names = [f.name for f in _fields(cls)]
     for key in raw:
         if key not in names:
-            raise SpecError(_join(path, _key_text(key)), "unknown key" + _where_else(str(key), names, path))
+            raise SpecError(_join(path, key_text(key)), "unknown key" + _where_else(str(key), names, path))
     kwargs = {}
     for f in _fields(cls):
         if f.name in raw:
@@ -508,13 +643,7 @@ def _int_to_float(key: str, value: int) -> float:
     try:
         return float(value)
     except OverflowError:
-        raise SpecError(key, f"{_brief(value)} must be a finite number; write a number such as 0.1") from None
-
-
-def _key_text(key: Any) -> str:
-    """A key as written in an error: itself if a plain string, else its repr (e.g. 1, None)."""
-    plain = isinstance(key, str) and len(key) <= 100 and not _CONTROL.search(key)
-    return key if plain else _brief(key)
+        raise SpecError(key, f"{brief(value)} must be a finite number; write a number such as 0.1") from None
 
 
 def _float_string(key: str, value: str) -> float:
@@ -539,11 +668,7 @@ def _type_word(hint: Any) -> str:
 
 
 def _type_error(key: str, value: Any, expected: str) -> Any:
-    raise SpecError(key, f"expected {expected}, got {_show(value)}")
-
-
-def _show(value: Any) -> str:
-    return f"{_brief(value)} ({type(value).__name__})"
+    raise SpecError(key, f"expected {expected}, got {shown(value)}")
 
 
 def _join(path: str, key: str) -> str:
@@ -552,6 +677,8 @@ def _join(path: str, key: str) -> str:
 
 def spec_to_dict(spec: Any) -> Any:
     """Plain data (dicts, lists, scalars) for a spec or section; ``spec_from_dict`` inverts it."""
+    if isinstance(spec, Spec):
+        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in _fields(Spec) if _written(spec, f.name)}
     if is_dataclass(spec):
         return {f.name: spec_to_dict(getattr(spec, f.name)) for f in _fields(type(spec))}
     if isinstance(spec, (tuple, list)):
@@ -561,6 +688,14 @@ def spec_to_dict(spec: Any) -> Any:
     return spec
 
 
+def _written(spec: Spec, name: str) -> bool:
+    """Whether a resolved spec writes section ``name``: not the trainer's sections beside an
+    entrypoint (they would be refused on reading), no empty entrypoint or params."""
+    if spec.entrypoint is not None:
+        return name not in TRAINER_SECTIONS
+    return name not in ("entrypoint", "params")
+
+
 def dump_spec(spec: Spec) -> str:
     """The spec as YAML, every key written out (the resolved spec of a run).
 
@@ -568,250 +703,6 @@ def dump_spec(spec: Spec) -> str:
     spec per point)."""
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     return yaml.dump(spec_to_dict(spec), Dumper=dumper, sort_keys=False, default_flow_style=False)
-
-
-# ----------------------------------------------------------------------------- YAML edge
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-# libyaml's parser is iterative and fast; its composer recurses in C (a deeply nested
-# file crashes the process), so nodes are composed in Python below, with limits.
-try:
-    from yaml.cyaml import CParser as _CParser
-except ImportError:  # PyYAML built without libyaml: the same, in pure Python
-    _CParser = None
-_PARSER = (_CParser,) if _CParser else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
-
-
-class _SpecLoader(yaml.composer.Composer, *_PARSER, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
-    """SafeLoader with bounds: nesting depth, alias count, values after alias expansion.
-
-    Aliases (``*name``) are shared while composing; a "billion laughs" file only grows
-    when the spec is copied and walked. Counting each value where it would appear after
-    expansion catches it before any of that. Also refuses a key written twice in one
-    mapping (PyYAML keeps the last) and keys that are not strings.
-    """
-
-    def __init__(self, text: str, source: str) -> None:
-        if _CParser:
-            _CParser.__init__(self, text)
-        else:
-            yaml.reader.Reader.__init__(self, text)
-            yaml.scanner.Scanner.__init__(self)
-            yaml.parser.Parser.__init__(self)
-        yaml.composer.Composer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
-        yaml.resolver.Resolver.__init__(self)
-        self.source = source
-        self.depth, self.values, self.aliases = 0, 0, 0
-        self.sizes: dict[int, int] = {}  # id(node) -> its value count after expansion
-
-    def fail(self, mark: Any, message: str) -> None:
-        raise SpecError("", f"{self.source}{_at(mark)}: {message}")
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            return self._compose_alias()
-        mark = self.peek_event().start_mark
-        self.depth += 1
-        if self.depth > MAX_YAML_DEPTH:
-            self.fail(mark, f"values nested more than {MAX_YAML_DEPTH} levels deep; a spec needs 4 at most")
-        start = self._count(1, mark)
-        node = super().compose_node(parent, index)
-        self.depth -= 1
-        self.sizes[id(node)] = self.values - start
-        return node
-
-    def _compose_alias(self) -> Any:
-        event = self.peek_event()
-        node = super().compose_node(None, None)
-        self.aliases += 1
-        if self.aliases > MAX_YAML_ALIASES:
-            self.fail(event.start_mark, f"more than {MAX_YAML_ALIASES} aliases (*name); write the values out")
-        size = self.sizes.get(id(node))
-        if size is None:
-            self.fail(event.start_mark, f"alias *{event.anchor} is used inside the value it names; "
-                                        "a spec cannot contain itself")
-        self._count(size, event.start_mark, f" (alias *{event.anchor} repeats {size} of them)")
-        return node
-
-    def _count(self, size: int, mark: Any, why: str = "") -> int:
-        """Add ``size`` values; the count before, so a node's size is the difference."""
-        before, self.values = self.values, self.values + size
-        if self.values > MAX_YAML_VALUES:
-            self.fail(mark, f"the spec expands to more than {MAX_YAML_VALUES} values{why}; "
-                            "a spec needs a few hundred: write fewer values or fewer aliases")
-        return before
-
-    def construct_object(self, node: Any, deep: bool = False) -> Any:
-        try:
-            return super().construct_object(node, deep=deep)
-        except (ValueError, OverflowError) as err:  # e.g. a date such as 2024-13-45
-            self.fail(node.start_mark, f"{_brief(node.value)} cannot be read as {node.tag.rsplit(':', 1)[-1]} "
-                                       f"({err}); quote it to keep it as text")
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        if len(node.value) > 40:
-            self.fail(node.start_mark, f"the number {_brief(node.value)} has more than 40 digits; "
-                                       "write a smaller number")
-        return super().construct_yaml_int(node)
-
-    def construct_strict_mapping(self, node: Any) -> Any:
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == _MERGE_TAG:
-                continue
-            key = self._mapping_key(key_node)
-            if key in seen:
-                self.fail(key_node.start_mark, f"key {_brief(key)} is written twice in this mapping; keep one")
-            seen.add(key)
-        return self.construct_mapping(node)
-
-    def _mapping_key(self, key_node: Any) -> str:
-        """A mapping key, which must be a string: spec keys are names such as train or lr."""
-        if not isinstance(key_node, yaml.ScalarNode):
-            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
-            self.fail(key_node.start_mark, f"a key is a {kind}; keys are names such as train or lr")
-        key = self.construct_object(key_node)
-        if not isinstance(key, str):
-            self.fail(key_node.start_mark, f"key {_brief(key)} ({type(key).__name__}) is not a name; keys are "
-                                           f"names such as train or lr (quote it to keep it as text: "
-                                           f"\"{key_node.value}\")")
-        return key
-
-
-_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
-_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _SpecLoader.construct_strict_mapping)
-
-
-def _at(mark: Any) -> str:
-    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-
-
-def parse_yaml(text: str, source: str) -> Any:
-    """Parse YAML text within the limits above; every error is a SpecError naming the
-    source and line."""
-    loader = None
-    try:
-        loader = _SpecLoader(text, source)
-        return loader.get_single_data()
-    except yaml.reader.ReaderError as err:
-        char = chr(err.character) if isinstance(err.character, int) and err.character >= 0 else err.character
-        raise SpecError("", f"{source}: character {char!r} is not allowed in YAML ({err.reason}); "
-                            "remove it or save the file as UTF-8 text") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        problem = getattr(err, "problem", None) or " ".join(str(err).split())
-        raise SpecError("", f"{source}{_at(mark)}: YAML syntax error: {problem}") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-def read_spec_file(path: str | Path) -> dict:
-    """The raw mapping of a spec file, with clear errors for a missing, huge, binary or
-    empty file."""
-    text = _decode(path, _read_bounded(Path(path)))
-    raw = parse_yaml(text, str(path))
-    if raw is None:
-        raise SpecError("", f"spec file {str(path)!r} is empty; a spec is a YAML mapping with at least "
-                            "name: (see jobs/quickstart.yaml)")
-    if not isinstance(raw, dict):
-        raise SpecError("", f"{str(path)!r}: a spec is a YAML mapping (name:, data:, train: ...), got {_show(raw)}")
-    return raw
-
-
-def _read_bounded(path: Path) -> bytes:
-    """At most MAX_SPEC_BYTES + 1 bytes of ``path``: a regular file's size is checked before
-    reading; a FIFO or device (``/dev/zero``) is read with a byte and a time limit."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without writer: no hang
-    except OSError as err:
-        raise SpecError("", f"cannot read spec file {str(path)!r}: {err.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise SpecError("", f"cannot read spec file {str(path)!r}: it is a folder; give a YAML file")
-        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_SPEC_BYTES:
-            raise _too_big(path, f"{info.st_size} bytes")
-        return _read_fd(fd, path)
-    finally:
-        os.close(fd)
-
-
-def _read_fd(fd: int, path: Path) -> bytes:
-    """Read to end of file, at most MAX_SPEC_BYTES + 1 bytes, for at most _READ_TIMEOUT_S
-    (a FIFO nobody writes to reads as empty at once)."""
-    chunks, size, deadline = [], 0, time.monotonic() + _READ_TIMEOUT_S
-    while True:
-        try:
-            chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)
-        except BlockingIOError:  # a pipe whose writer has not written yet
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise SpecError("", f"spec file {str(path)!r} sent no end of file within "
-                                    f"{_READ_TIMEOUT_S:.0f} s; give a regular file") from None
-            continue
-        except OSError as err:
-            raise SpecError("", f"cannot read spec file {str(path)!r}: {err.strerror}") from None
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_SPEC_BYTES:
-            raise _too_big(path, f"more than {MAX_SPEC_BYTES} bytes")
-
-
-def _too_big(path: Path, size: str) -> SpecError:
-    return SpecError("", f"spec file {str(path)!r} is larger than 1 MiB ({size}); a spec is a few hundred "
-                         "bytes: is this the right file?")
-
-
-def _decode(path: str | Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SpecError("", f"spec file {str(path)!r} is not UTF-8 text (byte 0x{data[err.start]:02x} at "
-                            f"offset {err.start}); save it as UTF-8 YAML") from None
-
-
-def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Apply ``--set a.b=value`` overrides (values parsed as YAML) to a copy of ``raw``."""
-    raw = _deep_copy(raw)
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise SpecError("", f"--set {_brief(item)}: write --set key.path=value, e.g. --set train.lr=0.2")
-        if "" in key.split("."):
-            raise SpecError(_key_text(key), f"--set {_brief(item)}: the dotted path has an empty part; "
-                                            "write it as section.key, e.g. --set train.lr=0.2")
-        value = parse_yaml(text, f"--set {_key_text(key)}") if text else ""
-        _set_path(raw, key, value)
-    return raw
-
-
-def _set_path(raw: dict, key: str, value: Any) -> None:
-    head, _, rest = key.partition(".")
-    if head == "sweep" and rest:
-        parts = ["sweep", rest]  # sweep keys are dotted names themselves
-    else:
-        parts = key.split(".")
-    node = raw
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise SpecError(_key_text(key), f"--set cannot go below {part!r}, which holds {_show(child)}")
-        node = child
-    node[parts[-1]] = value
-
-
-def _deep_copy(raw: Any) -> Any:
-    if isinstance(raw, dict):
-        return {k: _deep_copy(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_deep_copy(v) for v in raw]
-    return raw
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
@@ -854,7 +745,7 @@ def _apply_point(base: Spec, index: int, params: dict) -> Spec:
         return _with_values(base, params, "")
     except SpecError as err:
         swept = any(err.key == k or err.key.startswith((f"{k}.", f"{k}[")) for k in params)
-        where = f"(sweep point {index}: {_brief(params)})"
+        where = f"(sweep point {index}: {brief(params)})"
         raise SpecError(f"sweep.{err.key}" if swept else err.key, f"{err.detail} {where}") from None
 
 
@@ -868,6 +759,9 @@ def _with_values(section: Any, values: dict, path: str) -> Any:
         else:
             changes[head] = _convert(hints[head], value, _join(path, head))
     for head, inner in nested.items():
+        if isinstance(section, Spec) and head == "params":  # a free mapping, not a section
+            changes[head] = {**section.params, **inner}
+            continue
         changes[head] = _with_values(getattr(section, head), inner, _join(path, head))
     try:
         return replace(section, **changes)
@@ -886,7 +780,7 @@ def check_paths(spec: Spec) -> None:
     """
     _check_can_make("output.root", Path(spec.output.root) / spec.name)
     if spec.dist.init_method.startswith("file://"):
-        _check_rendezvous_file(spec.dist.init_method)
+        check_rendezvous_file(spec.dist.init_method)
 
 
 def _check_can_make(key: str, target: Path) -> None:
@@ -901,7 +795,8 @@ def _check_can_make(key: str, target: Path) -> None:
                              f"so {str(target)!r} cannot be made; choose a writable {key}")
 
 
-def _check_rendezvous_file(init_method: str) -> None:
+def check_rendezvous_file(init_method: str) -> None:
+    """SpecError unless the folder of a ``file://`` init method exists and is writable."""
     path = Path(init_method[len("file://"):])
     folder = path.parent
     if not (_exists(folder) and folder.is_dir()):

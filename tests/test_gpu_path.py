@@ -191,10 +191,11 @@ def test_init_picks_the_group_device_and_passes_device_id_to_nccl(monkeypatch, b
 
 def test_a_file_rendezvous_into_a_missing_folder_is_refused_before_it_hangs(tmp_path):
     from clusterjob.errors import BadInput
+    from clusterjob.spec import check_rendezvous_file
 
-    with pytest.raises(BadInput, match="does not exist or is not writable"):
+    with pytest.raises(BadInput, match="missing' does not exist"):
         dist.rendezvous(_env(), f"file://{tmp_path}/missing/rdzv", 5)
-    dist.check_init_method(f"file://{tmp_path}/rdzv")  # an existing folder is fine
+    check_rendezvous_file(f"file://{tmp_path}/rdzv")  # an existing folder is fine
 
 
 def _run_failing(monkeypatch, tmp_path, target):

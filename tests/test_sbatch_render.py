@@ -1,4 +1,4 @@
-"""Rendering sbatch scripts from specs (clusterjob.sbatch): golden files, bash syntax,
+"""Rendering sbatch scripts from specs (clusterjob.launch.sbatch): golden files, bash syntax,
 and a dry run of the rendered scripts with stand-ins for srun, scontrol and python.
 
 Regenerate the goldens after an intended change of a template or of rendering:
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterjob import sbatch
+from clusterjob.env import master_port_for_job
+from clusterjob.launch import resources, sbatch
 from clusterjob.errors import BadInput, SpecError
 from clusterjob.spec import spec_from_dict
 
@@ -153,12 +154,12 @@ def test_every_spec_option_has_a_template_line():
     for style in sbatch.STYLES:
         lines = sbatch.template_path(style).read_text().splitlines()
         options = {h.option for h in sbatch.parse_headers(lines)[2]}
-        assert set(sbatch.header_values(spec_from_dict(GPU))) <= options
+        assert set(resources.sbatch_options(spec_from_dict(GPU))) <= options
 
 
 def test_units():
-    assert [sbatch.slurm_mem(x) for x in (16, 16.0, 0.5, 0.1)] == ["16G", "16G", "512M", "103M"]
-    assert [sbatch.slurm_time(x) for x in (1, 60, 1439, 1440, 2881)] == \
+    assert [resources.slurm_mem(x) for x in (16, 16.0, 0.5, 0.1)] == ["16G", "16G", "512M", "103M"]
+    assert [resources.slurm_time(x) for x in (1, 60, 1439, 1440, 2881)] == \
         ["00:01:00", "01:00:00", "23:59:00", "1-00:00:00", "2-00:01:00"]
 
 
@@ -191,7 +192,7 @@ def test_templates_found_via_environment_variable(tmp_path, monkeypatch):
 
 
 def test_does_not_import_torch():
-    code = "import sys, clusterjob.sbatch; print('torch' in sys.modules)"
+    code = "import sys, clusterjob.launch.sbatch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
 
@@ -209,6 +210,8 @@ FAKE_SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] && case "$3" in "node[7-8]") echo node7; echo node8;; *) exit 1;; esac
 """
 FAKE_PYTHON = """#!/bin/bash
+# `python -m clusterjob env --port` is the real one (the port rule under test); the rest is logged.
+[ "$1 $2 $3" = "-m clusterjob env" ] && exec "$REAL_PYTHON" "$@"
 ignored=$(awk '/^SigIgn/ {print $2}' /proc/$$/status)
 { printf 'python'; printf ' %s' "$@"; echo; echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-unset} \
 SETUP=${CLUSTERJOB_TEST_SETUP:-unset} USR2_IGNORED=$(( (0x$ignored >> 11) & 1 ))"; } >> "$FAKE_LOG"
@@ -229,6 +232,7 @@ def dry_run(tmp_path, style, script_args=()):
     script.write_text(sbatch.render(spec_from_dict(raw), SPEC_PATH, style, ["train.lr=0.2"]))
     log = tmp_path / "log"
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
+           "REAL_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
            "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[7-8]",
            "SLURM_CPUS_PER_TASK": "3", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}
     subprocess.run([shutil.which("bash"), str(script), *script_args], env=env, check=True, cwd=tmp_path)
@@ -247,7 +251,7 @@ def test_dry_run_srun_style(tmp_path):
 def test_dry_run_torchrun_style(tmp_path):
     srun, python, extra = dry_run(tmp_path, "torchrun")
     assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6 ")
-    port = 20000 + 4242 % 40000
+    port = master_port_for_job("4242")  # the same rule as every srun task's MASTER_PORT
     assert python == ("python -m torch.distributed.run --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d "
                       f"--rdzv_endpoint=node7:{port} --rdzv_id=4242 -m clusterjob.run {SPEC_PATH} "
                       "--set train.lr=0.2")

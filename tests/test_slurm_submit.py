@@ -70,7 +70,7 @@ def task_pid(job_id: str, rank: int) -> int:
         except OSError:
             continue
         if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and \
-                b"submitit" in (proc / "cmdline").read_bytes():
+                b"clusterjob.run" in (proc / "cmdline").read_bytes():
             return int(proc.name)
     raise AssertionError(f"no process of rank {rank} in job {job_id}")
 

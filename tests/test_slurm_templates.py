@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterjob import sbatch
+from clusterjob.launch import resources, sbatch
 from clusterjob.env import clean_environ
 from clusterjob.spec import load_spec
 

@@ -1,12 +1,25 @@
-"""Local executor: ``tasks_per_node`` worker processes on this machine (gloo on CPU, one per
-GPU with CUDA), the same run folder layout as on Slurm, per-rank logs in ``<run>/logs/``.
+"""Local executor: ``tasks_per_node`` ranks of ``python -m clusterjob.run`` on this machine
+(gloo on CPU, one per GPU with CUDA), the same run folders as on Slurm, per-rank logs in
+``<run>/logs/``.
 
-Without --wait the runs go to a detached supervisor (``python -m clusterjob.launch.local
-RUN...``) so closing the terminal does not end them.
+A supervisor runs the runs one after another: ``submit --wait`` itself, else a detached
+``python -m clusterjob.launch.local WORLD RUN...`` (so closing the terminal ends
+nothing). It owns its ranks:
+
+- each rank has its own process group, so a Ctrl-C in the terminal reaches the supervisor
+  only, and the kernel sends each rank SIGTERM when the supervisor dies (even by kill -9):
+  no rank outlives it;
+- on SIGINT, SIGTERM or SIGHUP the supervisor sends its ranks SIGTERM: they checkpoint at
+  their next progress line and stop (killed after ``STOP_GRACE_S``); the run ends
+  ``preempted`` when it checkpointed, else ``cancelled``, and runs not started yet are
+  ``cancelled``;
+- when a rank fails, the others are stopped; a rank killed by a signal nobody here sent
+  is named as the cause, over the other ranks' "connection reset" errors.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -17,10 +30,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from clusterjob import env as envmod
-from clusterjob.rundir import RunDir, mark_failed, now_iso, tail_lines
+from clusterjob import procs
+from clusterjob.rundir import RunDir, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
-GRACE_S = 5.0  # after one rank fails, the others get this long to exit before SIGKILL
+GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
+STOP_GRACE_S = 60.0   # after a stop request, time to reach a progress line and checkpoint
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -40,50 +56,116 @@ def rank_environ(base: dict, rank: int, world: int, port: int) -> dict:
     return child
 
 
+def _die_with(parent: int) -> Callable[[], None]:
+    """In the child before exec: SIGTERM when ``parent`` dies (PR_SET_PDEATHSIG); if it
+    died already, between fork and here, at once."""
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
 def start_ranks(run: RunDir, world: int) -> list[subprocess.Popen]:
     run.logs.mkdir(parents=True, exist_ok=True)
-    port, procs = free_port(), []
+    port, ranks, parent = free_port(), [], os.getpid()
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
-            procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(run.spec_file)],
+            ranks.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(run.spec_file)],
                                           env=rank_environ(dict(os.environ), rank, world, port),
-                                          stdout=out, stderr=err, stdin=subprocess.DEVNULL))
-    return procs
+                                          stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, preexec_fn=_die_with(parent)))
+    return ranks
 
 
-def supervise(procs: list[subprocess.Popen], on_tick: Callable[[], None] = lambda: None) -> list[int]:
-    """Wait for every rank; when one fails, stop the rest (no rank hangs in a collective)."""
-    failed_at: Optional[float] = None
-    while any(p.poll() is None for p in procs):
-        on_tick()
-        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-            failed_at = time.monotonic()
-            _signal_all(procs, signal.SIGTERM)
-        if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
-            _signal_all(procs, signal.SIGKILL)
-        time.sleep(POLL_S)
-    return [p.returncode for p in procs]
+class Supervisor:
+    """Runs run folders one after another with ``world`` local ranks each."""
+
+    def __init__(self, world: int, on_tick: Callable[[RunDir], None] = lambda run: None):
+        self.world, self.on_tick = world, on_tick
+        self.stop_signal: Optional[int] = None  # the signal that asked us to stop
+        self.requests = 0  # a second Ctrl-C does not wait for the checkpoint
+
+    def install(self) -> "Supervisor":
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop_signal = self.stop_signal or signum
+        self.requests += 1
+
+    def run_all(self, runs: list[RunDir]) -> list[dict]:
+        """Each run's final run.json; after a stop request the rest are cancelled."""
+        infos = []
+        for run in runs:
+            if self.stop_signal is not None:
+                infos.append(run.update(status="cancelled", finished_at=now_iso()))
+            elif run.read_info().get("status") == "cancelled":  # `clusterjob cancel` before its turn
+                infos.append(run.read_info())
+            else:
+                infos.append(self.run_one(run))
+        return infos
+
+    def run_one(self, run: RunDir) -> dict:
+        """Run one run folder to its end; its final run.json."""
+        ranks = start_ranks(run, self.world)
+        sent: dict[int, int] = {}  # rank -> the last signal we sent it
+        self._wait(run, ranks, sent)
+        return self._settle(run, [p.returncode for p in ranks], sent)
+
+    def _wait(self, run: RunDir, ranks: list[subprocess.Popen], sent: dict) -> None:
+        """Until every rank exited: stop the others when one fails, all on a stop request."""
+        kill_at: Optional[float] = None
+        while any(p.poll() is None for p in ranks):
+            self.on_tick(run)
+            failed = any(p.returncode not in (None, 0) for p in ranks)
+            if kill_at is None and (failed or self.stop_signal is not None):
+                _signal(ranks, signal.SIGTERM, sent)
+                kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
+            if kill_at is not None and (time.monotonic() > kill_at or self.requests > 1):
+                _signal(ranks, signal.SIGKILL, sent)
+            time.sleep(POLL_S)
+
+    def _settle(self, run: RunDir, codes: list[int], sent: dict) -> dict:
+        """The run's final state from the ranks' exit codes and what they recorded."""
+        info = run.read_info()
+        status = info.get("status")
+        if self.stop_signal is not None and status in ("pending", "running"):
+            return run.update(status="cancelled", finished_at=now_iso())  # stopped before it checkpointed
+        bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
+        if not bad:
+            if status in ("pending", "running"):
+                return run.update(status="failed", finished_at=now_iso(), error={
+                    "rank": None, "message": "the ranks exited without finishing the run", "traceback": ""})
+            return info
+        if self.stop_signal is not None:
+            return info  # preempted (it checkpointed) or cancelled
+        return _record_failure(run, bad, sent)
 
 
-def _signal_all(procs: list[subprocess.Popen], sig: int) -> None:
-    for p in procs:
+def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:
+    for rank, p in enumerate(ranks):
         if p.poll() is None:
             p.send_signal(sig)
+            sent[rank] = sig
 
 
-def run_one(run: RunDir, world: int, on_tick: Callable[[], None] = lambda: None) -> dict:
-    """Run one run folder to its end; returns its final run.json."""
-    codes = supervise(start_ranks(run, world), on_tick)
-    info = run.read_info()
-    bad = [(r, c) for r, c in enumerate(codes) if c != 0]
-    if bad and info.get("status") != "failed":
-        rank, code = bad[0]
-        stderr = " | ".join(tail_lines(run.logs / f"rank{rank}.err", 5))
-        info = mark_failed(run, f"rank {rank} exited with code {code}: {stderr}")
-    if not bad and info.get("status") in ("pending", "running"):
-        info = run.update(status="failed", finished_at=now_iso(),
-                          error={"rank": None, "message": "workers exited without finishing", "traceback": ""})
-    return info
+def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> dict:
+    """A rank killed by a signal that nobody here sent, without a traceback, is the cause
+    (the others then fail on a closed connection); else the first traceback; else the
+    first non-zero exit."""
+    for rank, code in bad:
+        if code < 0 and rank not in sent and not run.error_file(rank).exists():
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            return run.update(status="failed", finished_at=now_iso(), error={
+                "rank": rank, "message": f"rank {rank} was killed by {name} (no traceback)",
+                "traceback": "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))})
+    if first_error(run) is not None:
+        return mark_failed(run, "")
+    rank, code = bad[0]
+    stderr = " | ".join(tail_lines(run.logs / f"rank{rank}.err", 5))
+    return mark_failed(run, f"rank {rank} exited with code {code}: {stderr}")
 
 
 def last_progress(run: RunDir) -> Optional[str]:
@@ -99,21 +181,23 @@ def last_progress(run: RunDir) -> Optional[str]:
 
 
 def detach(runs: list[RunDir], world: int) -> int:
-    """Start a supervisor in its own session that runs ``runs`` one after another; its pid."""
+    """Start a supervisor in its own session that runs ``runs`` one after another; its pid.
+    Each run.json records which process it is (``status`` says when it is gone)."""
     log = runs[0].logs / "supervisor.log"  # the supervisor of a sweep logs in its first run
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "clusterjob.launch.local", str(world),
                                  *(str(r.path) for r in runs)], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    ref = procs.current(proc.pid)
     for run in runs:
-        run.update(executor="local", launcher_pid=proc.pid)
+        run.update(executor="local", launcher=ref.to_dict() if ref else None)
     return proc.pid
 
 
 def main(argv: list[str]) -> int:
     world, paths = int(argv[0]), argv[1:]
-    for path in paths:
-        info = run_one(RunDir(Path(path)), world)
+    supervisor = Supervisor(world).install()
+    for path, info in zip(paths, supervisor.run_all([RunDir(Path(p)) for p in paths])):
         print(f"{path}: {info.get('status')}", flush=True)
     return 0
 

@@ -22,7 +22,7 @@ Stdlib and clusterjob.spec only, never torch: this runs on login nodes.
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import re
 import shlex
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from clusterjob.errors import BadInput
+from clusterjob.launch.resources import sbatch_options
 from clusterjob.spec import Spec, expand_sweep, load_spec
 
 STYLES = {"srun": "ddp_srun.sbatch", "torchrun": "ddp_torchrun.sbatch"}
@@ -53,7 +54,6 @@ class Header:
 
     text: str
     option: str
-    off: bool
     comment: Optional[str]
     comment_column: int  # where the comment starts, to keep the block aligned
 
@@ -64,7 +64,7 @@ def template_dirs() -> list[Path]:
     ``<prefix>/share/clusterjob/sbatch`` of an installed package (pyproject's data-files;
     the prefix of the environment, of its base interpreter, or of ``pip install --user``)."""
     dirs = [Path(os.environ["CLUSTERJOB_SBATCH_DIR"])] if os.environ.get("CLUSTERJOB_SBATCH_DIR") else []
-    dirs.append(Path(__file__).resolve().parent.parent / "sbatch")
+    dirs.append(Path(__file__).resolve().parents[2] / "sbatch")
     prefixes = dict.fromkeys((sys.prefix, sys.base_prefix, site.getuserbase()))
     return dirs + [Path(prefix) / SHARE_DIR for prefix in prefixes]
 
@@ -86,48 +86,12 @@ def render(spec: Spec, spec_path: str, style: str = "srun", overrides: Sequence[
     """The template of ``style`` filled in from ``spec`` (already overridden), running
     ``spec_path`` (made absolute) with ``overrides`` (passed on to the worker as --set)."""
     lines = template_path(style).read_text().splitlines()
-    lines = _render_headers(lines, header_values(spec))
+    lines = _render_headers(lines, sbatch_options(spec, len(expand_sweep(spec))))
     lines = _render_setup(lines, spec.resources.setup)
     lines = _render_args(lines, os.path.abspath(spec_path), overrides)
-    note = f"# Rendered by `clusterjob sbatch --style {style}` from {os.path.abspath(spec_path)}."
+    # json.dumps escapes what could end the comment line (the CLI's path may hold anything)
+    note = f"# Rendered by `clusterjob sbatch --style {style}` from {json.dumps(os.path.abspath(spec_path))}."
     return "\n".join([lines[0], note, *lines[1:]]) + "\n"
-
-
-def header_values(spec: Spec) -> dict[str, Optional[str]]:
-    """The ``#SBATCH`` options a spec decides; None drops the option's line."""
-    r = spec.resources
-    points = len(expand_sweep(spec))
-    return {
-        "job-name": spec.name,
-        "nodes": str(r.nodes),
-        "ntasks-per-node": str(r.tasks_per_node),
-        "gres": f"gpu:{r.gpus_per_node}" if r.gpus_per_node else None,
-        "cpus-per-task": str(r.cpus_per_task),
-        "mem": slurm_mem(r.mem_gb) if r.mem_gb else None,
-        "time": slurm_time(r.time_min),
-        "partition": r.partition,
-        "account": r.account,
-        "qos": r.qos,
-        "constraint": r.constraint,
-        "array": slurm_array(points, r.array_parallelism) if points > 1 else None,
-    }
-
-
-def slurm_mem(gb: float) -> str:
-    """16 -> "16G"; fractions in whole MB, rounded up: 1.5 -> "1536M"."""
-    return f"{int(gb)}G" if float(gb).is_integer() else f"{math.ceil(gb * 1024)}M"
-
-
-def slurm_time(minutes: int) -> str:
-    """Minutes as Slurm's [days-]hours:minutes:seconds: 90 -> "01:30:00", 1500 -> "1-01:00:00"."""
-    days, rest = divmod(minutes, 24 * 60)
-    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
-    return f"{days}-{text}" if days else text
-
-
-def slurm_array(points: int, parallelism: Optional[int]) -> str:
-    """Array indices of a sweep: one task per point, at most ``parallelism`` at once."""
-    return f"0-{points - 1}" + (f"%{parallelism}" if parallelism else "")
 
 
 def parse_headers(lines: Sequence[str]) -> tuple[int, int, list[Header]]:
@@ -139,7 +103,7 @@ def parse_headers(lines: Sequence[str]) -> tuple[int, int, list[Header]]:
     start, end = found[0][0], found[-1][0] + 1
     if len(found) != end - start:
         raise ValueError(f"the template's #SBATCH lines {start + 1}..{end} are not one block")
-    headers = [Header(text=lines[i].rstrip(), option=m["option"], off=bool(m["off"]), comment=m["comment"],
+    headers = [Header(text=lines[i].rstrip(), option=m["option"], comment=m["comment"],
                       comment_column=m.start("comment") if m["comment"] else 0) for i, m in found]
     return start, end, headers
 

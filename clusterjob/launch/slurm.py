@@ -1,9 +1,11 @@
 """Slurm executor through submitit: one job per run, one job array per sweep.
 
-Every task runs ``RunTask``: ``python -m clusterjob.run`` on its run folder's spec.yaml,
-which owns SIGUSR2 (clusterjob.preempt): it checkpoints and requeues the job itself, so the
-same behaviour holds for the raw sbatch templates. A teardown line after srun records a run
-that ended without saying so (a task killed by a signal) as failed in its run.json.
+``start`` submits run folders that already exist and records each one's job id in its
+run.json; waiting and reports are the caller's (clusterjob.submit). Every task runs
+``RunTask``: ``python -m clusterjob.run`` on its run folder's spec.yaml, which owns SIGUSR2
+(it checkpoints and requeues the array task itself), so the same behaviour holds for the
+raw sbatch templates. A teardown line after srun records a run that ended without saying
+so (a task killed by a signal) as failed in its run.json.
 """
 
 from __future__ import annotations
@@ -11,17 +13,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
+import shlex
 import sys
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from clusterjob import env as envmod
-from clusterjob.rundir import FINAL_STATUSES, RunDir, mark_failed, now_iso, tail_lines
-from clusterjob.spec import Spec, SweepPoint
-
-SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
+from clusterjob import slurmctl
+from clusterjob.launch.resources import submitit_parameters
+from clusterjob.rundir import RunDir, mark_failed, now_iso, tail_lines
+from clusterjob.spec import Spec
 
 
 class RunTask:
@@ -39,86 +40,45 @@ class RunTask:
         os.execv(sys.executable, [sys.executable, "-u", "-m", "clusterjob.run", self.spec_file])
 
 
-def slurm_parameters(spec: Spec, teardown: list[str]) -> dict[str, Any]:
-    """submitit's SlurmExecutor parameters for the spec's resources."""
-    r = spec.resources
-    params: dict[str, Any] = {
-        "job_name": spec.name, "nodes": r.nodes, "ntasks_per_node": r.tasks_per_node,
-        "cpus_per_task": r.cpus_per_task, "time": r.time_min,
-        "signal_delay_s": min(SIGNAL_DELAY_S, r.time_min * 60 // 4),
-        # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
-        "setup": [*r.setup, f"export SRUN_CPUS_PER_TASK={r.cpus_per_task}"],
-        "teardown": teardown,
-        "srun_args": ["--kill-on-bad-exit=1"],  # one failed rank ends the step: no rank hangs
-        "additional_parameters": {"requeue": True},
-    }
-    optional = {"gpus_per_node": r.gpus_per_node or None, "mem": f"{round(r.mem_gb * 1024)}M" if r.mem_gb else None,
-                "partition": r.partition, "account": r.account, "qos": r.qos, "constraint": r.constraint,
-                "array_parallelism": r.array_parallelism}
-    params.update({k: v for k, v in optional.items() if v is not None})
-    return params
-
-
-def max_array_size() -> int:
-    """The cluster's MaxArraySize (job arrays hold indices 0 .. MaxArraySize-1)."""
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=15).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 1001
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize" and value.strip().isdigit():
-            return int(value.strip())
-    return 1001
-
-
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def _teardown(runs_file: Path) -> list[str]:
-    """The line after srun in the job script ($? is then srun's exit status)."""
-    return [f'{sys.executable} -m clusterjob.launch.slurm finalize {runs_file} "${{SLURM_ARRAY_TASK_ID:-0}}" $?']
+    """The line after srun in the job script ($? is then srun's exit status); every path
+    quoted, as output.root may hold spaces or shell characters."""
+    command = [sys.executable, "-m", "clusterjob.launch.slurm", "finalize", str(runs_file)]
+    return [f'{shlex.join(command)} "${{SLURM_ARRAY_TASK_ID:-0}}" "$?"']
 
 
 def _executor(spec: Spec, folder: Path, runs_file: Path):
     import submitit
 
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
-    executor.update_parameters(**slurm_parameters(spec, _teardown(runs_file)))
+    executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file)))
     return executor
 
 
-def dry_run(spec: Spec, points: list[SweepPoint]) -> int:
-    """Print the sbatch script(s) submitit would submit; write nothing."""
+def scripts(spec: Spec, points: int, folder: Path) -> list[str]:
+    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``)."""
     from submitit.slurm import slurm
 
-    folder = Path(spec.output.root) / spec.name / ".slurm"
-    params = slurm_parameters(spec, _teardown(folder / "<stamp>.runs.json"))
-    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-    for part in chunks(points, max_array_size()):
-        print(slurm._make_sbatch_string(command=command, folder=folder,
-                                        map_count=len(part) if len(points) > 1 else None, **params))
-    return 0
+    params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"))
+    command = shlex.join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
+    return [slurm._make_sbatch_string(command=command, folder=folder, map_count=len(part) if points > 1 else None,
+                                      **params)
+            for part in chunks(list(range(points)), slurmctl.max_array_size())]
 
 
-def submit(spec: Spec, points: list[SweepPoint], args) -> int:
-    if args.dry_run:
-        return dry_run(spec, points)
-    from clusterjob.submit import make_runs
-
-    runs = make_runs(spec, points)
+def start(spec: Spec, runs: list[RunDir]) -> list[str]:
+    """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks); each run.json
+    gets its job id (``<array>_<task>`` for arrays). Returns the job ids in run order."""
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
     with envmod.scrubbed_environ():
-        for part in chunks(runs, max_array_size()):
+        for part in chunks(runs, slurmctl.max_array_size()):
             _submit_part(spec, part, folder)
-    for run in runs:
-        print(f"{run.read_info().get('slurm_job_id')}  {run.path}")
-    if not args.wait:
-        print(f"follow with: clusterjob status {runs[0].path.parent}")
-        return 0
-    return wait_and_report(runs)
+    return [str(run.read_info().get("slurm_job_id")) for run in runs]
 
 
 def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
@@ -140,24 +100,8 @@ def _link_logs(run: RunDir, folder: Path, job_id: str, world: int) -> None:
     for rank in range(world):
         for kind in ("out", "err"):
             link = run.logs / f"rank{rank}.{kind}"
-            if not link.exists():
+            if not (link.exists() or link.is_symlink()):
                 link.symlink_to(folder.resolve() / f"{job_id}_{rank}_log.{kind}")
-
-
-def wait_and_report(runs: list[RunDir], poll_s: float = 2.0) -> int:
-    """Block until every run is final (run.json, reconciled with the queue), then report."""
-    from clusterjob import control
-    from clusterjob.submit import print_report, summary_line
-
-    while True:
-        infos = control.refresh(runs)
-        if all(i.get("status") in FINAL_STATUSES for i in infos):
-            break
-        time.sleep(poll_s)
-    for run, info in zip(runs, infos):
-        print(summary_line(info, run))
-    print_report(runs)
-    return 0 if all(i.get("status") == "completed" for i in infos) else 1
 
 
 def finalize(runs_file: str, index: str, srun_status: str) -> int:
@@ -195,7 +139,7 @@ def killed_task(batch_log: str) -> Optional[tuple[int, str, str]]:
 
 def _batch_log(info: dict) -> str:
     """The batch script's stderr, where srun reports its tasks (submitit: task 0's file)."""
-    path = Path(info.get("log_dir") or ".") / f"{info.get('slurm_job_id')}_0_log.err"
+    path = Path(str(info.get("log_dir") or ".")) / f"{info.get('slurm_job_id')}_0_log.err"
     try:
         return path.read_text(errors="replace")
     except OSError:

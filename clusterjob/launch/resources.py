@@ -1,0 +1,76 @@
+"""The spec's resources as Slurm options: one rendering for the sbatch templates
+(``clusterjob sbatch``) and for submitit's job scripts (``clusterjob submit``).
+
+Stdlib only: it runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from clusterjob.spec import Spec
+
+SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
+
+
+def slurm_mem(gb: float) -> str:
+    """16 -> "16G"; fractions in whole MB, rounded up: 1.5 -> "1536M"."""
+    return f"{int(gb)}G" if float(gb).is_integer() else f"{math.ceil(gb * 1024)}M"
+
+
+def slurm_time(minutes: int) -> str:
+    """Minutes as Slurm's [days-]hours:minutes:seconds: 90 -> "01:30:00", 1500 -> "1-01:00:00"."""
+    days, rest = divmod(minutes, 24 * 60)
+    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
+    return f"{days}-{text}" if days else text
+
+
+def slurm_array(points: int, parallelism: Optional[int]) -> str:
+    """Array indices of a sweep: one task per point, at most ``parallelism`` at once."""
+    return f"0-{points - 1}" + (f"%{parallelism}" if parallelism else "")
+
+
+def signal_delay_s(spec: Spec) -> int:
+    """How long before the time limit SIGUSR2 comes: 120 s, or a quarter of a short limit."""
+    return min(SIGNAL_DELAY_S, spec.resources.time_min * 60 // 4)
+
+
+def sbatch_options(spec: Spec, points: int = 1) -> dict[str, Optional[str]]:
+    """The ``#SBATCH`` options a spec decides, as sbatch spells them; None leaves an
+    option out (no gres without GPUs, no mem for mem_gb 0, no partition when null)."""
+    r = spec.resources
+    return {
+        "job-name": spec.name,
+        "nodes": str(r.nodes),
+        "ntasks-per-node": str(r.tasks_per_node),
+        "gres": f"gpu:{r.gpus_per_node}" if r.gpus_per_node else None,
+        "cpus-per-task": str(r.cpus_per_task),
+        "mem": slurm_mem(r.mem_gb) if r.mem_gb else None,
+        "time": slurm_time(r.time_min),
+        "partition": r.partition,
+        "account": r.account,
+        "qos": r.qos,
+        "constraint": r.constraint,
+        "array": slurm_array(points, r.array_parallelism) if points > 1 else None,
+    }
+
+
+def submitit_parameters(spec: Spec, teardown: list[str]) -> dict:
+    """submitit's SlurmExecutor parameters: the same option values as the templates'
+    (submitit adds --array itself for a batch of jobs)."""
+    options = sbatch_options(spec)
+    passed = ("gres", "mem", "time", "partition", "account", "qos", "constraint")
+    r = spec.resources
+    params = {
+        "job_name": spec.name, "nodes": r.nodes, "ntasks_per_node": r.tasks_per_node,
+        "cpus_per_task": r.cpus_per_task, "signal_delay_s": signal_delay_s(spec),
+        # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
+        "setup": [*r.setup, f"export SRUN_CPUS_PER_TASK={r.cpus_per_task}"],
+        "teardown": teardown,
+        "srun_args": ["--kill-on-bad-exit=1"],  # one failed rank ends the step: no rank hangs
+        "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]}},
+    }
+    if r.array_parallelism:
+        params["array_parallelism"] = r.array_parallelism
+    return params
