@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from clusterjob import dist
 from clusterjob.rundir import RunDir
@@ -30,6 +30,9 @@ class StopSignal:
         self.received_at: Optional[float] = None
         self.signal: Optional[str] = None  # "SIGUSR2", "SIGTERM", or "cancel"
         self._run: Optional[RunDir] = None
+        # Called on SIGTERM (rank 0 of the user's own code): records the stop at once,
+        # as the code may never get back to the runner before Slurm's SIGKILL.
+        self.on_term: Optional[Callable[[], None]] = None
 
     def install(self) -> "StopSignal":
         for sig in (signal.SIGUSR2, signal.SIGTERM):
@@ -44,6 +47,8 @@ class StopSignal:
         self.received_at, self.signal = time.time(), signal.Signals(signum).name
         # os.write, not print: a handler that prints while the main thread prints raises
         os.write(1, f"received {self.signal}: checkpointing at the next step boundary\n".encode())
+        if signum == signal.SIGTERM and self.on_term is not None:
+            self.on_term()
 
     def _cancelled(self) -> bool:
         if self._run is None or self._run.read_info().get("status") != "cancelled":
