@@ -1,7 +1,10 @@
-"""Datasets and distributed DataLoaders for the built-in trainer.
+"""Datasets and distributed DataLoaders for the built-in trainer: the torchvision path.
 
 ``build_datasets`` gives the train and validation splits of ``data.dataset`` as NCHW float
 tensors (normalized); ``build_loaders`` shards them over ranks with ``DistributedSampler``.
+This path serves ``data.loader: torchvision`` and datasets that do not fit in memory; the
+ones that do take the tensor pipeline by default (``clusterjob.pipeline``), which uses the
+same sample order.
 
 Augmentation randomness is keyed per sample: the train sampler yields ``(index, seed)``
 pairs, the seed derived from ``(train.seed, rank, epoch, index)``, and the dataset wrapper
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from clusterjob.errors import BadInput
+from clusterjob.spec import MAX_AUTO_WORKERS
 
 # Per-channel mean and std of the training pixels in [0, 1] (CIFAR-10: the true per-pixel
 # std, not the often copied 0.2023/0.1994/0.2010). Synthetic: measured, averaged over seeds.
@@ -119,10 +123,16 @@ def _first(ds: Dataset, limit: Optional[int]) -> Dataset:
 
 
 def _torchvision_split(data, train: bool) -> Dataset:
+    transform = image_transform(data.dataset, augment=train and data.augment, from_tensor=False)
+    return torchvision_dataset(data, train, transform)
+
+
+def torchvision_dataset(data, train: bool, transform: Any) -> Any:
+    """torchvision's dataset object of a split of ``data.dataset`` (cifar10 or mnist),
+    downloaded when missing and ``data.download`` is true; BadInput when it cannot be had."""
     from torchvision import datasets
 
     cls = {"cifar10": datasets.CIFAR10, "mnist": datasets.MNIST}[data.dataset]
-    transform = image_transform(data.dataset, augment=train and data.augment, from_tensor=False)
     try:
         return cls(root=data.root, train=train, transform=transform, download=data.download)
     except (RuntimeError, OSError) as err:  # torchvision: not found / corrupted; network errors
@@ -291,10 +301,20 @@ class Loaders:
     train_sampler: SeededShardSampler
     val_sampler: DistributedSampler
 
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        set_epoch(self, epoch, skip_batches)
+
+
+def worker_count(num_workers: int | str, cpus_per_task: int) -> int:
+    """``data.num_workers`` resolved: auto leaves one CPU to the training process."""
+    return min(max(cpus_per_task - 1, 0), MAX_AUTO_WORKERS) if num_workers == "auto" else int(num_workers)
+
 
 def build_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: int, seed: int,
-                  pin_memory: bool) -> Loaders:
-    """Sharded loaders for this rank. ``data`` is the DataSpec, ``batch_size`` per process.
+                  pin_memory: bool, cpus_per_task: int = 1) -> Loaders:
+    """Sharded loaders for this rank. ``data`` is the DataSpec, ``batch_size`` per process;
+    ``cpus_per_task`` resolves ``data.num_workers: auto``. ``pin_memory``: batches come in
+    page-locked memory, so that the trainer's ``non_blocking`` copies to the GPU overlap.
 
     ``data.drop_last`` applies twice: the sampler drops the tail that does not divide over
     the ranks (instead of padding it with repeated samples) and the loader drops the last
@@ -304,8 +324,9 @@ def build_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: in
                                        seed=seed, drop_last=data.drop_last)
     val_sampler = DistributedSampler(ds.val, num_replicas=world_size, rank=rank, shuffle=False,
                                      drop_last=False)
-    common = dict(batch_size=batch_size, num_workers=data.num_workers, pin_memory=pin_memory,
-                  persistent_workers=data.num_workers > 0)
+    workers = worker_count(data.num_workers, cpus_per_task)
+    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
+                  persistent_workers=workers > 0)
     generator = torch.Generator().manual_seed(loader_seed(seed, rank, 0))
     train_loader = DataLoader(SeededSamples(ds.train), sampler=train_sampler, drop_last=data.drop_last,
                               generator=generator, **common)

@@ -1,4 +1,5 @@
-"""The one door to torch.distributed: rendezvous, process group, collectives.
+"""The one door to torch.distributed: rendezvous, process group, collectives (the rule:
+docs/design.md, "Architecture").
 
 No other module of clusterjob touches ``torch.distributed`` (DDP and DistributedSampler
 aside); a test reads the imports to keep it so. The reason is the device rule of the

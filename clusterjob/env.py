@@ -1,6 +1,7 @@
 """The distributed environment of this process: who am I, how many are we, where is rank 0.
 
-This is the only module that reads rank variables from ``os.environ``,
+The rules are in docs/design.md, "Distributed environment". This is the only module
+that reads rank variables from ``os.environ``,
 so every launch style (srun, torchrun, the legacy launcher, hand-set variables, the local
 executor) is decided in one place and checked before any rendezvous: a wrong count here
 would otherwise show up as a rendezvous that hangs until its timeout.

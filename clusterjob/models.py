@@ -14,6 +14,9 @@ import torch
 from torch import nn
 
 ARCHS = ("resnet18", "convnet", "mlp")
+# Architectures built of convolutions: channels_last (NHWC) lets cuDNN pick its fastest
+# kernels for them (tensor cores want NHWC); an mlp flattens its input and gains nothing.
+CONV_ARCHS = ("resnet18", "convnet")
 
 
 def build_model(arch: str, num_classes: int, in_shape: tuple[int, int, int]) -> nn.Module:

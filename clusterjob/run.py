@@ -1,4 +1,4 @@
-"""What every task runs: ``python -m clusterjob.run SPEC``.
+"""What every task runs: ``python -m clusterjob.run SPEC`` (docs/design.md, "The runner").
 
 The local executor, submitit's tasks, both sbatch templates and ``clusterjob sbatch`` all
 start this, and so can any launcher by hand; clusterjob.env derives the ranks from each:

@@ -1,4 +1,5 @@
-"""The run folder: spec.yaml, run.json, metrics.jsonl, checkpoints/, logs/.
+"""The run folder: spec.yaml, run.json, metrics.jsonl, checkpoints/, logs/ (docs/design.md,
+"Results layout").
 
 This module is the one owner of what a results folder holds: the file names, the
 run states, which folders are runs (and in what order), and how run.json is read.

@@ -1,4 +1,5 @@
 """The experiment spec: typed, frozen dataclasses; YAML only at the edge (``load_spec``).
+Every key and default: docs/design.md, "Spec".
 
 Every section validates its own fields in ``__post_init__`` from the field metadata
 (choices, bounds, patterns), so a spec built in code is checked like one read from YAML.
@@ -156,7 +157,7 @@ class TrainSpec(Section):
     schedule: str = opt("cosine", "cosine | step | constant, after warmup", choices=_SCHEDULES)
     warmup_epochs: float = opt(1.0, "linear warmup length in epochs", ge=0)
     label_smoothing: float = opt(0.0, "cross-entropy label smoothing", ge=0, lt=1)
-    amp: str = opt("auto", "auto (fp16 on CUDA, bf16 on CPU) | fp16 | bf16 | off",
+    amp: str = opt("auto", "auto (bf16 on CPU and on GPUs of compute capability >= 8.0, else fp16) | fp16 | bf16 | off",
                    choices=("auto", "fp16", "bf16", "off"))
     grad_accum: int = opt(1, "micro-batches per optimizer step", ge=1)
     ema_decay: Optional[float] = opt(None, "e.g. 0.999: also evaluate an EMA of the weights", gt=0, lt=1)

@@ -21,6 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from clusterjob import dist
 from clusterjob.device import DevicePlan
+from clusterjob.errors import BadInput
+from clusterjob.models import CONV_ARCHS
 from clusterjob.optim import build_optimizer, build_scheduler
 from clusterjob.spec import Spec
 
@@ -102,6 +104,7 @@ class Trainer:
     ema: Any
     steps_per_epoch: int
     step: int = 0
+    memory_format: torch.memory_format = torch.contiguous_format  # of the model's weights and inputs
 
     def state_dict(self) -> dict:
         return {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -126,16 +129,56 @@ def steps_per_epoch(num_batches: int, grad_accum: int) -> int:
 def build_trainer(spec: Spec, plan: DevicePlan, model: torch.nn.Module, num_batches: int,
                   world_size: int) -> Trainer:
     """Move, convert and wrap the model; make optimizer, schedule, scaler and EMA."""
-    model = model.to(plan.device)
+    check_compile(spec)
+    fmt = memory_format_for(spec, plan)
+    model = model.to(plan.device, memory_format=fmt)
     if plan.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if plan.device_type == "cuda":
+        # Let cuDNN time its algorithms per input shape and keep the fastest. The built-in
+        # datasets have one image size, and batches take at most four shapes (train and
+        # validation, each full and the last partial one; drop_last leaves one for train),
+        # so the timing runs a few times in a run and every later step gains. It also
+        # makes GPU runs not bit-reproducible, which cuDNN's backward already is not.
+        torch.backends.cudnn.benchmark = not spec.debug.deterministic
+    ema = build_ema(model, spec.train.ema_decay)  # before compile: the EMA copy runs eagerly
     wrapped = _wrap_ddp(model, plan, world_size)
+    if spec.train.compile:
+        # In place: the state_dict keeps its keys (torch.compile's wrapper would prefix
+        # them), so checkpoints load into compiled and eager models alike. The DDP module
+        # is the one compiled, so that torch splits the graph at DDP's gradient buckets and
+        # the all-reduces still overlap the backward.
+        wrapped.compile()
     optimizer = build_optimizer(model, spec.train, world_size)
     per_epoch = steps_per_epoch(num_batches, spec.train.grad_accum)
     return Trainer(spec=spec, plan=plan, model=wrapped, raw_model=model, optimizer=optimizer,
                    scheduler=build_scheduler(optimizer, spec.train, per_epoch),
                    scaler=torch.amp.GradScaler(plan.device_type, enabled=plan.use_scaler),
-                   ema=build_ema(model, spec.train.ema_decay), steps_per_epoch=per_epoch)
+                   ema=ema, steps_per_epoch=per_epoch, memory_format=fmt)
+
+
+def memory_format_for(spec: Spec, plan: DevicePlan) -> torch.memory_format:
+    """``model.channels_last`` resolved: auto is channels_last for conv nets on CUDA, where
+    cuDNN's NHWC kernels (tensor cores) are faster and every layer keeps the format; on
+    CPU the gain is not reliable, so auto leaves the default there."""
+    wanted = spec.model.channels_last
+    if wanted == "auto":
+        wanted = spec.model.arch in CONV_ARCHS and plan.device_type == "cuda"
+    return torch.channels_last if wanted else torch.contiguous_format
+
+
+def check_compile(spec: Spec) -> None:
+    """BadInput when ``train.compile`` is on and this torch cannot compile a module in place."""
+    if not spec.train.compile:
+        return
+    if not hasattr(torch.nn.Module, "compile"):
+        raise BadInput(f"train.compile: true needs torch.compile with Module.compile (torch >= 2.2), but this "
+                       f"is torch {torch.__version__}; set train.compile: false or install a newer torch")
+    from torch import _dynamo
+
+    if not _dynamo.is_dynamo_supported():
+        raise BadInput(f"train.compile: true, but torch {torch.__version__} cannot compile on this Python "
+                       "(torch._dynamo is not supported here); set train.compile: false or use a newer torch")
 
 
 def _wrap_ddp(model: torch.nn.Module, plan: DevicePlan, world_size: int) -> torch.nn.Module:
@@ -222,7 +265,10 @@ def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: C
     meter = Meter(done, device, t.step)
     n_batches, clock, first_step = done.batches + len(loader), Clock(done.seconds), t.step
     for i, (x, y) in enumerate(loader, start=done.batches):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # non_blocking: a copy from pinned memory overlaps the GPU's work. A batch of the
+        # tensor pipeline is on the device already: returned as it is, or made channels_last
+        x = x.to(device, non_blocking=True, memory_format=t.memory_format)
+        y = y.to(device, non_blocking=True)
         ends_step = (i + 1) % accum == 0 or i + 1 == n_batches
         with _sync_context(t.model, ends_step):
             with autocast():
@@ -286,11 +332,13 @@ def epoch_metrics(state: EpochState) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Any, n_valid: int, plan: DevicePlan, tta: bool = False) -> dict:
+def evaluate(model: torch.nn.Module, loader: Any, n_valid: int, plan: DevicePlan, tta: bool = False,
+             memory_format: torch.memory_format = torch.contiguous_format) -> dict:
     """Loss and accuracy over the whole validation set, exactly as one process would get.
 
     Only the first ``n_valid`` samples of this rank's shard count: the sampler pads the
     shards with repeated samples so every rank has the same number of batches.
+    ``memory_format``: the model's (``Trainer.memory_format``), given to the inputs too.
     All ranks must call this.
     """
     model.eval()
@@ -300,7 +348,8 @@ def evaluate(model: torch.nn.Module, loader: Any, n_valid: int, plan: DevicePlan
     for x, y in loader:
         keep = max(0, min(len(y), n_valid - seen))
         seen, count = seen + len(y), count + keep
-        x, y = x[:keep].to(plan.device, non_blocking=True), y[:keep].to(plan.device, non_blocking=True)
+        x = x[:keep].to(plan.device, non_blocking=True, memory_format=memory_format)
+        y = y[:keep].to(plan.device, non_blocking=True)
         with autocast():
             logits = model(x).float()
             flipped = model(x.flip(3)).float() if tta else logits

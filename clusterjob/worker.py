@@ -8,12 +8,13 @@ latest checkpoint, mid-epoch included, with the weights an uninterrupted run wou
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+import os
+from typing import Any, Optional
 
 import torch
 
-from clusterjob import checkpoint, device, dist, metrics, runrecord
-from clusterjob.data import build_datasets, build_loaders, downloads, set_epoch, val_valid_count
+from clusterjob import checkpoint, device, dist, metrics, pipeline, runrecord
+from clusterjob.data import build_datasets, build_loaders, downloads, val_valid_count
 from clusterjob.device import DevicePlan
 from clusterjob.env import DistEnv
 from clusterjob.models import build_model
@@ -21,25 +22,54 @@ from clusterjob.optim import current_lrs
 from clusterjob.preempt import StopSignal
 from clusterjob.rundir import RunDir
 from clusterjob.spec import Spec
-from clusterjob.train import EpochState, Trainer, build_trainer, epoch_metrics, evaluate, train_epoch
+from clusterjob.train import EpochState, Trainer, build_trainer, check_compile, epoch_metrics, evaluate, train_epoch
 
 
 def train(spec: Spec, env: DistEnv, run: RunDir, stop: StopSignal) -> str:
     """Train ``run`` to its last epoch ("completed"), or until a stop signal: then every
     rank checkpoints where it is and the run is recorded stopped ("stopped").
     All ranks must call this (after ``dist.rendezvous``)."""
+    check_compile(spec)  # bad input: before any download
+    if spec.debug.deterministic:
+        _deterministic()
     plan = device.detect_plan(spec, env)
     with dist.rank0_first(env) if downloads(spec.data) else contextlib.nullcontext():
-        data = build_datasets(spec.data, spec.train.seed)  # before the process group: no timeout
+        data = load_data(spec)  # before the process group: no timeout
     dist.init(env, plan.backend, plan.device, spec.dist.timeout_s)
     plan = device.plan_for_job(plan, spec, env)
     return run_training(spec, env, plan, run, stop, data)
 
 
+def _deterministic() -> None:
+    """debug.deterministic: the same weights from the same inputs on a GPU too (exact
+    resume checks, scripts/gpu-check). cuBLAS reads its workspace setting when the first
+    handle is made, so before any CUDA work; kernels without a deterministic version warn."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
+def load_data(spec: Spec) -> Any:
+    """The splits for ``data.loader``: uint8 tensors for the tensor pipeline (datasets held
+    in memory), else torchvision datasets."""
+    if spec.data.loader_kind == "tensor":
+        return pipeline.load_splits(spec.data, spec.train.seed)
+    return build_datasets(spec.data, spec.train.seed)
+
+
+def make_loaders(spec: Spec, env: DistEnv, plan: DevicePlan, data: Any) -> Any:
+    """This rank's loaders for ``data`` (from ``load_data``); both kinds have
+    ``train_loader``, ``val_loader`` and ``set_epoch(epoch, skip_batches)``."""
+    if isinstance(data, pipeline.TensorData):
+        return pipeline.build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size,
+                                      spec.train.seed, plan.device)
+    return build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size, spec.train.seed,
+                         plan.pin_memory, spec.resources.cpus_per_task)
+
+
 def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: StopSignal, data) -> str:
     """The epoch loop, from the run's latest checkpoint (or from scratch)."""
-    loaders = build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size,
-                            spec.train.seed, plan.pin_memory)
+    loaders = make_loaders(spec, env, plan, data)
     torch.manual_seed(spec.train.seed)  # identical initial weights on every rank
     model = build_model(spec.model.arch, data.num_classes, data.in_shape)
     trainer = build_trainer(spec, plan, model, len(loaders.train_loader), env.world_size)
@@ -50,7 +80,7 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
     n_valid = val_valid_count(len(data.val), env.rank, env.world_size)
     for epoch in range(start, spec.train.epochs + 1):
         _debug_fail(spec, env, epoch)
-        set_epoch(loaders, epoch, partial.batches)
+        loaders.set_epoch(epoch, partial.batches)
         progress = _progress_printer(epoch, spec.train.epochs) if dist.is_main() else _quiet
         state = train_epoch(trainer, loaders.train_loader, epoch, progress, stop.agreed, partial)
         partial = EpochState()
@@ -71,9 +101,11 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
 
 def _epoch_record(t: Trainer, loaders, n_valid: int, epoch: int, state: EpochState) -> dict:
     record = {"epoch": epoch, **epoch_metrics(state)}
-    record.update(evaluate(t.raw_model, loaders.val_loader, n_valid, t.plan, tta=t.spec.data.tta == "flip"))
+    fmt = t.memory_format
+    record.update(evaluate(t.raw_model, loaders.val_loader, n_valid, t.plan, tta=t.spec.data.tta == "flip",
+                           memory_format=fmt))
     if t.spec.train.ema_decay is not None:
-        ema = evaluate(t.ema.module, loaders.val_loader, n_valid, t.plan)
+        ema = evaluate(t.ema.module, loaders.val_loader, n_valid, t.plan, memory_format=fmt)
         record.update(val_acc_ema=ema["val_acc"], val_loss_ema=ema["val_loss"])
     return {**record, "step": t.step, **current_lrs(t.optimizer)}
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
+from dataclasses import fields
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "clusterjob"
@@ -60,3 +64,143 @@ def test_the_rule_checker_sees_each_way_to_reach_torch_distributed():
         tree = ast.parse(source)
         found = imported(tree) | attribute_chains(tree)
         assert any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in found), source
+
+
+# ----------------------------------------------------------------------------- login nodes: no torch
+
+# The login-node side: the CLI and everything it runs for validate, env, status, logs,
+# report, sbatch, cancel and submit (before a task starts).
+NO_TORCH = ("clusterjob", "clusterjob.cli", "clusterjob.spec", "clusterjob.specfile", "clusterjob.errors",
+            "clusterjob.env", "clusterjob.hostlist", "clusterjob.rundir", "clusterjob.procs", "clusterjob.metrics",
+            "clusterjob.results", "clusterjob.tables", "clusterjob.stats", "clusterjob.report",
+            "clusterjob.termtable", "clusterjob.cells", "clusterjob.htmlpage", "clusterjob.plots",
+            "clusterjob.submit", "clusterjob.control", "clusterjob.slurmctl", "clusterjob.snapshot",
+            "clusterjob.launch.local", "clusterjob.launch.slurm", "clusterjob.launch.sbatch",
+            "clusterjob.launch.resources", "clusterjob.api")
+
+
+def top_level_imports(tree: ast.Module) -> set[str]:
+    """Modules imported when the module loads (not the lazy imports inside functions)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def load_time_closure(name: str, trees: dict) -> set[str]:
+    """Every module that loading ``name`` loads, following clusterjob's own imports (and
+    the package __init__ of each)."""
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        parents = [".".join(current.split(".")[:i]) for i in range(1, current.count(".") + 1)]
+        for found in top_level_imports(trees[current]) if current in trees else ():
+            todo.append(found)
+        todo += [p for p in parents if p in trees]
+    return seen
+
+
+def test_the_login_node_side_does_not_load_torch_by_its_imports():
+    trees = modules()
+    offenders = {name: sorted(m for m in load_time_closure(name, trees) if m == "torch" or m.startswith("torch."))
+                 for name in NO_TORCH}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_login_node_side_does_not_load_torch_when_run():
+    code = f"import sys\nfor m in {NO_TORCH!r}:\n    __import__(m)\nprint(sorted(m for m in sys.modules if m == 'torch'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------- rank variables
+
+RANK_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}
+
+
+def environment_reads(tree: ast.Module) -> set[str]:
+    """Constant names read through os.environ[...], os.environ.get(...), os.getenv(...)."""
+    found = set()
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr in ("get", "getenv", "__getitem__", "pop")
+                    and (_is_environ(func.value) or (isinstance(func.value, ast.Name) and func.value.id == "os"))):
+                key = node.args[0].value
+        if isinstance(key, str):
+            found.add(key)
+    return found
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def test_only_env_reads_rank_variables():
+    offenders = {}
+    for name, tree in modules().items():
+        reads = {k for k in environment_reads(tree) if k in RANK_VARIABLES or k.startswith("SLURM_")}
+        if reads and name != "clusterjob.env":
+            offenders[name] = sorted(reads)
+    assert offenders == {}, "read rank variables through clusterjob.env"
+
+
+def test_the_environment_rule_sees_each_way_to_read():
+    for source in ("import os\nos.environ['RANK']", "import os\nos.environ.get('SLURM_PROCID')",
+                   "import os\nos.getenv('MASTER_PORT')"):
+        assert environment_reads(ast.parse(source)) & (RANK_VARIABLES | {"SLURM_PROCID"}), source
+
+
+# ----------------------------------------------------------------------------- who imports whom
+
+
+def test_nothing_imports_the_runner():
+    offenders = [name for name, tree in modules().items()
+                 if "clusterjob.run" in imported(tree) and name != "clusterjob.run"]
+    assert offenders == []
+
+
+def test_launch_does_not_reach_back_into_submit_control_or_report():
+    forbidden = {"clusterjob.submit", "clusterjob.control", "clusterjob.report", "clusterjob.run",
+                 "clusterjob.worker"}
+    offenders = {name: sorted(imported(tree) & forbidden) for name, tree in modules().items()
+                 if name.startswith("clusterjob.launch")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# ----------------------------------------------------------------------------- the design document
+
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+
+
+def test_the_design_documents_every_spec_key_with_its_default():
+    import yaml
+
+    from clusterjob.spec import EntrypointSpec, spec_from_dict, spec_to_dict
+
+    text = DESIGN.read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = yaml.safe_load(block)
+    expected = {**spec_to_dict(spec_from_dict({"name": documented["name"]})), "entrypoint": None, "params": {}}
+    assert documented == expected
+    for name in (f.name for f in fields(EntrypointSpec)):
+        assert f"#  {name}:" in block, name
+
+
+def test_every_pointer_to_the_design_names_a_section_that_exists():
+    headings = {line.lstrip("#").strip() for line in DESIGN.read_text().splitlines() if line.startswith("#")}
+    pointers = []
+    for path in PACKAGE.rglob("*.py"):
+        pointers += re.findall(r'docs/design\.md, "([^"]+)"', path.read_text())
+    assert pointers and set(pointers) <= headings

@@ -375,3 +375,38 @@ def test_val_valid_count_matches_enumeration(n, world):
         assert len(shard) == len(positions)
         kept += shard[:expected]
     assert sorted(kept) == list(range(n))  # each sample counted exactly once over the ranks
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+
+@pytest.mark.parametrize("cpus, expected", [(1, 0), (2, 1), (4, 3), (9, 8), (32, 8)])
+def test_num_workers_auto_leaves_one_cpu_to_training(cpus, expected):
+    from clusterjob.data import worker_count
+
+    assert worker_count("auto", cpus) == expected
+    assert worker_count(2, cpus) == 2  # an explicit count is kept
+    spec = DataSpec(dataset="synthetic", limit_train=16, limit_val=4, loader="torchvision")
+    assert spec.num_workers == "auto"
+    loaders = build_loaders(build_datasets(spec, 0), spec, 4, 0, 1, 0, pin_memory=False, cpus_per_task=cpus)
+    assert loaders.train_loader.num_workers == loaders.val_loader.num_workers == expected
+
+
+def test_more_workers_than_cpus_is_an_error_naming_both_keys():
+    from clusterjob.errors import SpecError
+    from clusterjob.spec import spec_from_dict
+
+    raw = {"name": "t", "data": {"dataset": "cifar10", "loader": "torchvision", "num_workers": 6},
+           "resources": {"cpus_per_task": 4}}
+    with pytest.raises(SpecError) as err:
+        spec_from_dict(raw)
+    assert str(err.value) == ("data.num_workers: 6 worker processes and the training process need 7 CPUs, but "
+                              "resources.cpus_per_task is 4; set data.num_workers: auto (or at most 3), or "
+                              "resources.cpus_per_task: 7")
+    assert spec_from_dict({**raw, "resources": {"cpus_per_task": 7}}).data.num_workers == 6
+    # the tensor pipeline (auto for cifar10) starts no workers: nothing oversubscribes
+    assert spec_from_dict({**raw, "data": {"dataset": "cifar10", "num_workers": 6}}).data.loader_kind == "tensor"
+    for bad, words in (("four", "'four' is not allowed; use auto or a whole number >= 0"),
+                       (-1, "-1 is not allowed; use auto or a whole number >= 0")):
+        with pytest.raises(SpecError, match=words):
+            spec_from_dict({"name": "t", "data": {"num_workers": bad}})

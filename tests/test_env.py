@@ -208,7 +208,7 @@ def test_slurm_ignores_a_leaked_master_addr():
 
 def test_master_port_is_stable_across_processes_and_versions():
     # A literal value: Python's salted hash() would change it from one process to the next.
-    assert master_port_for_job("4") == 26950
+    assert master_port_for_job("4") == 26214
     code = "from clusterjob.env import master_port_for_job as p; print(p('4'), p('9', '100', '3'))"
     outputs = {
         subprocess.run(
@@ -217,7 +217,7 @@ def test_master_port_is_stable_across_processes_and_versions():
         ).stdout
         for seed in ("1", "2")
     }
-    assert outputs == {f"26950 {master_port_for_job('9', '100', '3')}\n"}
+    assert outputs == {f"26214 {master_port_for_job('9', '100', '3')}\n"}
 
 
 def test_master_port_range():

@@ -106,8 +106,10 @@ def test_a_rank_killed_by_a_signal_is_named_as_the_cause(tmp_path):
 
 
 def test_a_second_ctrl_c_does_not_wait_for_the_checkpoint(tmp_path):
+    # No progress line in a long epoch: the first Ctrl-C could only be honoured at its end.
     spec = write_spec(tmp_path, "twice", resources={"tasks_per_node": 2, "cpus_per_task": 1},
-                      train={"epochs": 40, "batch_size": 8, "log_every": 10_000}, data={"limit_train": 1024})
+                      model={"arch": "convnet"}, train={"epochs": 40, "batch_size": 8, "log_every": 10_000},
+                      data={"limit_train": 8192})
     proc = submit(tmp_path, spec, "--wait")
     wait_for(lambda: any(only_run(tmp_path, "twice").glob("logs/rank1.proc.json"))
              if (tmp_path / "results" / "twice").exists() else False, what="the ranks")

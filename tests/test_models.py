@@ -74,3 +74,60 @@ def test_mlp_is_deterministic_no_bn_no_dropout():
 def test_unknown_arch_lists_allowed():
     with pytest.raises(ValueError, match="resnet18, convnet, mlp"):
         build_model("vgg16", 10, (3, 32, 32))
+
+
+# ----------------------------------------------------------------------------- channels_last
+
+
+def _plan(spec, cuda: bool):
+    from clusterjob.device import plan_device
+
+    return plan_device(spec, 0, 1, 1, cuda_count=1 if cuda else 0, capability=90 if cuda else None)
+
+
+@pytest.mark.parametrize("arch, setting, cuda, expected", [
+    ("resnet18", "auto", True, True), ("convnet", "auto", True, True), ("mlp", "auto", True, False),
+    ("resnet18", "auto", False, False), ("convnet", True, False, True), ("resnet18", False, True, False)])
+def test_channels_last_auto_is_for_conv_nets_on_cuda(arch, setting, cuda, expected):
+    from clusterjob.spec import spec_from_dict
+    from clusterjob.train import memory_format_for
+
+    spec = spec_from_dict({"name": "t", "model": {"arch": arch, "channels_last": setting}})
+    fmt = memory_format_for(spec, _plan(spec, cuda))
+    assert fmt == (torch.channels_last if expected else torch.contiguous_format)
+
+
+def test_channels_last_with_the_mlp_is_bad_input():
+    from clusterjob.errors import SpecError
+    from clusterjob.spec import spec_from_dict
+
+    with pytest.raises(SpecError) as err:
+        spec_from_dict({"name": "t", "model": {"arch": "mlp", "channels_last": True}})
+    assert str(err.value) == ("model.channels_last: true does nothing for the mlp (it has no convolutions); "
+                              "set channels_last: auto or false, or use arch: convnet or resnet18")
+    assert spec_from_dict({"name": "t", "model": {"arch": "mlp", "channels_last": False}}).model.channels_last is False
+
+
+def test_channels_last_converts_weights_and_inputs_and_trains_the_same():
+    from clusterjob import train
+    from clusterjob.spec import spec_from_dict
+
+    results = {}
+    for setting in (True, False):
+        spec = spec_from_dict({"name": "t", "model": {"arch": "convnet", "channels_last": setting},
+                               "train": {"amp": "off", "batch_size": 4, "log_every": 1}})
+        torch.manual_seed(0)
+        trainer = train.build_trainer(spec, _plan(spec, cuda=False), build_model("convnet", 10, (3, 32, 32)),
+                                      num_batches=2, world_size=1)
+        trainer.raw_model.dropout1.p = trainer.raw_model.dropout2.p = 0.0  # masks follow the memory layout
+        weight = trainer.raw_model.conv2.weight
+        assert weight.is_contiguous(memory_format=torch.channels_last) == setting
+        seen = []
+        trainer.raw_model.conv1.register_forward_pre_hook(lambda m, args: seen.append(args[0]) and None)
+        g = torch.Generator().manual_seed(1)
+        batches = [(torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(2)]
+        train.train_epoch(trainer, batches, 1, lambda *a: None, lambda: False)
+        assert all(x.is_contiguous(memory_format=torch.channels_last) == setting for x in seen) and len(seen) == 2
+        results[setting] = trainer.raw_model.state_dict()
+    for key in results[True]:
+        assert torch.allclose(results[True][key], results[False][key], atol=1e-5), key

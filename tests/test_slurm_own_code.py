@@ -41,6 +41,13 @@ def lines(run: Path) -> list:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def diagnosis(run: Path) -> str:
+    """run.json and the tails of the rank logs, for an assertion message."""
+    logs = "".join(f"\n--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                   for p in sorted((run / "logs").glob("rank*.*")) if p.suffix in (".out", ".err"))
+    return json.dumps(info(run), indent=1) + logs
+
+
 def squeue(cluster, job: str) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%T", "-j", job], capture_output=True, text=True,
                           env=cluster.env()).stdout.strip()
@@ -83,8 +90,9 @@ def test_usr2_preempts_the_api_example_requeues_its_task_only_and_loses_nothing(
     wait_for(lambda: (first / "metrics.jsonl").exists(), 180, "the first epoch")
     subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm_cluster.env())
     wait_for(lambda: info(first).get("status") == "preempted", 60, "the preempted record")
-    wait_for(lambda: info(first).get("status") == "completed", 300, "the requeued task to finish")
-    wait_for(lambda: info(second).get("status") == "completed", 300, "the other task to finish")
+    for run in (first, second):
+        wait_for(lambda: info(run).get("status") in ("completed", "failed", "cancelled"), 300, "the tasks to end")
+        assert info(run)["status"] == "completed", diagnosis(run)
     assert info(first)["requeues"] == 1 and info(second)["requeues"] == 0  # the task, not the array
     steps = [r["step"] for r in lines(first)]
     assert steps == sorted(set(steps)) and [r["epoch"] for r in lines(first)] == [1, 2, 3, 4]

@@ -1,4 +1,5 @@
-"""Local executor: ``tasks_per_node`` ranks of ``python -m clusterjob.run`` on this machine
+"""Local executor (docs/design.md, "Executors and scripts"; what its faults end in:
+"Failures"): ``tasks_per_node`` ranks of ``python -m clusterjob.run`` on this machine
 (gloo on CPU, one per GPU with CUDA), the same run folders as on Slurm, per-rank logs in
 ``<run>/logs/``.
 
