@@ -299,7 +299,6 @@ class Loaders:
     train_loader: DataLoader
     val_loader: DataLoader
     train_sampler: SeededShardSampler
-    val_sampler: DistributedSampler
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         set_epoch(self, epoch, skip_batches)
@@ -331,7 +330,7 @@ def build_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: in
     train_loader = DataLoader(SeededSamples(ds.train), sampler=train_sampler, drop_last=data.drop_last,
                               generator=generator, **common)
     val_loader = DataLoader(ds.val, sampler=val_sampler, drop_last=False, **common)
-    return Loaders(train_loader, val_loader, train_sampler, val_sampler)
+    return Loaders(train_loader, val_loader, train_sampler)
 
 
 def set_epoch(loaders: Loaders, epoch: int, skip_batches: int = 0) -> None:

@@ -28,8 +28,11 @@ def test_two_ranks_batch_b_equal_one_process_batch_2b(tmp_path):
     run_hand_set(spec1, tmp_path / "r1", world=1)
     a, b = final_state(tmp_path / "r2")["model"], final_state(tmp_path / "r1")["model"]
     assert max_abs_diff(a, b) <= 1e-5
-    assert max_abs_diff(a, final_state(tmp_path / "r2")["model"]) == 0
     # the runs did train: the weights moved away from the shared initialisation
+    from clusterjob.models import build_model
+
+    torch.manual_seed(0)  # train.seed: the initial weights of both runs
+    assert max_abs_diff(a, build_model("mlp", 10, (3, 32, 32)).state_dict()) > 1e-3
     assert epochs_of(tmp_path / "r2")[0]["step"] == 256 // 32
 
 
