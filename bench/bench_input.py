@@ -28,10 +28,8 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported: one core for every measurement
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
-import pickle  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -46,9 +44,11 @@ import yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the dataset files in their published formats
 
 from clusterjob import data as datamod, pipeline  # noqa: E402
 from clusterjob.models import build_model  # noqa: E402
+from datafiles import Py2Str, write_pickle  # noqa: E402
 from clusterjob.spec import DataSpec, spec_to_dict  # noqa: E402
 
 BATCH = 128
@@ -73,26 +73,6 @@ sys.exit(main(sys.argv[2:]))
 # ----------------------------------------------------------------------------- CIFAR-10 files
 
 
-class _Py2Str(bytes):
-    """Pickled as a Python 2 ``str``, as the published files have their keys."""
-
-
-class _Py2Pickler(pickle._Pickler):
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def _save_py2_str(self, obj):
-        self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + bytes(obj))
-        self.memoize(obj)
-
-    dispatch[_Py2Str] = _save_py2_str
-
-
-def _write_pickle(path: Path, mapping: dict) -> str:
-    with open(path, "wb") as f:
-        _Py2Pickler(f, protocol=2).dump({_Py2Str(k): v for k, v in mapping.items()})
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
 def write_cifar(root: Path, n_train: int, n_test: int) -> dict:
     """CIFAR-10 files of ``n_train`` + ``n_test`` images (rows of 1024 red, 1024 green, 1024
     blue bytes), in five training batches; returns the md5 sums as torchvision lists them."""
@@ -105,13 +85,13 @@ def write_cifar(root: Path, n_train: int, n_test: int) -> dict:
         n = max(0, min(per_file, n_train - b * per_file))
         rows = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
                 b"labels": rng.integers(0, 10, n).tolist(), b"batch_label": b"training batch %d of 5" % (b + 1)}
-        sums["train"].append([f"data_batch_{b + 1}", _write_pickle(folder / f"data_batch_{b + 1}", rows)])
+        sums["train"].append([f"data_batch_{b + 1}", write_pickle(folder / f"data_batch_{b + 1}", rows)])
     test = {b"data": rng.integers(0, 256, (n_test, 3072), dtype=np.uint8),
             b"labels": rng.integers(0, 10, n_test).tolist()}
-    sums["test"].append(["test_batch", _write_pickle(folder / "test_batch", test)])
-    names = [_Py2Str(n) for n in (b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse",
+    sums["test"].append(["test_batch", write_pickle(folder / "test_batch", test)])
+    names = [Py2Str(n) for n in (b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse",
                                   b"ship", b"truck")]
-    sums["meta"] = _write_pickle(folder / "batches.meta", {b"label_names": names, b"num_cases_per_batch": per_file,
+    sums["meta"] = write_pickle(folder / "batches.meta", {b"label_names": names, b"num_cases_per_batch": per_file,
                                                            b"num_vis": 3072})
     return sums
 

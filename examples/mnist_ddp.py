@@ -39,7 +39,7 @@ class Net(nn.Module):
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
-def parse_args():
+def parser():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.01)
@@ -47,7 +47,7 @@ def parse_args():
     p.add_argument("--data", default="./data")
     p.add_argument("--limit", type=int, default=None, help="use only the first N samples of each split")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    return p
 
 
 def mnist(root, train, limit):
@@ -67,9 +67,9 @@ def evaluate(model, loader, device):
     return (totals[0] / totals[1]).item()
 
 
-def main():
-    args = parse_args()
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+def setup(args):
+    """The process group, the data, the model: what every DDP script starts with."""
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     use_cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -80,27 +80,38 @@ def main():
     dist.barrier()
     train, test = mnist(args.data, True, args.limit), mnist(args.data, False, args.limit)
     sampler = DistributedSampler(train, seed=args.seed)
-    train_loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
-    test_loader = DataLoader(test, batch_size=256, sampler=DistributedSampler(test, shuffle=False))
-
     torch.manual_seed(args.seed)
     model = DDP(Net().to(device), device_ids=[local_rank] if use_cuda else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     amp = torch.float16 if use_cuda else torch.bfloat16
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    return argparse.Namespace(
+        rank=rank, device=device, sampler=sampler, amp=amp, model=model,
+        train_loader=DataLoader(train, batch_size=args.batch_size, sampler=sampler),
+        test_loader=DataLoader(test, batch_size=256, sampler=DistributedSampler(test, shuffle=False)),
+        optimizer=torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+        scaler=torch.amp.GradScaler(device.type, enabled=amp == torch.float16))
+
+
+def train_step(run, x, y):
+    x, y = x.to(run.device), y.to(run.device)
+    with torch.autocast(run.device.type, dtype=run.amp):
+        loss = F.cross_entropy(run.model(x), y)
+    run.optimizer.zero_grad()
+    run.scaler.scale(loss).backward()
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    return loss
+
+
+def main():
+    args = parser().parse_args()
+    run = setup(args)
     for epoch in range(1, args.epochs + 1):
-        model.train()
-        sampler.set_epoch(epoch)
-        for x, y in train_loader:
-            x, y = x.to(device), y.to(device)
-            with torch.autocast(device.type, dtype=amp):
-                loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        accuracy = evaluate(model, test_loader, device)
-        if rank == 0:
+        run.model.train()
+        run.sampler.set_epoch(epoch)
+        for x, y in run.train_loader:
+            loss = train_step(run, x, y)
+        accuracy = evaluate(run.model, run.test_loader, run.device)
+        if run.rank == 0:
             print(f"epoch {epoch}: loss {loss.item():.4f}, Accuracy is {100 * accuracy:.2f}%", flush=True)
     dist.destroy_process_group()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import struct
 from pathlib import Path
 
@@ -27,3 +29,26 @@ def write_mnist(root: Path, n_train: int = 1024, n_test: int = 256, seed: int = 
         write_idx(raw / f"{split}-images-idx3-ubyte", 2051, images)
         write_idx(raw / f"{split}-labels-idx1-ubyte", 2049, labels)
     return Path(root)
+
+
+class Py2Str(bytes):
+    """Pickled as a Python 2 ``str``, as in the published CIFAR-10 files: it loads as
+    b"data" with encoding="bytes" and as "data" with torchvision's encoding="latin1"."""
+
+
+class _Py2Pickler(pickle._Pickler):
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_py2_str(self, obj):
+        self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + bytes(obj))
+        self.memoize(obj)
+
+    dispatch[Py2Str] = _save_py2_str
+
+
+def write_pickle(path: Path, mapping: dict) -> str:
+    """A CIFAR-10 batch file as published (a protocol-2 pickle with Python 2 str keys);
+    its md5, which torchvision checks."""
+    with open(path, "wb") as f:
+        _Py2Pickler(f, protocol=2).dump({Py2Str(k): v for k, v in mapping.items()})
+    return hashlib.md5(path.read_bytes()).hexdigest()

@@ -22,10 +22,11 @@ def modules() -> dict[str, ast.Module]:
     return found
 
 
-def imported(tree: ast.Module) -> set[str]:
-    """Every module name an import statement of ``tree`` names (anywhere, lazy ones too)."""
+def imported(tree: ast.Module, nodes=None) -> set[str]:
+    """Every module name an import statement of ``tree`` names (anywhere, lazy ones too),
+    or of ``nodes`` only."""
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if nodes is None else nodes:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -81,14 +82,7 @@ NO_TORCH = ("clusterjob", "clusterjob.cli", "clusterjob.spec", "clusterjob.specf
 
 def top_level_imports(tree: ast.Module) -> set[str]:
     """Modules imported when the module loads (not the lazy imports inside functions)."""
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return imported(tree, tree.body)
 
 
 def load_time_closure(name: str, trees: dict) -> set[str]:

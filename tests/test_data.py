@@ -1,6 +1,5 @@
 """Datasets and sharded loaders: real on-disk formats, synthetic data, sampling, padding."""
 
-import hashlib
 import math
 import pickle
 import struct
@@ -18,29 +17,9 @@ from clusterjob.data import (STATS, Datasets, SyntheticImages, build_datasets, b
 from clusterjob.errors import BadInput
 from clusterjob.models import build_model
 from clusterjob.spec import DataSpec
+from datafiles import Py2Str, write_pickle
 
 # ----------------------------------------------------------------------------- CIFAR-10 files
-
-
-class _Py2Str(bytes):
-    """Pickled as a Python 2 ``str``, as in the published CIFAR-10 files: it loads as
-    b"data" with encoding="bytes" and as "data" with torchvision's encoding="latin1"."""
-
-
-class _Py2Pickler(pickle._Pickler):
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def _save_py2_str(self, obj):
-        self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + bytes(obj))
-        self.memoize(obj)
-
-    dispatch[_Py2Str] = _save_py2_str
-
-
-def _write_pickle(path, mapping):
-    with open(path, "wb") as f:
-        _Py2Pickler(f, protocol=2).dump({_Py2Str(k): v for k, v in mapping.items()})
-    return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 CIFAR_TRAIN_ROWS = 4  # per data_batch_N; 5 files
@@ -60,15 +39,15 @@ def cifar_root(tmp_path, monkeypatch):
     train_list, rows, labels = [], [], []
     for b in range(1, 6):
         data, lab = _cifar_rows(CIFAR_TRAIN_ROWS, b), [(b * 3 + i) % 10 for i in range(CIFAR_TRAIN_ROWS)]
-        md5 = _write_pickle(folder / f"data_batch_{b}", {b"data": data, b"labels": lab,
+        md5 = write_pickle(folder / f"data_batch_{b}", {b"data": data, b"labels": lab,
                                                           b"batch_label": b"training batch %d of 5" % b})
         train_list.append([f"data_batch_{b}", md5])
         rows.append(data)
         labels += lab
     test_data, test_labels = _cifar_rows(CIFAR_TEST_ROWS, 100), [9 - i for i in range(CIFAR_TEST_ROWS)]
-    test_md5 = _write_pickle(folder / "test_batch", {b"data": test_data, b"labels": test_labels})
+    test_md5 = write_pickle(folder / "test_batch", {b"data": test_data, b"labels": test_labels})
     names = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
-    meta_md5 = _write_pickle(folder / "batches.meta", {b"label_names": [_Py2Str(n) for n in names],
+    meta_md5 = write_pickle(folder / "batches.meta", {b"label_names": [Py2Str(n) for n in names],
                                                         b"num_cases_per_batch": CIFAR_TRAIN_ROWS, b"num_vis": 3072})
     cls = torchvision.datasets.CIFAR10
     monkeypatch.setattr(cls, "train_list", train_list)

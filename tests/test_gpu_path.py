@@ -63,31 +63,33 @@ def _batches(n: int = 16):
     return [(torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(n)]
 
 
+def count_step_syncs(monkeypatch, trainer, loader) -> tuple:
+    """(epoch state, progress lines, host syncs seen) of one train_epoch, counting only
+    between progress lines: the syncs of a progress line and of the epoch's start and end
+    are allowed."""
+    counter, lines = SyncCounter(), []
+    monkeypatch.setattr(train, "progress_line", _pausing(counter, train.progress_line))
+    for name in ("state", "take_window", "__init__"):
+        monkeypatch.setattr(train.Meter, name, _pausing(counter, getattr(train.Meter, name)))
+    with counter:
+        state = train.train_epoch(trainer, loader, 1, lambda *a: lines.append(a), _pausing(counter, lambda: False))
+    return state, lines, counter.seen
+
+
 @pytest.mark.parametrize("amp", ["fp16", "bf16", "off"])
 def test_no_host_sync_in_the_step_between_progress_lines(monkeypatch, amp):
-    trainer, batches, lines = _trainer(amp), _batches(), []
-    counter = SyncCounter()
-    monkeypatch.setattr(train, "progress_line", _pausing(counter, train.progress_line))
-    monkeypatch.setattr(train.Meter, "state", _pausing(counter, train.Meter.state))
-    monkeypatch.setattr(train.Meter, "take_window", _pausing(counter, train.Meter.take_window))
-    monkeypatch.setattr(train.Meter, "__init__", _pausing(counter, train.Meter.__init__))  # the epoch's start
-    with counter:
-        state = train.train_epoch(trainer, batches, 1, lambda *a: lines.append(a), _pausing(counter, lambda: False))
+    trainer = _trainer(amp)
+    state, lines, seen = count_step_syncs(monkeypatch, trainer, _batches())
     assert state.finished and trainer.step == 8 and len(lines) == 2  # progress lines after steps 3 and 6
-    assert counter.seen == []
+    assert seen == []
     assert trainer.ema.updates == 8
 
 
 def test_the_sync_counter_sees_an_item_per_step_of_a_non_fused_fp16_optimizer(monkeypatch):
     trainer = _trainer("fp16", ema=False)
     trainer.optimizer = torch.optim.SGD(trainer.raw_model.parameters(), lr=0.1)  # not fused
-    counter = SyncCounter()
-    monkeypatch.setattr(train, "progress_line", _pausing(counter, train.progress_line))
-    monkeypatch.setattr(train.Meter, "state", _pausing(counter, train.Meter.state))
-    monkeypatch.setattr(train.Meter, "take_window", _pausing(counter, train.Meter.take_window))
-    with counter:
-        train.train_epoch(trainer, _batches(), 1, lambda *a: None, lambda: False)
-    assert counter.seen.count("aten._local_scalar_dense.default") >= 8  # GradScaler's found_inf.item()
+    _, _, seen = count_step_syncs(monkeypatch, trainer, _batches())
+    assert seen.count("aten._local_scalar_dense.default") >= 8  # GradScaler's found_inf.item()
 
 
 def test_a_diverged_loss_fails_with_the_epoch_steps_and_a_hint():

@@ -10,13 +10,13 @@ import torch.nn.functional as F
 import torchvision
 from torch.utils.data import Dataset, DistributedSampler
 
-from clusterjob import spec as specmod, train
+from clusterjob import spec as specmod
 from clusterjob.data import STATS, Datasets, build_datasets, build_loaders as torchvision_loaders, set_epoch
 from clusterjob.errors import SpecError
 from clusterjob.pipeline import ImageSplit, TensorData, build_loaders, crop_flip, load_splits
 from clusterjob.spec import DataSpec, spec_from_dict
 from test_data import cifar_root, mnist_root  # noqa: F401  (fixtures: files in the published formats)
-from test_gpu_path import SyncCounter, _pausing, _trainer
+from test_gpu_path import SyncCounter, _trainer, count_step_syncs
 
 # ----------------------------------------------------------------------------- sample order
 
@@ -259,20 +259,13 @@ def test_loader_auto_is_tensor_for_datasets_held_in_memory(monkeypatch):
 
 @pytest.mark.parametrize("amp", ["fp16", "bf16", "off"])
 def test_no_host_sync_in_the_step_with_the_tensor_pipeline(monkeypatch, amp):
-    trainer, lines = _trainer(amp), []
+    trainer = _trainer(amp)
     loaders = _synthetic_loaders(rank=0, world=1, limit=128, batch_size=8)  # 16 batches, augmented
     loaders.set_epoch(1)
-    counter = SyncCounter()
-    monkeypatch.setattr(train, "progress_line", _pausing(counter, train.progress_line))
-    monkeypatch.setattr(train.Meter, "state", _pausing(counter, train.Meter.state))
-    monkeypatch.setattr(train.Meter, "take_window", _pausing(counter, train.Meter.take_window))
-    monkeypatch.setattr(train.Meter, "__init__", _pausing(counter, train.Meter.__init__))  # the epoch's start
-    with counter:
-        state = train.train_epoch(trainer, loaders.train_loader, 1, lambda *a: lines.append(a),
-                                  _pausing(counter, lambda: False))
+    state, lines, seen = count_step_syncs(monkeypatch, trainer, loaders.train_loader)
     assert state.finished and trainer.step == 8 and len(lines) == 2  # progress lines after steps 3 and 6
     assert state.totals[3] == 128
-    assert counter.seen == []
+    assert seen == []
     assert trainer.ema.updates == 8
 
 
