@@ -86,6 +86,22 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="override a spec key, value parsed as YAML (repeatable), e.g. --set train.lr=0.2")
 
 
+def _add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
+    p.add_argument("dir", help="results/<name>, results/, or one run folder")
+    p.add_argument("--group-by", nargs="+", metavar="KEY",
+                   help="group keys (default: swept keys but the seeds, train.seed and params.seed)")
+    # --format and --mode are checked by the report itself: one error line, like every bad input
+    p.add_argument("--format", metavar="md|csv|html|json", help="default md (or from --out's suffix)")
+    p.add_argument("--metric", metavar="NAME", help="primary metric (default: val_acc if logged, else the first "
+                                                    "metric the runs logged)")
+    p.add_argument("--mode", metavar="max|min", help="which way is better (default: min for names with loss or "
+                                                     "err, else max)")
+    p.add_argument("--out", help="write to this file instead of the terminal")
+    p.add_argument("--runs", action="store_true", help="one row per run instead of per group")
+    p.set_defaults(func=cmd_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clusterjob", description="DDP + AMP training on Slurm from a YAML spec.")
     parser.add_argument("--version", action="version", version=f"clusterjob {__version__}")
@@ -133,19 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only the master port of this Slurm job (MASTER_PORT if set)")
     p.set_defaults(func=cmd_env)
 
-    p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
-    p.add_argument("dir", help="results/<name>, results/, or one run folder")
-    p.add_argument("--group-by", nargs="+", metavar="KEY",
-                   help="group keys (default: swept keys but the seeds, train.seed and params.seed)")
-    # --format and --mode are checked by the report itself: one error line, like every bad input
-    p.add_argument("--format", metavar="md|csv|html|json", help="default md (or from --out's suffix)")
-    p.add_argument("--metric", metavar="NAME", help="primary metric (default: val_acc if logged, else the first "
-                                                    "metric the runs logged)")
-    p.add_argument("--mode", metavar="max|min", help="which way is better (default: min for names with loss or "
-                                                     "err, else max)")
-    p.add_argument("--out", help="write to this file instead of the terminal")
-    p.add_argument("--runs", action="store_true", help="one row per run instead of per group")
-    p.set_defaults(func=cmd_report)
+    _add_report_parser(sub)
     return parser
 
 

@@ -31,6 +31,9 @@ from clusterjob.rundir import RunDir, now_iso
 from clusterjob.spec import Spec, entrypoint_args
 
 
+MAX_MATCHED_LINE = 4096  # characters of an output line the metric regexes look at
+
+
 class ScriptExit(RuntimeError):
     """The user's code called sys.exit with a non-zero status."""
 
@@ -177,6 +180,7 @@ class _Tee:
         self._match(pending.decode(errors="replace"))
 
     def _match(self, line: str) -> None:
+        line = line[:MAX_MATCHED_LINE]  # a regex that backtracks badly must not stall the output
         for name, pattern in self.patterns.items():
             for found in pattern.finditer(line):
                 try:

@@ -264,6 +264,8 @@ def _check_metric_regex(name: Any, regex: Any) -> None:
         raise SpecError(f"metrics.{key_text(name)}", "a metric name is letters, digits, '_' and '.', "
                                                      "starting with a letter, e.g. val_acc")
     where = f"metrics.{name}"
+    if name == "step":
+        raise SpecError(where, "step is the line's position (the k-th match is step k); name the metric otherwise")
     if not isinstance(regex, str):
         raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
     _check_text(where, regex)
