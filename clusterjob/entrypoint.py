@@ -14,6 +14,7 @@ torchrun). The rendezvous store of the runner is multi-tenant, so the code's own
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -22,7 +23,7 @@ import runpy
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from clusterjob import api, dist, metrics, runrecord, slurmctl
 from clusterjob import env as envmod
@@ -36,6 +37,11 @@ MAX_MATCHED_LINE = 4096  # characters of an output line the metric regexes look 
 
 class ScriptExit(RuntimeError):
     """The user's code called sys.exit with a non-zero status."""
+
+
+def prepare(spec: Spec, env: envmod.DistEnv) -> Callable[[RunDir, StopSignal], str]:
+    """Nothing to decide before the rendezvous: the code makes its own choices."""
+    return functools.partial(run, spec, env)
 
 
 def run(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:

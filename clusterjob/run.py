@@ -65,12 +65,13 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     from clusterjob import dist, runrecord
     from clusterjob.preempt import StopSignal
 
+    target = _target(spec).prepare(spec, env)  # this rank's bad input, before any rendezvous
     stop = StopSignal().install()
     dist.rendezvous(env, spec.dist.init_method, spec.dist.timeout_s)
     run = RunDir(Path(dist.from_rank0("run-dir", lambda: str(_choose_run(args, spec, params).path))))
     _register(run, env, stop)
     try:
-        outcome = _target(spec)(spec, env, run, stop)
+        outcome = target(run, stop)
     except BaseException as exc:
         runrecord.on_failure(run, env.rank, exc)
         dist.abort()
@@ -95,14 +96,14 @@ def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
 
 
 def _target(spec: Spec):
-    """The built-in trainer, or the user's own code."""
+    """The module that runs the task: the built-in trainer, or the user's own code."""
     if spec.entrypoint is not None:
         from clusterjob import entrypoint
 
-        return entrypoint.run
+        return entrypoint
     from clusterjob import worker
 
-    return worker.train
+    return worker
 
 
 def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, dict]:

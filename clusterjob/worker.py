@@ -8,8 +8,9 @@ latest checkpoint, mid-epoch included, with the weights an uninterrupted run wou
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -25,14 +26,20 @@ from clusterjob.spec import Spec
 from clusterjob.train import EpochState, Trainer, build_trainer, check_compile, epoch_metrics, evaluate, train_epoch
 
 
-def train(spec: Spec, env: DistEnv, run: RunDir, stop: StopSignal) -> str:
-    """Train ``run`` to its last epoch ("completed"), or until a stop signal: then every
-    rank checkpoints where it is and the run is recorded stopped ("stopped").
-    All ranks must call this (after ``dist.rendezvous``)."""
-    check_compile(spec)  # bad input: before any download
+def prepare(spec: Spec, env: DistEnv) -> Callable[[RunDir, StopSignal], str]:
+    """Everything that can be bad input on this rank, decided before any rendezvous (a
+    LOCAL_RANK beyond the visible GPUs, torch.compile missing); then the trainer to run.
+    ``train(run, stop)`` trains ``run`` to its last epoch ("completed"), or until a stop
+    signal: every rank checkpoints where it is and the run is recorded stopped
+    ("stopped"). All ranks must call it (after ``dist.rendezvous``)."""
+    check_compile(spec)
     if spec.debug.deterministic:
         _deterministic()
     plan = device.detect_plan(spec, env)
+    return functools.partial(train, spec, env, plan)
+
+
+def train(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: StopSignal) -> str:
     with dist.rank0_first(env) if downloads(spec.data) else contextlib.nullcontext():
         data = load_data(spec)  # before the process group: no timeout
     dist.init(env, plan.backend, plan.device, spec.dist.timeout_s)

@@ -4,6 +4,7 @@ device, checkpoints that resume across AMP modes and GPU counts, abort on errors
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 import json
 import os
 import sys
@@ -210,7 +211,7 @@ def _run_failing(monkeypatch, tmp_path, target):
     monkeypatch.setattr(dist, "initialized", lambda: True)
     monkeypatch.setattr(dist.tdist, "destroy_process_group", lambda *a: calls.append("destroy"))
     monkeypatch.setattr("torch.distributed.distributed_c10d._abort_process_group", lambda *a: calls.append("abort"))
-    monkeypatch.setattr(runner, "_target", lambda spec: target)
+    monkeypatch.setattr(runner, "_target", lambda spec: SimpleNamespace(prepare=lambda spec, env: target))
     monkeypatch.setattr(sys, "argv", ["clusterjob.run", str(spec)])
     return runner, spec, calls
 
@@ -272,3 +273,20 @@ def test_stop_agreement_gather_and_eval_under_two_ranks(tmp_path):
     assert results[0]["gathered"] == results[1]["gathered"] and [g[0] for g in results[0]["gathered"]] == [0, 1]
     assert results[0]["val_acc"] == results[1]["val_acc"] and 0 < results[0]["val_acc"] < 1
     assert [r["min"] for r in results] == [80, 80]
+
+
+def test_a_rank_with_no_gpu_for_it_exits_2_before_the_rendezvous(tmp_path):
+    """One rank of two is started: an error decided after the rendezvous would wait for the
+    other rank until dist.timeout_s."""
+    import subprocess
+
+    from trainutil import base_env, free_port, write_spec
+
+    spec = write_spec(tmp_path, "nogpu", dist={"backend": "nccl", "timeout_s": 300},
+                      resources={"gpus_per_node": 1, "cpus_per_task": 1})
+    env = {**base_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, "-m", "clusterjob.run", str(spec)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "nccl needs a CUDA device" in done.stderr
+    assert not (tmp_path / "results").exists()
