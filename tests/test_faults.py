@@ -156,3 +156,32 @@ def test_rank_zero_stops_when_run_json_says_cancelled(tmp_path):
     assert proc.wait(timeout=120) == 0, log.read_text()
     assert "stopped (cancelled)" in log.read_text()
     assert info(run)["status"] == "cancelled" and any((run / "checkpoints").glob("epoch-*.pt"))
+
+
+def _hand_run(tmp_path: Path, spec: Path, run: Path) -> subprocess.CompletedProcess:
+    env = {**base_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return subprocess.run([sys.executable, "-m", "clusterjob.run", str(spec), "--run-dir", str(run)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_run_whose_every_checkpoint_is_corrupt_logs_each_epoch_once(tmp_path):
+    spec = write_spec(tmp_path, "corrupt", train={"epochs": 2})
+    run = tmp_path / "corrupt-run"
+    assert _hand_run(tmp_path, spec, run).returncode == 0
+    for ckpt in (run / "checkpoints").glob("*.pt"):
+        ckpt.write_bytes(ckpt.read_bytes()[:100])  # cut short, as by a full disk
+    again = _hand_run(tmp_path, spec, run)
+    assert again.returncode == 0 and "does not load" in again.stderr
+    epochs = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2] and info(run)["status"] == "completed"
+
+
+def test_a_diverged_loss_fails_the_run_with_the_epoch_and_a_hint(tmp_path):
+    spec = write_spec(tmp_path, "diverge", train={"lr": 1e30, "log_every": 2, "epochs": 3})
+    run = tmp_path / "diverge-run"
+    done = _hand_run(tmp_path, spec, run)
+    assert done.returncode == 1
+    error = info(run)["error"]
+    assert info(run)["status"] == "failed" and error["rank"] == 0
+    assert error["message"].startswith("DivergedError: the loss is not finite (nan or inf) in any step of epoch 1")
+    assert "lower train.lr (now 1e+30)" in error["message"]
