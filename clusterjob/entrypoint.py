@@ -25,10 +25,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from clusterjob import api, dist, metrics, runrecord, slurmctl
+from clusterjob import api, dist, metrics, runrecord
 from clusterjob import env as envmod
 from clusterjob.preempt import StopSignal
-from clusterjob.rundir import RunDir, now_iso
+from clusterjob.rundir import RunDir, now_iso, read_checked
 from clusterjob.spec import Spec, entrypoint_args
 
 
@@ -41,18 +41,18 @@ class ScriptExit(RuntimeError):
 
 def prepare(spec: Spec, env: envmod.DistEnv) -> Callable[[RunDir, StopSignal], str]:
     """Nothing to decide before the rendezvous: the code makes its own choices."""
-    return functools.partial(run, spec, env)
+    return functools.partial(run_code, spec, env)
 
 
-def run(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:
+def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:
     """Run the entrypoint on this rank: "completed", or "stopped" after
     ``clusterjob.requeue()``. All ranks must call this."""
-    ep, info = spec.entrypoint, run.read_info()
+    ep, (info, _) = spec.entrypoint, read_checked(run)
     args = list(entrypoint_args(spec)) + ([f"--local_rank={env.local_rank}"] if ep.local_rank_arg else [])
     _export(env, run, spec, info)
     if env.rank == 0:
         runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)})
-        stop.on_term = lambda: _record_term(run)  # a script may be killed before it returns
+        stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
     api._start(_session(spec, env, run, stop, writer))
     try:
@@ -70,14 +70,10 @@ def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: dict) -> None:
     envmod.export(env)
     os.environ.update({"CLUSTERJOB_RUN_DIR": str(run.path.resolve()), "CLUSTERJOB_RUN_ID": run.run_id,
                        api.PARAMS_VAR: json.dumps(spec.params),
-                       "CLUSTERJOB_RESTARTS": str(_count(info.get("requeues")) + _count(info.get("restarts")))})
+                       "CLUSTERJOB_RESTARTS": str((info["requeues"] or 0) + (info["restarts"] or 0))})
     submit_dir = info.get("submit_dir")
     if isinstance(submit_dir, str) and Path(submit_dir).is_dir():
         os.chdir(submit_dir)  # relative data paths of the script keep working
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _describe(spec: Spec, args: list[str]) -> dict:
@@ -139,13 +135,11 @@ def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal) ->
     return "stopped"
 
 
-def _record_term(run: RunDir) -> None:
+def _record_term(run: RunDir, spec: Spec) -> None:
     """SIGTERM on rank 0: Slurm ends the job (time limit, preemption, scancel) and kills
     it after KillWait; say so now, in case the code does not get to return."""
-    job = envmod.slurm_job()
-    left = slurmctl.time_left_s(job.run_key) if job else None
-    status = "timeout" if left is not None and left <= runrecord.TIMEOUT_MARGIN_S else "preempted"
-    run.update(status=status, stopped_at=now_iso())
+    outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)
+    run.update(status=outcome.status, stopped_at=now_iso())
 
 
 class _Tee:

@@ -15,7 +15,7 @@ from typing import Optional
 
 from clusterjob import __version__, metrics, slurmctl
 from clusterjob import env as envmod
-from clusterjob.rundir import RunDir, mark_failed, now_iso, record_error
+from clusterjob.rundir import RunDir, mark_failed, now_iso, read_checked, record_error
 
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
 
@@ -54,13 +54,19 @@ def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, second
     return StopOutcome(status, requeue=True)
 
 
+def outcome_now(signal: Optional[str], requeues: int, max_requeues: int) -> StopOutcome:
+    """``stop_outcome`` with this job's facts: inside Slurm or not, the time left."""
+    job = envmod.slurm_job()
+    left = slurmctl.time_left_s(job.run_key) if job is not None and signal not in (None, "cancel") else None
+    return stop_outcome(signal, requeues, max_requeues, left, in_slurm=job is not None)
+
+
 def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOutcome:
     """Rank 0, once every rank checkpointed: record why the run stopped, and requeue its
     Slurm job (the array task only) when the outcome says so."""
     job = envmod.slurm_job()
-    requeues = _count(run.read_info().get("requeues"))
-    left = slurmctl.time_left_s(job.run_key) if job is not None and signal not in (None, "cancel") else None
-    outcome = stop_outcome(signal, requeues, max_requeues, left, in_slurm=job is not None)
+    requeues = read_checked(run)[0]["requeues"] or 0
+    outcome = outcome_now(signal, requeues, max_requeues)
     if outcome.error:
         run.update(status="failed", finished_at=now_iso(), error={"rank": None, "message": outcome.error,
                                                                   "traceback": ""})
@@ -76,16 +82,12 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
     return outcome
 
 
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
     """Rank 0 at the start of every session of the run (first start, resume, requeue).
     ``facts`` adds what the task knows of itself (backend, amp, device, entrypoint...)."""
-    info = run.read_info()
+    info, _ = read_checked(run)
     job = envmod.slurm_job()
-    requeues = max(_count(info.get("requeues")), job.restart_count if job else 0)  # scontrol requeue too
+    requeues = max(info["requeues"] or 0, job.restart_count if job else 0)  # scontrol requeue too
     cancelled_job = info.get("status") == "cancelled" and job and info.get("slurm_job_id") == job.run_key
     run.update(reopen=not cancelled_job, status="running", requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,

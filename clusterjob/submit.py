@@ -13,10 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
-
 from clusterjob.errors import BadInput
-from clusterjob.rundir import FINAL_STATUSES, RunDir, make_runs
+from clusterjob.rundir import FINAL_STATUSES, RunDir, make_runs, read_checked
 from clusterjob.spec import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
 
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # Slurm polls back off from the first to the longest wait
@@ -227,17 +225,13 @@ def resume(run_text: str, wait: bool = False) -> int:
                        f"resume continues a run that stopped: `clusterjob cancel {run.path}` first")
     spec = load_spec(run.spec_file)
     check_paths(spec)
-    info = run.read_info()
-    executor = "slurm" if info.get("executor") == "slurm" else "local"
+    info, _ = read_checked(run)
+    executor = "slurm" if info["executor"] == "slurm" else "local"
     if executor == "slurm":
         choose_executor("slurm")
     else:
         check_local(spec)
-    run.update(reopen=True, status="pending", restarts=_count(info.get("restarts")) + 1, finished_at=None,
-               error=None, slurm_job_id=None if executor == "slurm" else info.get("slurm_job_id"))
+    run.update(reopen=True, status="pending", restarts=(info["restarts"] or 0) + 1, finished_at=None,
+               error=None, slurm_job_id=None if executor == "slurm" else info["slurm_job_id"])
     print(f"resuming {run.path} ({executor}) from its last checkpoint")
     return _start(spec, [run], executor, wait)
-
-
-def _count(value: Optional[object]) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
