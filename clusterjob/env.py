@@ -479,7 +479,7 @@ def job_port(environ: Optional[Mapping[str, str]] = None) -> int:
     job = slurm_job(environ)
     if job is None:
         raise EnvError("neither MASTER_PORT nor SLURM_JOB_ID is set, so no port can be derived. "
-                       f"Hint: run this inside a Slurm job, or set MASTER_PORT")
+                       "Hint: run this inside a Slurm job, or set MASTER_PORT")
     return master_port_for_job(job.job_id, job.array_job_id, job.array_task_id)
 
 
