@@ -48,11 +48,23 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (umask can only be read by setting it). mkstemp makes its files
+# private (0600); results folders are shared, so the final file gets the usual mode.
+_FILE_MODE = 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
     """A file that readers see whole or not at all: temp file beside it, fsync, rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

@@ -4,6 +4,7 @@ The helpers ``write_run`` and ``sweep`` build run folders exactly as the worker
 writes them; tests/test_report.py uses them too.
 """
 
+import os
 import json
 import warnings
 from pathlib import Path
@@ -363,3 +364,14 @@ def test_runs_are_found_by_one_rule(tmp_path):
     assert [r.run_id for r in find_runs(tmp_path / "exp")] == ["r9", "r10", "r11"]
     with pytest.warns(ResultsWarning, match="r11: run.json is missing"):
         assert load_runs(tmp_path / "exp")["run_id"].tolist() == ["r9", "r10", "r11"]
+
+
+def test_atomic_files_get_the_usual_mode_not_the_temp_files_private_one(tmp_path):
+    from clusterjob.rundir import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "run.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run.json").stat().st_mode & 0o777 == 0o666 & ~0o022  # others on a shared folder read it
