@@ -198,3 +198,37 @@ def test_every_pointer_to_the_design_names_a_section_that_exists():
     for path in PACKAGE.rglob("*.py"):
         pointers += re.findall(r'docs/design\.md, "([^"]+)"', path.read_text())
     assert pointers and set(pointers) <= headings
+
+
+def _runtime_imports(tree: ast.Module) -> set[str]:
+    """Every import of ``tree``, lazy ones too, but not those for type checkers only."""
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for n in ast.walk(node)}
+    return imported(tree, [n for n in ast.walk(tree) if id(n) not in skipped])
+
+
+def test_no_import_cycle_between_the_modules():
+    trees = modules()
+    graph = {}
+    for name, tree in trees.items():
+        deps = set()
+        for found in _runtime_imports(tree):
+            while found and found not in trees:
+                found = found.rpartition(".")[0]
+            if found and found not in (name, "clusterjob"):
+                deps.add(found)
+        graph[name] = deps
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            current = todo.pop()
+            if current == goal:
+                return True
+            if current not in seen:
+                seen.add(current)
+                todo += graph.get(current, ())
+        return False
+
+    cycles = sorted(name for name in graph if reaches(name, name))
+    assert cycles == []

@@ -290,3 +290,27 @@ def test_a_rank_with_no_gpu_for_it_exits_2_before_the_rendezvous(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "nccl needs a CUDA device" in done.stderr
     assert not (tmp_path / "results").exists()
+
+
+def _download_first(rank: int, port: int, folder: str) -> None:
+    import time
+
+    env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, ("127.0.0.1",))
+    dist.rendezvous(env, "env", 2)  # a 2 s timeout
+    with dist.rank0_first(env):
+        entered = time.time()
+        if rank == 0:
+            time.sleep(4)  # a download that takes longer than the timeout
+        Path(folder, f"rank{rank}").write_text(f"{entered} {time.time()}")
+    dist.init(env, "gloo", "cpu", 2)
+    dist.destroy()
+    os._exit(0)  # see _two_ranks
+
+
+@pytest.mark.slow
+def test_a_download_longer_than_the_timeout_waits_on_the_store_before_the_process_group(tmp_path):
+    from clusterjob.launch.local import free_port
+
+    mp.spawn(_download_first, args=(free_port(), str(tmp_path)), nprocs=2)
+    (in0, out0), (in1, _) = ([float(t) for t in (tmp_path / f"rank{r}").read_text().split()] for r in range(2))
+    assert out0 - in0 >= 4 and in1 >= out0  # rank 1 waited for rank 0's block, past the 2 s timeout
