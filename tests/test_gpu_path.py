@@ -314,3 +314,12 @@ def test_a_download_longer_than_the_timeout_waits_on_the_store_before_the_proces
     mp.spawn(_download_first, args=(free_port(), str(tmp_path)), nprocs=2)
     (in0, out0), (in1, _) = ([float(t) for t in (tmp_path / f"rank{r}").read_text().split()] for r in range(2))
     assert out0 - in0 >= 4 and in1 >= out0  # rank 1 waited for rank 0's block, past the 2 s timeout
+
+
+def test_gpu_check_says_so_and_runs_nothing_without_a_gpu(tmp_path):
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "gpu-check")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "gpu-check: no CUDA GPU is visible on this machine; nothing run"
+    assert not any(tmp_path.iterdir())

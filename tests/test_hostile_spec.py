@@ -355,3 +355,18 @@ def test_a_bad_value_in_one_of_1000_points_names_the_key_and_the_point():
         expand_sweep(spec_from_dict(raw))
     assert str(info.value) == ("sweep.train.lr: -1.0 is out of range; it must be > 0 "
                                "(sweep point 999: {'train.lr': -1})")
+
+
+@pytest.mark.parametrize("command", [("submit", "--executor", "local"), ("submit", "--executor", "local", "--wait")])
+def test_submit_into_an_output_root_that_is_a_file_exits_2_and_writes_nothing(tmp_path, command):
+    (tmp_path / "results").write_text("not a folder\n")
+    rendezvous = tmp_path / "missing"
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: n\noutput: {{root: {tmp_path / 'results'}}}\n")
+    before = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*"))
+    done = subprocess.run([sys.executable, "-m", "clusterjob", command[0], str(spec), *command[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "output.root:" in done.stderr and "is a file, not a folder" in done.stderr
+    assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*")) == before
+    assert not rendezvous.exists()
