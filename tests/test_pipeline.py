@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from clusterjob import spec as specmod
 from clusterjob.data import STATS, Datasets, build_datasets, build_loaders as torchvision_loaders, set_epoch
 from clusterjob.errors import SpecError
 from clusterjob.pipeline import ImageSplit, TensorData, build_loaders, crop_flip, load_splits
 from clusterjob.spec import DataSpec, spec_from_dict
-from test_data import cifar_root, mnist_root  # noqa: F401  (fixtures: files in the published formats)
+from test_data import _Indexed, cifar_root, mnist_root  # noqa: F401  (fixtures: files in the published formats)
 from test_gpu_path import SyncCounter, _trainer, count_step_syncs
 
 # ----------------------------------------------------------------------------- sample order
@@ -34,17 +34,6 @@ def _loaders(n, world, seed=0, drop_last=False, batch_size=4, augment=False):
 
 def _labels(loader) -> list[list[int]]:
     return [y.tolist() for _, y in loader]
-
-
-class _Indexed(Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return torch.zeros(1), i
 
 
 @pytest.mark.parametrize("n, world, batch_size, drop_last", [
