@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from clusterjob.errors import BadInput
-from clusterjob.spec import MAX_AUTO_WORKERS
+from clusterjob.spec import MAX_AUTO_WORKERS, TRAIN_SIZES
 
 # Per-channel mean and std of the training pixels in [0, 1] (CIFAR-10: the true per-pixel
 # std, not the often copied 0.2023/0.1994/0.2010). Synthetic: measured, averaged over seeds.
@@ -41,7 +41,7 @@ STATS = {
 SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28), "synthetic": (3, 32, 32)}
 NUM_CLASSES = 10
 
-SYNTHETIC_TRAIN = 10_000   # synthetic split sizes when data.limit_train / limit_val are unset
+SYNTHETIC_TRAIN = TRAIN_SIZES["synthetic"]  # synthetic split sizes when data.limit_train / limit_val are unset
 SYNTHETIC_VAL = 2_000
 _SYNTHETIC_CHUNK = 256     # samples per seeded chunk: the first N samples do not depend on N
 # Synthetic image = 0.5 + class template + smooth distractor + pixel noise; the stds below

@@ -5,7 +5,7 @@ import re
 from typing import Any
 
 # Line breaks and other control characters, shown escaped so that an error is one line.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 class BadInput(Exception):
@@ -16,7 +16,7 @@ class BadInput(Exception):
     def __str__(self) -> str:
         # Messages quote what the user gave (paths, variables); whatever it holds, the
         # error stays one line on the terminal.
-        return _CONTROL.sub(lambda m: repr(m.group())[1:-1], super().__str__())
+        return CONTROL_CHARS.sub(lambda m: repr(m.group())[1:-1], super().__str__())
 
 
 class SpecError(BadInput):
@@ -46,7 +46,7 @@ def brief(value: Any) -> str:
 
 def key_text(key: Any) -> str:
     """A key as written in an error: itself if a plain string, else its repr (e.g. 1, None)."""
-    plain = isinstance(key, str) and len(key) <= 100 and not _CONTROL.search(key)
+    plain = isinstance(key, str) and len(key) <= 100 and not CONTROL_CHARS.search(key)
     return key if plain else brief(key)
 
 

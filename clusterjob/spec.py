@@ -24,7 +24,7 @@ from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from clusterjob.errors import SpecError, brief, key_text, shown
+from clusterjob.errors import CONTROL_CHARS, SpecError, brief, key_text, shown
 from clusterjob.specfile import apply_overrides, read_spec_file
 
 _NAME = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' only")
@@ -46,16 +46,14 @@ MAX_TEXT_LENGTH = 10_000  # any string value: a setup line, a path, a rendezvous
 MAX_PATH_PART_BYTES = 255  # NAME_MAX of common file systems
 MAX_PATH_BYTES = 4095  # PATH_MAX - 1
 MAX_INT = 2**63 - 1  # what Slurm, torch and C code downstream can hold
-# Training-set sizes (data.py builds them; it imports torch, so they are repeated here).
+# Training-set sizes, known without torch (validation checks drop_last against them; data.py
+# makes the synthetic split this size).
 TRAIN_SIZES = {"cifar10": 50_000, "mnist": 60_000, "synthetic": 10_000}
 # Datasets whose splits fit in memory as uint8 tensors: data.loader auto uses the tensor
 # pipeline for them (clusterjob.pipeline); a dataset added later that does not fit takes
 # the torchvision loader, and data.loader: tensor on it is refused.
 IN_MEMORY_DATASETS = ("cifar10", "mnist", "synthetic")
 MAX_AUTO_WORKERS = 8  # data.num_workers auto: beyond this, more workers rarely load faster
-# Line breaks, other control characters and lone surrogates: a value written into a shell
-# script, a #SBATCH line, a file name or a YAML file must stay one line of printable text.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
 def opt(default: Any, doc: str = "", **checks: Any) -> Any:
@@ -381,7 +379,7 @@ def _check_kind(key: str, value: Any, meta: Any) -> None:
 
 def _check_text(key: str, value: str, max_len: int = MAX_TEXT_LENGTH) -> None:
     """A string must be one line without control characters (it may land in a shell script)."""
-    bad = _CONTROL.search(value)
+    bad = CONTROL_CHARS.search(value)
     if bad:
         fix = "put each line in its own list entry" if key.startswith("setup[") else "remove it"
         raise SpecError(key, f"{brief(value)} contains the control character {bad.group()!r} at position "

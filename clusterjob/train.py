@@ -128,8 +128,8 @@ def steps_per_epoch(num_batches: int, grad_accum: int) -> int:
 
 def build_trainer(spec: Spec, plan: DevicePlan, model: torch.nn.Module, num_batches: int,
                   world_size: int) -> Trainer:
-    """Move, convert and wrap the model; make optimizer, schedule, scaler and EMA."""
-    check_compile(spec)
+    """Move, convert and wrap the model; make optimizer, schedule, scaler and EMA.
+    ``train.compile`` was checked already (worker.prepare, before any download)."""
     fmt = memory_format_for(spec, plan)
     model = model.to(plan.device, memory_format=fmt)
     if plan.sync_bn:
