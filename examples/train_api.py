@@ -12,6 +12,7 @@
 
 import argparse
 
+import torch
 import torch.distributed as dist
 
 import clusterjob
@@ -32,18 +33,20 @@ def main():
     run = setup(args)
     model, optimizer, scaler = run.model, run.optimizer, run.scaler
 
-    # Where to start: a checkpoint holds the epoch, the batches of it already done, the step.
-    epoch, done, step = 1, 0, 0
+    # Where to start: a checkpoint holds the epoch, the batches of it already done, the step,
+    # and the last loss (a stop after an epoch's last batch resumes with none left to train).
+    epoch, done, step, loss = 1, 0, 0, torch.tensor(float("nan"))
     state = clusterjob.load_checkpoint()
     if state is not None:
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
-        epoch, done, step = state["epoch"], state["done"], state["step"]
+        epoch, done, step, loss = state["epoch"], state["done"], state["step"], state["loss"]
 
     def checkpoint(epoch, done):
         return {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict(), "epoch": epoch, "done": done, "step": step}
+                "scaler": scaler.state_dict(), "epoch": epoch, "done": done, "step": step,
+                "loss": loss.detach().cpu()}
 
     while epoch <= args.epochs:
         model.train()

@@ -230,3 +230,22 @@ def test_import_clusterjob_is_light_and_a_no_op_outside_a_run(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=base_env(), capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_the_api_example_resumes_from_a_stop_after_an_epochs_last_batch(mnist_dir):
+    """The checkpoint says every batch of the epoch is done: the resumed run trains none of
+    it, and still logs the epoch with the loss it had."""
+    spec = own_spec(mnist_dir, "edge", {"script": str(EXAMPLES / "train_api.py"), "args": ["--data", "data", *SMALL]},
+                    params={"epochs": 1, "lr": 0.05}, resources={"tasks_per_node": 1, "cpus_per_task": 1})
+    assert submit(mnist_dir, spec).returncode == 0
+    (run,) = runs_of(mnist_dir, "edge")
+    last = sorted((run / "checkpoints").glob("step-*.pt"))[-1]
+    state = torch.load(last, weights_only=True)
+    state.update(epoch=1, done=10**6)  # as saved by a stop at the epoch's last batch
+    torch.save(state, run / "checkpoints" / f"step-{state['step'] + 1:09d}.pt")
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "status": "preempted"}))
+    resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(run), "--wait"], cwd=mnist_dir,
+                             env=base_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert lines(run)[-1]["epoch"] == 1 and lines(run)[-1]["train_loss"] == pytest.approx(float(state["loss"]))
