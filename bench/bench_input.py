@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the dataset files in their published formats
 
+from clusterjob.catalog import DATASETS
 from clusterjob import data as datamod, pipeline  # noqa: E402
 from clusterjob.models import build_model  # noqa: E402
 from datafiles import Py2Str, write_pickle  # noqa: E402
@@ -145,8 +146,8 @@ def bare_loop(root: Path, arch: str, n: int, epochs: int) -> float:
     """(c) a hand-written training loop on the same in-memory uint8 tensors."""
     td = pipeline.load_splits(_data_spec(root, "tensor", n), 0)
     images, targets = td.train.images, td.train.targets
-    mean = torch.tensor(datamod.STATS["cifar10"][0]).view(1, 3, 1, 1)
-    std = torch.tensor(datamod.STATS["cifar10"][1]).view(1, 3, 1, 1)
+    mean = torch.tensor(DATASETS["cifar10"].mean).view(1, 3, 1, 1)
+    std = torch.tensor(DATASETS["cifar10"].std).view(1, 3, 1, 1)
     torch.manual_seed(0)
     model = build_model(arch, 10, (3, 32, 32))
     # fused, as the worker's: the ratio (d)/(c) then measures the worker's overhead, not the optimizer's kernels

@@ -36,7 +36,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clusterjob import report, results  # noqa: E402
+from clusterjob import reading, report, results  # noqa: E402
 
 NAME = "bench-sweep"
 LRS = [0.01 * (i + 1) for i in range(10)]
@@ -149,7 +149,7 @@ def first_report(exp: Path) -> report.Report:
 
 def measure(exp: Path, with_baseline: bool) -> list:
     """[(label, seconds)] of every measured way, in order."""
-    (exp / results.CACHE_NAME).unlink(missing_ok=True)
+    (exp / reading.CACHE_NAME).unlink(missing_ok=True)
     rows = []
     cold, seconds = timed(report.build_report, exp, cache=False)
     rows.append(("clusterjob, no cache", seconds))

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from clusterjob.rundir import printable
+from clusterjob.errors import escape
 from clusterjob.stats import Report, plain, run_metrics
 from clusterjob.termtable import Column
 
@@ -19,7 +19,7 @@ def key_text(value: Any) -> str:
     value = plain(value)
     if value is None:
         return "-"
-    return printable(f"{value:g}" if isinstance(value, float) else str(value))
+    return escape(f"{value:g}" if isinstance(value, float) else str(value))
 
 
 def _pct(value: float) -> str:
@@ -91,14 +91,14 @@ def metric_text(metric: str) -> tuple:
     """(full header, short header, formatter) of a metric column."""
     if metric in _METRIC_TEXT:
         return _METRIC_TEXT[metric]
-    name = printable(metric)
+    name = escape(metric)
     return name, name if len(name) <= 12 else name[:11] + "…", _general
 
 
 def _key_header(key: str, keys: list) -> str:
     """"lr" for "train.lr" when no other key ends the same way."""
     last = key.rsplit(".", 1)[-1]
-    return printable(last if sum(k.rsplit(".", 1)[-1] == last for k in keys) == 1 else key)
+    return escape(last if sum(k.rsplit(".", 1)[-1] == last for k in keys) == 1 else key)
 
 
 def _key_columns(frame: pd.DataFrame, keys: list) -> list:
@@ -107,7 +107,7 @@ def _key_columns(frame: pd.DataFrame, keys: list) -> list:
     for key in keys:
         cells = [key_text(v) for v in frame[key]]
         numeric = pd.api.types.is_numeric_dtype(frame[key])
-        columns.append(Column(printable(key), _key_header(key, keys), cells, cells, right=numeric, key=True))
+        columns.append(Column(escape(key), _key_header(key, keys), cells, cells, right=numeric, key=True))
     return columns
 
 
@@ -150,9 +150,9 @@ def runs_display(report: Report, prefix: str) -> list:
     runs = report.runs
     keys = [k for k in report.swept if k != "name"]
     columns = _key_columns(runs, ["name"] if "name" in report.swept else [])
-    ids = [printable(str(r)[len(prefix):]) for r in runs["run_id"]]
+    ids = [escape(str(r)[len(prefix):]) for r in runs["run_id"]]
     columns.append(Column("run_id", "run", ids, ids, right=False))
-    status = [printable(str(s)) for s in runs["status"]]
+    status = [escape(str(s)) for s in runs["status"]]
     columns.append(Column("status", "status", status, status, right=False))
     columns += _key_columns(runs, keys)
     for metric in run_metrics(report):
@@ -170,7 +170,7 @@ def _percent(metrics: list) -> str:
 def ranking_text(report: Report) -> str:
     """"sorted by mean loss, lowest first (mode min: the name says loss or err)"."""
     primary = report.primary
-    text = f"sorted by mean {printable(primary.name)}, {'lowest' if primary.ascending else 'highest'} first"
+    text = f"sorted by mean {escape(primary.name)}, {'lowest' if primary.ascending else 'highest'} first"
     if primary.why == "--mode":
         return f"{text} (--mode {primary.mode})"
     return text if primary.name == "val_acc" else f"{text} (mode {primary.mode}: {primary.why})"
@@ -178,7 +178,7 @@ def ranking_text(report: Report) -> str:
 
 def group_legend(report: Report, marker: str = "* = best") -> str:
     """What the grouped table's numbers mean; ``marker`` says how the best group shows."""
-    by = ", ".join(map(printable, report.keys)) if report.keys else "nothing (one group of all runs)"
+    by = ", ".join(map(escape, report.keys)) if report.keys else "nothing (one group of all runs)"
     text = (f"Grouped by {by}. Cells: mean ± std over the group's runs (sample std, ddof=1; "
             f"none for one run);{_percent(report.metrics)} {ranking_text(report)}")
     text += f" ({marker})." if report.best is not None else "."
@@ -193,6 +193,6 @@ def runs_legend(report: Report, prefix: str) -> str:
     if report.primary.name == "val_acc":
         legend = "One row per run; accuracies in %; val_acc and val_loss at the last epoch logged."
     else:
-        legend = (f"One row per run;{_percent(run_metrics(report))} {printable(report.primary.name)} "
+        legend = (f"One row per run;{_percent(run_metrics(report))} {escape(report.primary.name)} "
                   "at the last value logged.")
-    return legend + (f" Run ids: {printable(prefix)}<run>." if prefix else "")
+    return legend + (f" Run ids: {escape(prefix)}<run>." if prefix else "")

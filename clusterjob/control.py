@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob import procs, slurmctl
-from clusterjob.errors import BadInput
+from clusterjob.errors import BadInput, escape
 from clusterjob.rundir import (FINAL_STATUSES, RunDir, checked_info, failure, find_runs, first_error, loads, natural_key,
-                               is_job_id, now_iso, printable, read_checked, read_text)
+                               is_job_id, now_iso, read_checked, read_text)
 
 # sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
 _SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
@@ -97,8 +97,8 @@ def _learnt(run: RunDir, info: dict, fields: dict, write_back: bool) -> dict:
 
 
 def _shown(text: object) -> str:
-    """Text from a run folder, safe for a terminal (see rundir.printable)."""
-    return printable(str(text))
+    """Text from a run folder, safe for a terminal (see errors.escape)."""
+    return escape(str(text))
 
 
 def _state(info: dict) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -29,20 +30,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from clusterjob.errors import BadInput
-from clusterjob.spec import MAX_AUTO_WORKERS, TRAIN_SIZES
+from clusterjob.catalog import DATASETS
+from clusterjob.spec import MAX_AUTO_WORKERS
 
-# Per-channel mean and std of the training pixels in [0, 1] (CIFAR-10: the true per-pixel
-# std, not the often copied 0.2023/0.1994/0.2010). Synthetic: measured, averaged over seeds.
-STATS = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "mnist": ((0.1307,), (0.3081,)),
-    "synthetic": ((0.5, 0.5, 0.5), (0.22, 0.22, 0.22)),
-}
-SHAPES = {"cifar10": (3, 32, 32), "mnist": (1, 28, 28), "synthetic": (3, 32, 32)}
-NUM_CLASSES = 10
-
-SYNTHETIC_TRAIN = TRAIN_SIZES["synthetic"]  # synthetic split sizes when data.limit_train / limit_val are unset
-SYNTHETIC_VAL = 2_000
+SYNTHETIC = DATASETS["synthetic"]  # its split sizes when data.limit_train / limit_val are unset
 _SYNTHETIC_CHUNK = 256     # samples per seeded chunk: the first N samples do not depend on N
 # Synthetic image = 0.5 + class template + smooth distractor + pixel noise; the stds below
 # are in pixel units ([0, 1]). The distractor lives in the same low-resolution space as the
@@ -107,12 +98,12 @@ def build_datasets(data, seed: int) -> Datasets:
     the download fails.
     """
     if data.dataset == "synthetic":
-        train = SyntheticImages(data.limit_train or SYNTHETIC_TRAIN, seed, "train", data.augment)
-        val = SyntheticImages(data.limit_val or SYNTHETIC_VAL, seed, "val", augment=False)
+        train = SyntheticImages(data.limit_train or SYNTHETIC.train_size, seed, "train", data.augment)
+        val = SyntheticImages(data.limit_val or SYNTHETIC.val_size, seed, "val", augment=False)
     else:
         train, val = _torchvision_split(data, train=True), _torchvision_split(data, train=False)
         train, val = _first(train, data.limit_train), _first(val, data.limit_val)
-    return Datasets(train, val, NUM_CLASSES, SHAPES[data.dataset])
+    return Datasets(train, val, DATASETS[data.dataset].classes, DATASETS[data.dataset].shape)
 
 
 def _first(ds: Dataset, limit: Optional[int]) -> Dataset:
@@ -162,10 +153,10 @@ def image_transform(dataset: str, augment: bool, from_tensor: bool) -> Any:
     from torchvision import transforms as T
 
     steps = []
-    if augment and SHAPES[dataset] == (3, 32, 32):
+    if augment and DATASETS[dataset].cifar_shaped:
         steps += [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]
     steps.append(T.ConvertImageDtype(torch.float32) if from_tensor else T.ToTensor())
-    steps.append(T.Normalize(*STATS[dataset]))
+    steps.append(T.Normalize(DATASETS[dataset].mean, DATASETS[dataset].std))
     return T.Compose(steps)
 
 
@@ -186,22 +177,42 @@ class SyntheticImages(Dataset):
     """
 
     def __init__(self, size: int, seed: int, split: str, augment: bool):
-        self.size = size
-        self.transform = image_transform("synthetic", augment, from_tensor=True)
-        self.images = torch.empty(size, 3, 32, 32, dtype=torch.uint8)
-        self.targets = torch.empty(size, dtype=torch.int64)
-        templates = _synthetic_templates(seed)
-        for start in range(0, size, _SYNTHETIC_CHUNK):
-            pixels, labels = _synthetic_chunk(templates, seed, split, start)
-            end = min(start + _SYNTHETIC_CHUNK, size)
-            self.images[start:end].copy_(pixels[: end - start])  # float -> uint8 truncates
-            self.targets[start:end] = labels[: end - start]
+        self.size, self.augment = size, augment
+        self.images, self.targets = synthetic_split(size, seed, split)
+
+    @functools.cached_property
+    def transform(self) -> Any:
+        # made on first use: the tensor pipeline takes the pixels only, and importing
+        # torchvision (for its transforms) costs a second of start-up
+        return image_transform("synthetic", self.augment, from_tensor=True)
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.transform(self.images[index]), int(self.targets[index])
+
+
+def synthetic_split(size: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images (size, 3, 32, 32), int64 labels) of a synthetic split.
+
+    The chunks are made on several threads (torch releases the GIL; each chunk has its
+    own generator, so the pixels do not depend on the thread count): a CPU generator
+    draws on one core, and the noise draws are most of the time."""
+    images = torch.empty(size, 3, 32, 32, dtype=torch.uint8)
+    targets = torch.empty(size, dtype=torch.int64)
+    templates = _synthetic_templates(seed)  # also makes the cached upsampler, before the threads
+
+    def fill(start: int) -> None:
+        pixels, labels = _synthetic_chunk(templates, seed, split, start)
+        end = min(start + _SYNTHETIC_CHUNK, size)
+        images[start:end].copy_(pixels[: end - start])  # float -> uint8 truncates
+        targets[start:end] = labels[: end - start]
+
+    starts = range(0, size, _SYNTHETIC_CHUNK)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(starts), torch.get_num_threads()))) as pool:
+        list(pool.map(fill, starts))  # list: re-raises a chunk's exception
+    return images, targets
 
 
 @functools.lru_cache(maxsize=1)
@@ -216,10 +227,10 @@ def _upsampler() -> tuple[torch.Tensor, float]:
 def _synthetic_templates(seed: int) -> torch.Tensor:
     """(10, 3, 16) low-resolution templates whose upsampled images have unit std."""
     g = torch.Generator().manual_seed(mix_seed(seed, 3))
-    low = torch.randn(NUM_CLASSES, 3, 4, 4, generator=g)
+    low = torch.randn(SYNTHETIC.classes, 3, 4, 4, generator=g)
     low = (low + low.flip(-1)) / 2  # mirror-symmetric: a horizontal flip keeps the class
-    up = low.view(NUM_CLASSES, 3, 16) @ _upsampler()[0]
-    return low.view(NUM_CLASSES, 3, 16) / up.std(dim=(1, 2)).view(-1, 1, 1)
+    up = low.view(SYNTHETIC.classes, 3, 16) @ _upsampler()[0]
+    return low.view(SYNTHETIC.classes, 3, 16) / up.std(dim=(1, 2)).view(-1, 1, 1)
 
 
 def _synthetic_chunk(templates: torch.Tensor, seed: int, split: str, start: int
@@ -232,7 +243,7 @@ def _synthetic_chunk(templates: torch.Tensor, seed: int, split: str, start: int
     already holds the offset (uniform noise: cheaper to draw than normal noise)."""
     n = _SYNTHETIC_CHUNK
     g = torch.Generator().manual_seed(mix_seed(seed, {"train": 4, "val": 5}[split], start))
-    labels = torch.randint(0, NUM_CLASSES, (n,), generator=g)
+    labels = torch.randint(0, SYNTHETIC.classes, (n,), generator=g)
     strength = 0.6 + 0.8 * torch.rand(n, 1, 1, generator=g)
     matrix, unit = _upsampler()
     low = torch.randn(n, 3, 16, generator=g).mul_(_DISTRACT * unit)

@@ -2,7 +2,8 @@
 
 ``plan_device`` is pure (the CUDA facts are arguments) so the CUDA/NCCL choices are unit
 tested on machines without a GPU; ``detect_plan`` feeds it this machine's facts, and
-``plan_for_job`` redoes it after the rendezvous with the facts every rank must share.
+``plan_for_job`` checks it against every rank's, exchanged through the rendezvous store
+before the process group exists (NCCL would fail on a shared GPU before any check spoke).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class DevicePlan:
     pin_memory: bool
     sync_bn: bool
     capability: Optional[int] = None  # the job's lowest GPU compute capability, e.g. 80
+    notes: tuple[str, ...] = ()       # settings of the spec the plan overrode, for rank 0's log
 
     @property
     def device_type(self) -> str:
@@ -45,25 +47,53 @@ class DevicePlan:
         return {"float16": "fp16", "bfloat16": "bf16", None: "off"}[self.amp_dtype]
 
 
+@dataclass(frozen=True)
+class RankFacts:
+    """What one rank tells the others about its plan (JSON through the store)."""
+    host: str
+    gpu: str                # the GPU's UUID, "" on CPU
+    capability: int         # 0 on CPU
+    backend: str
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.gpu else "cpu"
+
+
 def plan_device(spec, local_rank: int, local_world_size: int, world_size: int, cuda_count: int,
                 capability: Optional[int] = None) -> DevicePlan:
     """Decide where and how to train. ``cuda_count`` is the number of CUDA devices this
-    process sees, ``capability`` the lowest compute capability of the job's GPUs."""
-    on_gpu = cuda_count > 0
+    process sees, ``capability`` the lowest compute capability of the job's GPUs.
+    ``resources.gpus_per_node: 0`` means CPU even where CUDA shows GPUs (code that plans
+    without the runner, which hides them)."""
+    on_gpu = cuda_count > 0 and spec.resources.gpus_per_node > 0
     device = f"cuda:{cuda_index(local_rank, local_world_size, cuda_count)}" if on_gpu else "cpu"
     backend = spec.dist.backend if spec.dist.backend != "auto" else ("nccl" if on_gpu else "gloo")
     if backend in CUDA_BACKENDS and not on_gpu:
         raise BadInput(f"dist.backend: {backend} needs a CUDA device and none is visible on this node; "
                        "use backend: auto or gloo")
     pin = spec.data.pin_memory if isinstance(spec.data.pin_memory, bool) else on_gpu
+    sync_bn, notes = sync_bn_choice(spec.model.sync_bn, on_gpu and world_size > 1, backend)
     return DevicePlan(
         device=device,
         backend=backend,
         amp_dtype=_DTYPES[amp_mode(spec.train.amp, on_gpu, capability)],
         pin_memory=bool(pin and on_gpu),
-        sync_bn=bool(spec.model.sync_bn and on_gpu and world_size > 1),  # SyncBN raises on CPU
+        sync_bn=sync_bn,
         capability=capability,
+        notes=notes,
     )
+
+
+def sync_bn_choice(wanted: bool, several_gpus: bool, backend: str) -> tuple[bool, tuple[str, ...]]:
+    """(SyncBatchNorm on, the log line when ``model.sync_bn`` is overridden). It needs
+    CUDA tensors (it raises on CPU) and NCCL: over gloo its all-gather gets one tensor
+    where it needs one per rank and fails in the first step."""
+    if not (wanted and several_gpus):
+        return False, ()
+    if backend != "nccl":
+        return False, (f"model.sync_bn: off under {backend} (SyncBatchNorm needs NCCL); plain BatchNorm per rank",)
+    return True, ()
 
 
 def amp_mode(amp: str, on_gpu: bool, capability: Optional[int]) -> str:
@@ -107,12 +137,24 @@ def check_unique_gpus(identities: Sequence[tuple[str, str]], backend: str) -> No
         first[ident] = rank
 
 
+def check_same_backend(facts: Sequence[RankFacts]) -> None:
+    """Every rank must plan the same backend: a node whose GPUs are hidden plans gloo on
+    CPU while the others plan NCCL, and the process group would hang or fail obscurely."""
+    for rank, fact in enumerate(facts):
+        if fact.backend != facts[0].backend:
+            raise BadInput(f"rank {rank} on {fact.host} plans dist.backend {fact.backend} on "
+                           f"{fact.device_type} but rank 0 on {facts[0].host} plans {facts[0].backend} on "
+                           f"{facts[0].device_type}; every node must show the GPUs of resources.gpus_per_node, "
+                           "or set dist.backend: gloo")
+
+
 def detect_plan(spec, env) -> DevicePlan:
     """``plan_device`` with this machine's CUDA facts; selects the plan's GPU for this
     process. ``env`` is a clusterjob.env.DistEnv."""
     import torch
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    wants_gpu = spec.resources.gpus_per_node > 0  # else CPU: CUDA is not even asked
+    count = torch.cuda.device_count() if wants_gpu and torch.cuda.is_available() else 0
     plan = plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count)
     if plan.device_type != "cuda":
         return plan
@@ -121,22 +163,33 @@ def detect_plan(spec, env) -> DevicePlan:
     return plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count, major * 10 + minor)
 
 
-def plan_for_job(plan: DevicePlan, spec, env) -> DevicePlan:
-    """After the rendezvous: refuse shared GPUs under NCCL, and let every rank take the
-    AMP mode of the job's oldest GPU (nodes of several GPU types may share a job).
-    All ranks must call this."""
+def plan_for_job(plan: DevicePlan, spec) -> DevicePlan:
+    """After the rendezvous, before the process group: refuse mixed backends and shared
+    GPUs under NCCL (whose first call would fail on them with its own words), and let
+    every rank take the AMP mode of the job's oldest GPU (nodes of several GPU types may
+    share a job). The facts go through the rendezvous store. All ranks must call this."""
     from clusterjob import dist
 
+    facts = [RankFacts(*values) for values in dist.exchange("device-plan", list(rank_facts(plan)))]
+    return job_plan(plan, spec, facts)
+
+
+def job_plan(plan: DevicePlan, spec, facts: Sequence[RankFacts]) -> DevicePlan:
+    """``plan`` checked against every rank's ``facts`` (in rank order)."""
+    check_same_backend(facts)
     if plan.device_type != "cuda":
         return plan
-    check_unique_gpus(dist.all_gather_object(gpu_identity(plan.device)), plan.backend)
-    lowest = dist.min_int(plan.capability or 0)
+    check_unique_gpus([(fact.host, fact.gpu) for fact in facts], plan.backend)
+    lowest = min(fact.capability for fact in facts)
     return replace(plan, capability=lowest, amp_dtype=_DTYPES[amp_mode(spec.train.amp, True, lowest)])
 
 
-def gpu_identity(device: str) -> tuple[str, str]:
-    """(host name, GPU UUID) of ``device``: MIG slices and Slurm's renumbering give each
-    GPU its own UUID, whatever index the process sees."""
+def rank_facts(plan: DevicePlan) -> tuple[str, str, int, str]:
+    """This rank's (host, GPU UUID, compute capability, backend); MIG slices and Slurm's
+    renumbering give each GPU its own UUID, whatever index the process sees."""
+    if plan.device_type != "cuda":
+        return socket.gethostname(), "", 0, plan.backend
     import torch
 
-    return socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid)
+    uuid = str(torch.cuda.get_device_properties(plan.device).uuid)
+    return socket.gethostname(), uuid, plan.capability or 0, plan.backend

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import signal
 from typing import Any, Callable, Iterator, Optional
 
@@ -248,6 +249,18 @@ def from_rank0(key: str, make: Callable[[], str]) -> str:
         raise
     _store.set(name, value)
     return value
+
+
+def exchange(key: str, value: Any) -> list:
+    """Every rank's ``value`` (JSON: tuples come back as lists), in rank order, through
+    the rendezvous store: no process group needed, so facts that decide whether the
+    group can be made at all (two ranks on one GPU under NCCL) are shared before it is.
+    All ranks must call this once per ``key`` (after ``rendezvous``)."""
+    if _store is None:
+        return [json.loads(json.dumps(value))]
+    prefix = f"clusterjob/exchange/{key}"
+    _store.set(f"{prefix}/{_store_rank}", json.dumps(value))
+    return [json.loads(_store.get(f"{prefix}/{rank}")) for rank in range(_store_world)]  # get waits for the key
 
 
 # ----------------------------------------------------------------------------- with or without a group

@@ -5,10 +5,11 @@ built-in trainer.
 Before the code starts: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 NODE_RANK, MASTER_ADDR and MASTER_PORT are exported; so are CLUSTERJOB_RUN_DIR,
 CLUSTERJOB_RUN_ID, CLUSTERJOB_PARAMS (JSON) and CLUSTERJOB_RESTARTS; the working
-directory is the one ``submit`` ran in; CUDA_VISIBLE_DEVICES stays as Slurm set it; the
-runner's stop-signal handler is in place, so SIGUSR2 never kills the code. A script runs
-in this process through runpy (``__name__ == "__main__"``, ``sys.argv`` as under
-torchrun). The rendezvous store of the runner is multi-tenant, so the code's own
+directory is the one ``submit`` ran in; CUDA_VISIBLE_DEVICES stays as Slurm set it, but is
+empty under ``resources.gpus_per_node: 0`` (the runner hides the GPUs: the spec means
+CPU); the runner's stop-signal handler is in place, so SIGUSR2 never kills the code. A
+script runs in this process through runpy (``__name__ == "__main__"``, ``sys.argv`` as
+under torchrun). The rendezvous store of the runner is multi-tenant, so the code's own
 ``init_process_group()`` (env://) shares it.
 """
 

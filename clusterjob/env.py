@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, MutableMapping, Optional, Sequence, TypeVar
 
-from clusterjob.errors import EnvError
+from clusterjob.errors import EnvError, brief
 from clusterjob.hostlist import HostlistError, expand_hostlist, parse_tasks_per_node
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -372,7 +372,7 @@ def _parsed_slurm_list(
         return name, parse(environ[name])
     except HostlistError as error:
         raise EnvError(
-            f"{name}={_brief(environ[name])} is not {what} ({error}). Hint: {hint}"
+            f"{name}={brief(environ[name])} is not {what} ({error}). Hint: {hint}"
         ) from error
 
 
@@ -595,12 +595,6 @@ def describe(env: DistEnv) -> str:
 # --- reading variables ------------------------------------------------------------------------
 
 
-def _brief(raw: str) -> str:
-    """``repr(raw)``, shortened when long, so an error stays readable."""
-    text = repr(raw)
-    return text if len(text) <= 60 else f"{text[:40]}...{text[-10:]} ({len(raw)} characters)"
-
-
 def _first_set(environ: Mapping[str, str], names: Iterable[str]) -> Optional[tuple[str, str]]:
     """(name, value) of the first of ``names`` present in ``environ``."""
     for name in names:
@@ -660,9 +654,9 @@ def _parse_int(
     # int() alone would also take "+3", "1_0" and non-ASCII digits; Slurm and torchrun
     # never write those, so seeing one means the variable was set by mistake.
     if not _NON_NEGATIVE.fullmatch(text):
-        raise EnvError(f"{label}={_brief(raw)} is not a non-negative integer. Hint: {hint}")
+        raise EnvError(f"{label}={brief(raw)} is not a non-negative integer. Hint: {hint}")
     if len(text) > _MAX_DIGITS:
-        raise EnvError(f"{label}={_brief(raw)} is too large ({len(text)} digits). Hint: {hint}")
+        raise EnvError(f"{label}={brief(raw)} is too large ({len(text)} digits). Hint: {hint}")
     value = int(text)
     if value < minimum:
         raise EnvError(f"{label}={raw!r} must be at least {minimum}. Hint: {hint}")

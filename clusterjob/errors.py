@@ -4,8 +4,16 @@ error quotes what the user gave."""
 import re
 from typing import Any
 
-# Line breaks and other control characters, shown escaped so that an error is one line.
+# Line breaks and other control characters (C0, DEL, C1, the Unicode line and paragraph
+# separators) and lone surrogates (undecodable bytes): shown escaped, so that an error or a
+# status line is one line on the terminal, whatever a path or a run folder holds.
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def escape(text: str) -> str:
+    """``text`` with every control character escaped (\\n, \\x1b, \\u2028): safe to print
+    on one line. The one escape routine for terminal output."""
+    return CONTROL_CHARS.sub(lambda m: repr(m.group())[1:-1], text) if CONTROL_CHARS.search(text) else text
 
 
 class BadInput(Exception):
@@ -16,7 +24,7 @@ class BadInput(Exception):
     def __str__(self) -> str:
         # Messages quote what the user gave (paths, variables); whatever it holds, the
         # error stays one line on the terminal.
-        return CONTROL_CHARS.sub(lambda m: repr(m.group())[1:-1], super().__str__())
+        return escape(super().__str__())
 
 
 class SpecError(BadInput):
@@ -37,11 +45,11 @@ class EnvError(BadInput):
     """The distributed environment variables are missing or inconsistent."""
 
 
-def brief(value: Any) -> str:
-    """``repr(value)``, shortened when long (an error line stays readable)."""
+def brief(value: Any, width: int = 120) -> str:
+    """``repr(value)``, shortened past ``width`` characters (an error line stays readable)."""
     text = repr(value)
     size = len(value) if isinstance(value, str) else len(text)
-    return text if len(text) <= 120 else f"{text[:100]}...{text[-10:]} ({size} characters)"
+    return text if len(text) <= width else f"{text[:width - 20]}...{text[-10:]} ({size} characters)"
 
 
 def key_text(key: Any) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import re
 
+from clusterjob.errors import brief
+
 # Slurm's own per-range limit (MAX_RANGE in hostlist.c); the total limit keeps a typo
 # such as ``n[1-99999]x[1-99999]`` from exhausting memory on a login node.
 MAX_RANGE = 64 * 1024
@@ -45,21 +47,21 @@ def expand_hostlist(text: str) -> list[str]:
     for name in _split_names(text):
         hosts.extend(_expand_name(name))
         if len(hosts) > MAX_HOSTS:
-            raise HostlistError(f"host list {_brief(text)} expands to more than {MAX_HOSTS} names")
+            raise HostlistError(f"host list {brief(text)} expands to more than {MAX_HOSTS} names")
     return hosts
 
 
 def _split_names(text: str) -> list[str]:
     """The top-level names of ``text``; a comma or whitespace inside brackets does not split."""
     if not text.strip():
-        raise HostlistError(f"host list {_brief(text)} is empty")
+        raise HostlistError(f"host list {brief(text)} is empty")
     names: list[str] = []
     for piece in _split_top_level(text, ","):
         words = _split_top_level(piece, " \t\n\r")
         words = [word for word in words if word]
         if not words:
             raise HostlistError(
-                f"host list {_brief(text)} has an empty name (two commas in a row, or a comma at "
+                f"host list {brief(text)} has an empty name (two commas in a row, or a comma at "
                 f"either end); remove the extra comma"
             )
         names.extend(words)
@@ -90,7 +92,7 @@ def _expand_name(name: str) -> list[str]:
     for options in choices:
         total *= len(options)
     if total > MAX_HOSTS:
-        raise HostlistError(f"host name {_brief(name)} expands to more than {MAX_HOSTS} names")
+        raise HostlistError(f"host name {brief(name)} expands to more than {MAX_HOSTS} names")
     # itertools.product varies the rightmost group fastest, which is Slurm's order.
     return ["".join(combo) for combo in itertools.product(*choices)]
 
@@ -103,16 +105,16 @@ def _name_pieces(name: str) -> list[str | list[str]]:
         open_at, close_at = rest.find("["), rest.find("]")
         if open_at < 0:
             if close_at >= 0:
-                raise HostlistError(f"host name {_brief(name)} has a ']' without a '['")
+                raise HostlistError(f"host name {brief(name)} has a ']' without a '['")
             pieces.append(_literal(rest, name))
             break
         if close_at < 0:
-            raise HostlistError(f"host name {_brief(name)} has a '[' that is never closed")
+            raise HostlistError(f"host name {brief(name)} has a '[' that is never closed")
         if close_at < open_at:
-            raise HostlistError(f"host name {_brief(name)} has a ']' without a '['")
+            raise HostlistError(f"host name {brief(name)} has a ']' without a '['")
         inner = rest[open_at + 1 : close_at]
         if "[" in inner:
-            raise HostlistError(f"host name {_brief(name)} has nested or unclosed brackets")
+            raise HostlistError(f"host name {brief(name)} has nested or unclosed brackets")
         pieces.append(_literal(rest[:open_at], name))
         pieces.append(_expand_bracket(inner, name))
         rest = rest[close_at + 1 :]
@@ -124,7 +126,7 @@ def _literal(text: str, name: str) -> str:
     if not _NAME_TEXT.fullmatch(text):
         bad = next(char for char in text if not _NAME_TEXT.fullmatch(char))
         raise HostlistError(
-            f"host name {_brief(name)} has the character {bad!r}, which Slurm does not write "
+            f"host name {brief(name)} has the character {bad!r}, which Slurm does not write "
             f"in host names"
         )
     return text
@@ -133,7 +135,7 @@ def _literal(text: str, name: str) -> str:
 def _expand_bracket(inner: str, name: str) -> list[str]:
     """The numbers of one bracket body such as ``1-3,7,10-11``, padded as written."""
     if not inner:
-        raise HostlistError(f"host name {_brief(name)} has empty brackets '[]'")
+        raise HostlistError(f"host name {brief(name)} has empty brackets '[]'")
     numbers: list[str] = []
     for item in inner.split(","):
         numbers.extend(_expand_range(item, name))
@@ -147,21 +149,21 @@ def _expand_range(item: str, name: str) -> list[str]:
         high_text = low_text
     if not (_BOUND.fullmatch(low_text) and _BOUND.fullmatch(high_text)):
         raise HostlistError(
-            f"host name {_brief(name)}: range {_brief(item)} must be a number or 'low-high' with "
+            f"host name {brief(name)}: range {brief(item)} must be a number or 'low-high' with "
             f"decimal digits only"
         )
     if max(len(low_text), len(high_text)) > MAX_DIGITS:
-        raise HostlistError(f"host name {_brief(name)}: range {_brief(item)} has a number longer "
+        raise HostlistError(f"host name {brief(name)}: range {brief(item)} has a number longer "
                             f"than {MAX_DIGITS} digits")
     low, high = int(low_text), int(high_text)
     if low > high:
         raise HostlistError(
-            f"host name {_brief(name)}: range {_brief(item)} is reversed; "
+            f"host name {brief(name)}: range {brief(item)} is reversed; "
             f"write it as '{high_text}-{low_text}'"
         )
     if high - low + 1 > MAX_RANGE:
         raise HostlistError(
-            f"host name {_brief(name)}: range {_brief(item)} has more than {MAX_RANGE} hosts"
+            f"host name {brief(name)}: range {brief(item)} has more than {MAX_RANGE} hosts"
         )
     width = len(low_text)
     return [f"{number:0{width}d}" for number in range(low, high + 1)]
@@ -170,13 +172,13 @@ def _expand_range(item: str, name: str) -> list[str]:
 def parse_tasks_per_node(text: str) -> list[int]:
     """Tasks on each node from Slurm's compressed form: ``2(x3),1`` -> [2, 2, 2, 1]."""
     if not text.strip():
-        raise HostlistError(f"tasks-per-node list {_brief(text)} is empty")
+        raise HostlistError(f"tasks-per-node list {brief(text)} is empty")
     counts: list[int] = []
     for entry in text.strip().split(","):
         tasks, repeat = _task_entry(entry, text)
         if len(counts) + repeat > MAX_HOSTS:
             raise HostlistError(
-                f"tasks-per-node list {_brief(text)} covers more than {MAX_HOSTS} nodes"
+                f"tasks-per-node list {brief(text)} covers more than {MAX_HOSTS} nodes"
             )
         counts.extend([tasks] * repeat)
     return counts
@@ -185,7 +187,7 @@ def parse_tasks_per_node(text: str) -> list[int]:
 def _task_entry(entry: str, text: str) -> tuple[int, int]:
     """(tasks, repeat) of one entry ``N`` or ``N(xM)``; every node runs at least one task."""
     match = _TASK_ENTRY.fullmatch(entry)
-    where = f"tasks-per-node list {_brief(text)}: entry {_brief(entry)}"
+    where = f"tasks-per-node list {brief(text)}: entry {brief(entry)}"
     if match is None:
         raise HostlistError(f"{where} is not 'N' or 'N(xM)'")
     if max(len(match.group(1)), len(match.group(2) or "")) > MAX_DIGITS:
@@ -202,7 +204,3 @@ def _task_entry(entry: str, text: str) -> tuple[int, int]:
     return tasks, repeat
 
 
-def _brief(text: str) -> str:
-    """``repr(text)``, shortened when long, so an error stays readable."""
-    shown = repr(text)
-    return shown if len(shown) <= 60 else f"{shown[:40]}...{shown[-10:]} ({len(text)} characters)"

@@ -8,7 +8,7 @@ matches parameter-name prefixes (``fc.`` for resnet18's head, ``fc2.`` for convn
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -33,14 +33,71 @@ def cifar_resnet18(num_classes: int, in_shape: tuple[int, int, int]) -> nn.Modul
 
     The ImageNet stem (7x7 stride 2, then max-pool) shrinks a 32x32 image to 8x8 before
     the first block, which costs several points of CIFAR accuracy."""
-    from torchvision.models import resnet18
-
-    model = resnet18(weights=None, num_classes=num_classes)
+    model = ResNet18(num_classes)
     model.conv1 = nn.Conv2d(in_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
     # the same initialization torchvision gives the convolution it replaces
     nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
     model.maxpool = nn.Identity()
     return model
+
+
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock: the same layers, names and forward."""
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        identity = x if self.downsample is None else self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18(nn.Module):
+    """torchvision's ``resnet18(weights=None)``, rebuilt here: importing torchvision costs
+    over a second of every rank's start-up (its ops import torch._dynamo). The same
+    modules, names and forward, made and initialized in the same order, so the same seed
+    gives the same weights as torchvision's (tests/test_models.py checks it)."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = _stage(64, 64, stride=1)
+        self.layer2 = _stage(64, 128, stride=2)
+        self.layer3 = _stage(128, 256, stride=2)
+        self.layer4 = _stage(256, 512, stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _stage(inplanes: int, planes: int, stride: int) -> nn.Sequential:
+    """Two BasicBlocks; the first downsamples (1x1 conv + BN) when the shape changes."""
+    downsample = None
+    if stride != 1 or inplanes != planes:
+        downsample = nn.Sequential(nn.Conv2d(inplanes, planes, kernel_size=1, stride=stride, bias=False),
+                                   nn.BatchNorm2d(planes))
+    return nn.Sequential(BasicBlock(inplanes, planes, stride, downsample), BasicBlock(planes, planes))
 
 
 class ConvNet(nn.Module):

@@ -1,16 +1,18 @@
 """The tensor input pipeline: whole splits held as uint8 tensors on the training device.
 
 The default (``data.loader: auto``) for the datasets whose splits fit in memory, the ones
-named in ``clusterjob.spec.IN_MEMORY_DATASETS`` (cifar10, mnist, synthetic). The
+marked ``in_memory`` in ``clusterjob.catalog`` (cifar10, mnist, synthetic). The
 torchvision DataLoader path (``clusterjob.data.build_loaders``) stays for
 ``data.loader: torchvision`` and for datasets that do not fit in memory.
 
 Each split is read once as uint8 NCHW (CIFAR-10 and MNIST through torchvision's dataset
 classes, i.e. the published files; synthetic from its generator), limits applied, and
-moved to the training device (on CPU it stays in memory). A batch is gathered by index,
-randomly cropped (pad 4) and flipped per sample by one batched gather, then converted and
-normalized: all on the training device, no per-sample Python, no worker processes. On a
-GPU this keeps up with ResNet-18 where a CPU DataLoader would leave the GPU waiting.
+moved to the training device (on CPU it stays in memory), in the model's memory format;
+the train split is zero-padded there once (pad 4: 1.56x the bytes of 32x32 images). A
+batch is gathered by index, randomly cropped and flipped per sample by one batched
+gather, then converted and normalized: all on the training device, no per-sample Python,
+no worker processes, and no more kernels than a hand-written loop's. On a GPU this keeps
+up with ResNet-18 where a CPU DataLoader would leave the GPU waiting.
 
 Same samples as the torchvision path: each rank's index list of an epoch comes from the
 same DistributedSampler (shuffle, padding, drop_last), made once per epoch as a device
@@ -25,14 +27,14 @@ sync: the index and augmentation tensors live on the device and are only sliced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from clusterjob.data import (NUM_CLASSES, SHAPES, STATS, SYNTHETIC_TRAIN, SYNTHETIC_VAL, SyntheticImages, mix_seed,
-                             torchvision_dataset)
+from clusterjob.catalog import DATASETS
+from clusterjob.data import SYNTHETIC, mix_seed, synthetic_split, torchvision_dataset
 
 PAD = 4  # random crop: pad each side by 4 pixels (zeros), then take a window of the image's size
 
@@ -76,17 +78,16 @@ def load_splits(data, seed: int) -> TensorData:
     Raises BadInput as ``clusterjob.data.build_datasets`` does (missing files, failed
     download); run it inside ``dist.rank0_first`` when ``data.download`` may download."""
     if data.dataset == "synthetic":
-        train = _synthetic(data.limit_train or SYNTHETIC_TRAIN, seed, "train")
-        val = _synthetic(data.limit_val or SYNTHETIC_VAL, seed, "val")
+        train = _synthetic(data.limit_train or SYNTHETIC.train_size, seed, "train")
+        val = _synthetic(data.limit_val or SYNTHETIC.val_size, seed, "val")
     else:
         train = _first(_from_files(data, train=True), data.limit_train)
         val = _first(_from_files(data, train=False), data.limit_val)
-    return TensorData(data.dataset, train, val, NUM_CLASSES, SHAPES[data.dataset])
+    return TensorData(data.dataset, train, val, DATASETS[data.dataset].classes, DATASETS[data.dataset].shape)
 
 
 def _synthetic(size: int, seed: int, split: str) -> ImageSplit:
-    images = SyntheticImages(size, seed, split, augment=False)
-    return ImageSplit(images.images, images.targets)
+    return ImageSplit(*synthetic_split(size, seed, split))
 
 
 def _from_files(data, train: bool) -> ImageSplit:
@@ -108,6 +109,47 @@ def _first(split: ImageSplit, limit: Optional[int]) -> ImageSplit:
 
 
 # ----------------------------------------------------------------------------- batch ops
+#
+# A split is held as uint8 pixels (N, C, P) or, for a channels_last model, (N, P, C), P
+# the pixel positions of an image row by row: a batch is gathered in the model's memory
+# format, so no conversion copy follows. The train split is held zero-padded once, so a
+# batch's crop and flip is one gather from it, not a pad per batch.
+
+
+def to_layout(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """uint8 (N, C, H, W) images as pixels (N, C, H*W), or (N, H*W, C) for channels_last."""
+    pixels = images.flatten(2)
+    return pixels.transpose(1, 2).contiguous() if channels_last else pixels.contiguous()
+
+
+def as_images(pixels: torch.Tensor, h: int, w: int, channels_last: bool) -> torch.Tensor:
+    """Pixels from ``to_layout`` as an (N, C, H, W) view, channels_last when stored so."""
+    if channels_last:
+        return pixels.view(pixels.shape[0], h, w, -1).permute(0, 3, 1, 2)
+    return pixels.view(pixels.shape[0], -1, h, w)
+
+
+def window_index(h: int, w: int, pad: int, device: Any = None) -> torch.Tensor:
+    """(2, H*W): where each pixel of a window at corner (0, 0) of the padded image lies in
+    it, row by row; row 0 straight, row 1 mirrored left-right."""
+    rows = torch.arange(h, device=device)[:, None] * (w + 2 * pad)
+    cols = torch.arange(w, device=device)
+    return torch.stack([(rows + cols).flatten(), (rows + cols.flip(0)).flatten()])
+
+
+def window_starts(offsets: torch.Tensor, w: int, pad: int) -> torch.Tensor:
+    """(B,) position in the padded image of each window's top-left corner."""
+    return offsets[:, 0] * (w + 2 * pad) + offsets[:, 1]
+
+
+def gather_windows(padded: torch.Tensor, starts: torch.Tensor, mirror: torch.Tensor, windows: torch.Tensor,
+                   channels_last: bool) -> torch.Tensor:
+    """Each sample's window of its padded pixels (``to_layout``), mirrored where ``mirror``
+    (B,) int64 is 1: one gather. ``windows`` from ``window_index``."""
+    where = windows.index_select(0, mirror).add_(starts[:, None])  # (B, H*W)
+    if channels_last:
+        return padded.gather(1, where[:, :, None].expand(-1, -1, padded.shape[2]))
+    return padded.gather(2, where[:, None, :].expand(-1, padded.shape[1], -1))
 
 
 def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = PAD) -> torch.Tensor:
@@ -116,13 +158,11 @@ def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, 
     ``images`` (B, C, H, W); ``offsets`` (B, 2) integers in [0, 2 * pad]: the top-left corner
     of sample b's window in its zero-padded image (torchvision's RandomCrop(padding=pad));
     ``flips`` (B,) bool: mirror sample b's window left-right (RandomHorizontalFlip)."""
-    b, c, h, w = images.shape
-    padded = F.pad(images, (pad, pad, pad, pad)).view(b, c, (h + 2 * pad) * (w + 2 * pad))
-    rows = offsets[:, :1] + torch.arange(h, device=images.device)  # (B, H) rows of the padded image
-    cols = offsets[:, 1:] + torch.arange(w, device=images.device)  # (B, W)
-    cols = torch.where(flips[:, None], cols.flip(1), cols)
-    where = (rows[:, :, None] * (w + 2 * pad) + cols[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
-    return padded.gather(2, where).view(b, c, h, w)
+    h, w = images.shape[2:]
+    padded = to_layout(F.pad(images, (pad, pad, pad, pad)), channels_last=False)
+    out = gather_windows(padded, window_starts(offsets, w, pad), flips.long(), window_index(h, w, pad, images.device),
+                         channels_last=False)
+    return as_images(out, h, w, channels_last=False)
 
 
 class Normalizer:
@@ -130,41 +170,52 @@ class Normalizer:
 
     The same operations in the same order as torchvision's ConvertImageDtype + Normalize
     (divide by 255, subtract the mean, divide by the std), so both paths give the same
-    floats for the same pixels, bit for bit."""
+    floats for the same pixels, bit for bit. The division of the uint8 pixels is the
+    conversion too (one pass, not two), and its result keeps their memory format."""
 
     def __init__(self, dataset: str, device: str):
-        mean, std = STATS[dataset]
+        mean, std = DATASETS[dataset].mean, DATASETS[dataset].std
         self.mean = torch.tensor(mean, device=device).view(-1, 1, 1)
         self.std = torch.tensor(std, device=device).view(-1, 1, 1)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return images.to(torch.float32).div_(255).sub_(self.mean).div_(self.std)
+        return torch.div(images, 255).sub_(self.mean).div_(self.std)
 
 
 # ----------------------------------------------------------------------------- loaders
 
 
 class TensorLoader:
-    """The batches ``(x float32, y int64)`` of one rank's shard of a split, on the device.
+    """The batches ``(x float32, y int64)`` of one rank's shard of a split, on the device;
+    x in ``memory_format`` (the model's).
 
     ``sampler`` gives the shard's index list (DistributedSampler); ``augment`` adds the
     per-sample crop and flip. ``set_epoch`` makes the epoch's index list and draws, and
     where it starts: after ``skip_batches`` batches. ``len`` is the batches still to come."""
 
     def __init__(self, split: ImageSplit, sampler: DistributedSampler, batch_size: int, drop_last: bool,
-                 normalize: Normalizer, augment: bool, seed: int):
-        self.split, self.sampler, self.batch_size, self.drop_last = split, sampler, batch_size, drop_last
+                 normalize: Normalizer, augment: bool, seed: int,
+                 memory_format: torch.memory_format = torch.contiguous_format):
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
         self.normalize, self.augment, self.seed = normalize, augment, seed
-        self.device = split.images.device
+        self.channels_last = memory_format == torch.channels_last
+        self.device, self.targets = split.images.device, split.targets
+        self.shape = tuple(split.images.shape[2:])  # (H, W)
+        images = F.pad(split.images, (PAD,) * 4) if augment else split.images
+        self.pixels = to_layout(images, self.channels_last)
+        if augment:
+            self.windows = window_index(*self.shape, PAD, self.device)
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         self.sampler.set_epoch(epoch)
         # one host-to-device copy per epoch; a batch only slices it
         self.indices = torch.as_tensor(list(self.sampler), dtype=torch.int64).to(self.device)
+        self.epoch_targets = self.targets.index_select(0, self.indices)
         self.start = skip_batches
         if self.augment:
             self.offsets, self.flips = self._draws(epoch, len(self.indices))
+            self.starts, self.mirror = window_starts(self.offsets, self.shape[1], PAD), self.flips.long()
 
     def _draws(self, epoch: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The epoch's crop corners and flips, drawn on the training device."""
@@ -186,11 +237,10 @@ class TensorLoader:
 
     def batch(self, part: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions ``part`` of this epoch's shard: gathered, augmented, normalized."""
-        index = self.indices[part]
-        x = self.split.images.index_select(0, index)
+        x = self.pixels.index_select(0, self.indices[part])
         if self.augment:
-            x = crop_flip(x, self.offsets[part], self.flips[part])
-        return self.normalize(x), self.split.targets.index_select(0, index)
+            x = gather_windows(x, self.starts[part], self.mirror[part], self.windows, self.channels_last)
+        return self.normalize(as_images(x, *self.shape, self.channels_last)), self.epoch_targets[part]
 
 
 @dataclass(frozen=True)
@@ -207,10 +257,11 @@ class TensorLoaders:
 
 
 def build_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: int, seed: int,
-                  device: str) -> TensorLoaders:
+                  device: str, memory_format: torch.memory_format = torch.contiguous_format) -> TensorLoaders:
     """Sharded loaders for this rank, the splits moved to ``device``. ``data`` is the
     DataSpec (drop_last, augment), ``batch_size`` per process; sharding, padding and
-    drop_last as ``clusterjob.data.build_loaders`` has them."""
+    drop_last as ``clusterjob.data.build_loaders`` has them. Batches come in
+    ``memory_format``, the model's (``train.memory_format_for``)."""
     train, val = td.train.to(device), td.val.to(device)
     train_sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank, shuffle=True,
                                        seed=seed, drop_last=data.drop_last)
@@ -219,5 +270,5 @@ def build_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: 
     normalize = Normalizer(td.dataset, device)
     augment = data.augment and td.in_shape == (3, 32, 32)  # a flipped digit is another digit
     return TensorLoaders(
-        TensorLoader(train, train_sampler, batch_size, data.drop_last, normalize, augment, seed),
-        TensorLoader(val, val_sampler, batch_size, False, normalize, False, seed))
+        TensorLoader(train, train_sampler, batch_size, data.drop_last, normalize, augment, seed, memory_format),
+        TensorLoader(val, val_sampler, batch_size, False, normalize, False, seed, memory_format))

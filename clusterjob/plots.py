@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from clusterjob.results import Results
+    from clusterjob.reading import Results
     from clusterjob.stats import Primary
 
 MAX_GROUPS = 8  # more lines than this make a plot nobody can read

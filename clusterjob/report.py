@@ -35,7 +35,7 @@ from clusterjob import htmlpage, termtable
 from clusterjob.cells import group_display, group_legend, id_prefix, runs_display, runs_legend
 from clusterjob.errors import BadInput
 from clusterjob.results import ResultsWarning
-from clusterjob.rundir import printable
+from clusterjob.errors import escape
 from clusterjob.stats import (GROUP_METRICS, RUN_METRICS, Report, build_report, check_mode, plain, run_metrics,
                               status_counts, status_line)
 
@@ -187,7 +187,7 @@ def _check_args(args: Any) -> tuple:
 def _print_warnings(messages: list) -> None:
     """The problems on stderr, at most _MAX_STDERR_WARNINGS of them."""
     for message in messages[:_MAX_STDERR_WARNINGS]:
-        print(f"warning: {printable(message)}", file=sys.stderr)
+        print(f"warning: {escape(message)}", file=sys.stderr)
     if len(messages) > _MAX_STDERR_WARNINGS:
         print(f"warning: ... and {len(messages) - _MAX_STDERR_WARNINGS} more", file=sys.stderr)
 

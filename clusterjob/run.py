@@ -23,7 +23,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import MutableMapping, Optional
 
 from clusterjob import env as envmod
 from clusterjob.errors import BadInput
@@ -60,8 +60,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     args = parse_args(argv)
     env = envmod.detect(argv=sys.argv if argv is None else argv)
     spec, params = _spec_point(args, env)
-    if "OMP_NUM_THREADS" not in os.environ:  # else every rank takes every core and they thrash
-        os.environ["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_task)  # before torch is imported
+    task_environ(spec, os.environ)  # before torch is imported
     from clusterjob import dist, runrecord
     from clusterjob.preempt import StopSignal
 
@@ -78,6 +77,18 @@ def run_task(argv: Optional[list[str]] = None) -> str:
         raise
     dist.destroy()
     return outcome
+
+
+def task_environ(spec: Spec, environ: MutableMapping[str, str]) -> None:
+    """The variables torch reads once, when it loads or first touches CUDA:
+    OMP_NUM_THREADS = cpus_per_task unless set (else every rank takes every core and they
+    thrash), and no visible GPU when ``resources.gpus_per_node`` is 0: that spec means CPU,
+    for the built-in trainer and the user's own code alike, whatever the node shows (else
+    every rank takes GPU 0, and NCCL refuses the shared GPU)."""
+    if "OMP_NUM_THREADS" not in environ:
+        environ["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_task)
+    if spec.resources.gpus_per_node == 0:
+        environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:

@@ -350,16 +350,6 @@ def shown(value: Any) -> str:
     return _show.repr(value)
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """Text from a results folder made safe to print on one line: control characters (a
-    folder name may hold a newline or an escape sequence) and undecodable bytes become
-    escapes such as \\x1b."""
-    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text) if _UNPRINTABLE.search(text) else text
-
-
 def _kind(value: Any) -> str:
     return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+from importlib import metadata
 import subprocess
 from dataclasses import dataclass
 from typing import Optional
@@ -121,10 +122,10 @@ def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:
 
 def versions() -> dict:
     found = {"python": platform.python_version(), "clusterjob": __version__}
-    for name in ("torch", "torchvision"):
+    for name in ("torch", "torchvision"):  # from the installed metadata: importing torchvision costs start-up
         try:
-            found[name] = __import__(name).__version__
-        except ImportError:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
             continue
     return found
 

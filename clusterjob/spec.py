@@ -20,10 +20,11 @@ import os
 import re
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from clusterjob.catalog import DATASETS, DatasetName
 from clusterjob.errors import CONTROL_CHARS, SpecError, brief, key_text, shown
 from clusterjob.specfile import apply_overrides, read_spec_file
 
@@ -31,7 +32,7 @@ _NAME = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' only")
 _SLURM_WORD = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' (no spaces or shell characters)")
 _CONSTRAINT = (r"[A-Za-z0-9._,&|\[\]()*:!-]+", "a Slurm feature expression without spaces or quotes")
 _INIT = (r"env|tcp://[A-Za-z0-9._-]+:[0-9]{1,5}|file:///\S+", "env, tcp://HOST:PORT or file:///absolute/path")
-_SCHEDULES = ("cosine", "step", "constant")
+Schedule = Literal["cosine", "step", "constant"]
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _MODULE = (rf"{_IDENT}(?:\.{_IDENT})*", "a dotted module name such as mypkg.train")
 _FUNCTION = (rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}", "module:function, such as mypkg.train:main")
@@ -46,13 +47,6 @@ MAX_TEXT_LENGTH = 10_000  # any string value: a setup line, a path, a rendezvous
 MAX_PATH_PART_BYTES = 255  # NAME_MAX of common file systems
 MAX_PATH_BYTES = 4095  # PATH_MAX - 1
 MAX_INT = 2**63 - 1  # what Slurm, torch and C code downstream can hold
-# Training-set sizes, known without torch (validation checks drop_last against them; data.py
-# makes the synthetic split this size).
-TRAIN_SIZES = {"cifar10": 50_000, "mnist": 60_000, "synthetic": 10_000}
-# Datasets whose splits fit in memory as uint8 tensors: data.loader auto uses the tensor
-# pipeline for them (clusterjob.pipeline); a dataset added later that does not fit takes
-# the torchvision loader, and data.loader: tensor on it is refused.
-IN_MEMORY_DATASETS = ("cifar10", "mnist", "synthetic")
 MAX_AUTO_WORKERS = 8  # data.num_workers auto: beyond this, more workers rarely load faster
 
 
@@ -78,7 +72,7 @@ class Section:
     def __post_init__(self) -> None:
         for f in _fields(type(self)):
             value = getattr(self, f.name)
-            _check_value(f.name, value, f.metadata)
+            _check_value(f.name, value, _field_checks(type(self), f))
             if f.metadata.get("path") and isinstance(value, str):
                 object.__setattr__(self, f.name, _checked_path(f.name, value))
         self.check()
@@ -89,26 +83,25 @@ class Section:
 
 @dataclass(frozen=True)
 class DataSpec(Section):
-    dataset: str = opt("cifar10", "cifar10 | mnist | synthetic", choices=("cifar10", "mnist", "synthetic"))
+    dataset: DatasetName = opt("cifar10", "cifar10 | mnist | synthetic")
     root: str = opt("./data", "where datasets are stored or downloaded", path=True)
     download: bool = opt(True, "rank 0 downloads first, the others wait at a barrier")
-    loader: str = opt("auto", "auto (tensor for datasets held in memory) | tensor | torchvision",
-                      choices=("auto", "tensor", "torchvision"))
+    loader: Literal["auto", "tensor", "torchvision"] = opt("auto", "auto (tensor for datasets held in memory) | "
+                                                           "tensor | torchvision")
     num_workers: Union[int, str] = opt("auto", "torchvision loader worker processes per rank; "
                                        "auto: resources.cpus_per_task - 1, at most 8")
     augment: bool = opt(True, "random crop (pad 4) + horizontal flip for CIFAR-shaped data")
     limit_train: Optional[int] = opt(None, "use only the first N training samples", ge=1)
     limit_val: Optional[int] = opt(None, "use only the first N validation samples", ge=1)
     drop_last: bool = opt(False, "drop the last partial training batch")
-    pin_memory: Union[bool, str] = opt("auto", "auto: on when training on CUDA", choices=("auto", True, False))
-    tta: str = opt("none", "none | flip: also log val_acc_tta with flip test-time augmentation",
-                   choices=("none", "flip"))
+    pin_memory: Union[Literal["auto"], bool] = opt("auto", "auto: on when training on CUDA")
+    tta: Literal["none", "flip"] = opt("none", "none | flip: also log val_acc_tta with flip test-time augmentation")
 
     def check(self) -> None:
         workers = self.num_workers
         if workers != "auto" and (isinstance(workers, str) or workers < 0):
             raise SpecError("num_workers", f"{brief(workers)} is not allowed; use auto or a whole number >= 0")
-        if self.loader == "tensor" and self.dataset not in IN_MEMORY_DATASETS:
+        if self.loader == "tensor" and not DATASETS[self.dataset].in_memory:
             raise SpecError("loader", f"tensor holds the whole dataset in memory, which {self.dataset} does not "
                             "fit; use loader: auto or torchvision")
 
@@ -117,15 +110,14 @@ class DataSpec(Section):
         """``loader`` resolved: "tensor" or "torchvision"."""
         if self.loader != "auto":
             return self.loader
-        return "tensor" if self.dataset in IN_MEMORY_DATASETS else "torchvision"
+        return "tensor" if DATASETS[self.dataset].in_memory else "torchvision"
 
 
 @dataclass(frozen=True)
 class ModelSpec(Section):
-    arch: str = opt("resnet18", "resnet18 (CIFAR stem) | convnet | mlp", choices=("resnet18", "convnet", "mlp"))
-    sync_bn: bool = opt(True, "SyncBatchNorm across ranks, applied only when training on GPU")
-    channels_last: Union[bool, str] = opt("auto", "channels_last memory format; auto: conv nets on CUDA",
-                                          choices=("auto", True, False))
+    arch: Literal["resnet18", "convnet", "mlp"] = opt("resnet18", "resnet18 (CIFAR stem) | convnet | mlp")
+    sync_bn: bool = opt(True, "SyncBatchNorm across ranks, applied only on GPUs under NCCL")
+    channels_last: Union[Literal["auto"], bool] = opt("auto", "channels_last memory format; auto: conv nets on CUDA")
 
     def check(self) -> None:
         if self.channels_last is True and self.arch == "mlp":
@@ -138,25 +130,25 @@ class ParamGroupSpec(Section):
     match: str = opt("", "parameter-name prefix; the first matching group wins", pattern=(r".+", "a non-empty prefix"))
     lr_mult: float = opt(1.0, "multiplies the base learning rate", gt=0)
     weight_decay: Optional[float] = opt(None, "overrides train.weight_decay", ge=0)
-    schedule: Optional[str] = opt(None, "overrides train.schedule", choices=_SCHEDULES)
+    schedule: Optional[Schedule] = opt(None, "overrides train.schedule")
 
 
 @dataclass(frozen=True)
 class TrainSpec(Section):
     epochs: int = opt(30, "passes over the training set", ge=1)
     batch_size: int = opt(128, "per process; global = batch_size x world_size x grad_accum", ge=1)
-    optimizer: str = opt("sgd", "sgd | adamw", choices=("sgd", "adamw"))
+    optimizer: Literal["sgd", "adamw"] = opt("sgd", "sgd | adamw")
     lr: float = opt(0.1, "base learning rate, before lr_scaling", gt=0)
-    lr_scaling: str = opt("linear", "none | linear | sqrt, relative to world_size x grad_accum",
-                          choices=("none", "linear", "sqrt"))
+    lr_scaling: Literal["none", "linear", "sqrt"] = opt("linear", "none | linear | sqrt, relative to world_size x "
+                                                        "grad_accum")
     momentum: float = opt(0.9, "SGD momentum (AdamW: beta1)", ge=0, lt=1)
     nesterov: bool = opt(True, "Nesterov momentum for SGD")
     weight_decay: float = opt(5.0e-4, "decoupled for AdamW, L2 for SGD", ge=0)
-    schedule: str = opt("cosine", "cosine | step | constant, after warmup", choices=_SCHEDULES)
+    schedule: Schedule = opt("cosine", "cosine | step | constant, after warmup")
     warmup_epochs: float = opt(1.0, "linear warmup length in epochs", ge=0)
     label_smoothing: float = opt(0.0, "cross-entropy label smoothing", ge=0, lt=1)
-    amp: str = opt("auto", "auto (bf16 on CPU and on GPUs of compute capability >= 8.0, else fp16) | fp16 | bf16 | off",
-                   choices=("auto", "fp16", "bf16", "off"))
+    amp: Literal["auto", "fp16", "bf16", "off"] = opt("auto", "auto (bf16 on CPU and on GPUs of compute capability "
+                                                      ">= 8.0, else fp16) | fp16 | bf16 | off")
     grad_accum: int = opt(1, "micro-batches per optimizer step", ge=1)
     ema_decay: Optional[float] = opt(None, "e.g. 0.999: also evaluate an EMA of the weights", gt=0, lt=1)
     param_groups: tuple[ParamGroupSpec, ...] = opt((), "per-layer overrides, first prefix match wins")
@@ -172,8 +164,9 @@ class TrainSpec(Section):
 
 @dataclass(frozen=True)
 class DistSpec(Section):
-    backend: str = opt("auto", "auto (nccl on CUDA, else gloo) | nccl | gloo | cuda:gloo (gloo with NCCL's "
-                       "device rule, for tests: scripts/gpu-check)", choices=("auto", "nccl", "gloo", "cuda:gloo"))
+    backend: Literal["auto", "nccl", "gloo", "cuda:gloo"] = opt("auto", "auto (nccl on CUDA, else gloo) | nccl | "
+                                                                "gloo | cuda:gloo (gloo with NCCL's device rule, "
+                                                                "for tests: scripts/gpu-check)")
     init_method: str = opt("env", "env | tcp://HOST:PORT | file:///shared/path", pattern=_INIT)
     timeout_s: int = opt(600, "collective and rendezvous timeout in seconds", ge=1)
 
@@ -189,7 +182,7 @@ class DistSpec(Section):
 class ResourcesSpec(Section):
     nodes: int = opt(1, "nodes per run", ge=1)
     tasks_per_node: int = opt(1, "processes per node; one per GPU on GPU nodes", ge=1)
-    gpus_per_node: int = opt(0, "GPUs requested per node (gres)", ge=0)
+    gpus_per_node: int = opt(0, "GPUs requested per node (gres); 0: CPU, the ranks see no GPU", ge=0)
     cpus_per_task: int = opt(2, "CPU cores per process", ge=1)
     mem_gb: float = opt(16.0, "memory per node in GB (0: the partition's default)", ge=0)
     time_min: int = opt(60, "wall-clock limit per job in minutes", ge=1)
@@ -319,8 +312,9 @@ class Spec(Section):
     params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
     def check(self) -> None:
-        if self.dist.backend == "nccl" and self.resources.gpus_per_node == 0:
-            raise SpecError("dist.backend", "nccl needs GPUs but resources.gpus_per_node is 0; "
+        if self.dist.backend in ("nccl", "cuda:gloo") and self.resources.gpus_per_node == 0:
+            # gpus_per_node 0 means CPU: the runner hides every GPU from the ranks
+            raise SpecError("dist.backend", f"{self.dist.backend} needs GPUs but resources.gpus_per_node is 0; "
                             "request GPUs or use backend: auto (gloo on CPU)")
         if self.name in (".", ".."):
             raise SpecError("name", f"{self.name!r} is not a folder name; use letters, digits, '.', '_', '-'")
@@ -497,16 +491,16 @@ def _check_full_batches(spec: "Spec") -> None:
     data, batch, world = spec.data, spec.train.batch_size, spec.world_size
     if not data.drop_last:
         return
-    known = TRAIN_SIZES[data.dataset]
+    known = DATASETS[data.dataset].train_size
     # Synthetic data is made to size; a real split is only cut.
-    limited = data.limit_train is not None and (data.dataset == "synthetic" or data.limit_train < known)
+    limited = data.limit_train is not None and (DATASETS[data.dataset].made or data.limit_train < known)
     samples = data.limit_train if limited else known
     if samples >= world * batch:
         return
     key, source = ("data.limit_train", f"limit_train is {samples}") if limited else (
         "train.batch_size", f"{data.dataset} has only {samples}")
     fixes = [f"set data.limit_train to at least {world * batch}"] if (
-        data.dataset == "synthetic" or world * batch <= known) else []
+        DATASETS[data.dataset].made or world * batch <= known) else []
     fixes += [f"lower train.batch_size to at most {samples // world}"] if samples >= world else []
     raise SpecError(key, f"with drop_last, {world} ranks x batch_size {batch} need {world * batch} training "
                          f"samples, but {source}; {' or '.join(fixes + ['set data.drop_last: false'])}")
@@ -546,6 +540,30 @@ def _close(value: Any, choices: Any) -> str:
 
 
 @functools.cache
+@functools.cache
+def _field_checks(cls: type, f: Any) -> dict:
+    """A field's checks: its metadata, plus the choices its type allows (a ``Literal``)."""
+    choices = choices_of(_hints(cls)[f.name])
+    return {**f.metadata, "choices": choices} if choices else dict(f.metadata)
+
+
+def choices_of(hint: Any) -> Optional[tuple]:
+    """The values a ``Literal`` type allows (inside Optional or beside bool too: bool adds
+    true and false); None when the type allows more than a fixed set."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return args
+    if origin is not Union:
+        return None
+    allowed: list = []
+    for arg in (a for a in args if a is not type(None)):
+        inner = (True, False) if arg is bool else choices_of(arg)
+        if inner is None:
+            return None
+        allowed += inner
+    return tuple(allowed)
+
+
 def _fields(cls: type) -> tuple:
     return fields(cls)
 
@@ -656,6 +674,8 @@ def _float_string(key: str, value: str) -> float:
 
 
 def _is_instance(value: Any, hint: Any) -> bool:
+    if get_origin(hint) is Literal:  # its kind here; which value is checked with the field's choices
+        return _is_instance(value, type(get_args(hint)[0]))
     if hint is dict:
         return isinstance(value, dict)
     if hint is int:
@@ -664,6 +684,8 @@ def _is_instance(value: Any, hint: Any) -> bool:
 
 
 def _type_word(hint: Any) -> str:
+    if get_origin(hint) is Literal:
+        return _type_word(type(get_args(hint)[0]))
     return {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
             dict: "a mapping"}.get(hint, str(hint))
 

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from clusterjob.errors import BadInput
-from clusterjob.results import Results, collect
-from clusterjob.rundir import STATUSES, UNKNOWN, printable
+from clusterjob.errors import BadInput, escape
+from clusterjob.reading import Results, collect
+from clusterjob.rundir import STATUSES, UNKNOWN
 from clusterjob.tables import RUN_FIELDS, runs_frame
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
@@ -135,7 +135,7 @@ def choose_primary(results: Results, metric: Optional[str] = None, mode: Optiona
     elif metric not in names:
         close = [n for n in names if n.startswith(metric)][:1] or difflib.get_close_matches(metric, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        known = ", ".join(map(printable, names[:20])) or "none"
+        known = ", ".join(map(escape, names[:20])) or "none"
         raise BadInput(f"--metric: no run logged {metric!r}{hint}; metrics these runs logged: {known}")
     if mode is not None:
         return Primary(metric, mode, "--mode")
@@ -258,7 +258,7 @@ def status_counts(runs: pd.DataFrame) -> dict:
 def status_line(report: Report) -> str:
     """"12 runs: 9 completed, 2 running, 1 unknown; 1 damaged (see warnings)"."""
     counts = status_counts(report.runs)
-    parts = ", ".join(f"{n} {printable(status)}" for status, n in counts.items())
+    parts = ", ".join(f"{n} {escape(status)}" for status, n in counts.items())
     line = f"{len(report.runs)} run{'s' if len(report.runs) != 1 else ''}: {parts}"
     damaged = sum(1 for problems in report.results.problems if problems)
     return line + (f"; {damaged} damaged (see warnings)" if damaged else "")

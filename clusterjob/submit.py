@@ -40,10 +40,16 @@ def choose_executor(requested: str) -> str:
 
 
 def check_local(spec: Spec) -> None:
+    """What this machine must offer a local run, checked before any process starts."""
     if spec.resources.nodes > 1:
         raise BadInput(f"resources.nodes: {spec.resources.nodes} nodes cannot run with the local executor, "
                        "which uses this machine only; submit to Slurm (--executor slurm) or set "
                        "--set resources.nodes=1")
+    if spec.resources.gpus_per_node > 0:  # on CPU the runner hides the GPUs: nothing to count
+        from clusterjob.launch import local
+
+        visible, where = local.gpus_here(os.environ)
+        local.check_gpus(spec.resources.tasks_per_node, spec.resources.gpus_per_node, visible, where)
 
 
 def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: bool = False,

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from clusterjob.reading import Results
 from clusterjob.rundir import MAX_INFO_BYTES, SPEC_FILE, STATUSES, UNKNOWN, is_number, read_text
-
-if TYPE_CHECKING:
-    from clusterjob.results import Results
 
 # Metrics whose last value the runs table carries under the same name
 # (the first four always, the others when some run logged them).
@@ -25,7 +23,7 @@ LAST_VALUE = ("val_acc", "val_loss", "train_loss", "train_acc", "val_acc_ema", "
 # ---------------------------------------------------------------- per-run values
 
 
-def last_logged(results: "Results", name: str) -> np.ndarray:
+def last_logged(results: Results, name: str) -> np.ndarray:
     """Each run's last logged (non-NaN) value of ``name`` (NaN when it logged none)."""
     out = np.full(len(results.lengths), np.nan)
     col = results.columns.get(name)
@@ -44,7 +42,7 @@ def last_logged(results: "Results", name: str) -> np.ndarray:
     return out
 
 
-def _segment_reduce(results: "Results", name: str, ufunc: np.ufunc) -> np.ndarray:
+def _segment_reduce(results: Results, name: str, ufunc: np.ufunc) -> np.ndarray:
     """``ufunc.reduceat`` of ``name`` over each run's lines (NaN with no lines)."""
     out = np.full(len(results.lengths), np.nan)
     col = results.columns.get(name)
@@ -54,7 +52,7 @@ def _segment_reduce(results: "Results", name: str, ufunc: np.ufunc) -> np.ndarra
     return out
 
 
-def _segment_mean(results: "Results", name: str) -> np.ndarray:
+def _segment_mean(results: Results, name: str) -> np.ndarray:
     """Each run's mean of ``name`` over the lines that logged it."""
     col = results.columns.get(name)
     if col is None:
@@ -66,7 +64,7 @@ def _segment_mean(results: "Results", name: str) -> np.ndarray:
         return np.where(counts > 0, sums / counts, np.nan)
 
 
-def _reduce_array(results: "Results", values: np.ndarray) -> np.ndarray:
+def _reduce_array(results: Results, values: np.ndarray) -> np.ndarray:
     """Per-run sums of an array aligned with the rows (0 with no lines)."""
     out = np.zeros(len(results.lengths))
     has = results.lengths > 0
@@ -75,7 +73,7 @@ def _reduce_array(results: "Results", values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _best_epoch(results: "Results", best: np.ndarray) -> np.ndarray:
+def _best_epoch(results: Results, best: np.ndarray) -> np.ndarray:
     """The first epoch at which each run reached its best val_acc."""
     out = np.full(len(results.lengths), np.nan)
     col, epochs = results.columns.get("val_acc"), results.columns.get("epoch")
@@ -96,7 +94,7 @@ def _timestamp(text: Optional[str]) -> Optional[datetime]:
         return None
 
 
-def _wall_time(results: "Results") -> np.ndarray:
+def _wall_time(results: Results) -> np.ndarray:
     """finished_at - started_at where both exist, else the sum of epoch_time_s."""
     summed = _segment_reduce(results, "epoch_time_s", np.add)
     out = summed.copy()
@@ -110,7 +108,7 @@ def _wall_time(results: "Results") -> np.ndarray:
     return out
 
 
-def _fill_from_final(results: "Results", values: dict, names: Iterable) -> None:
+def _fill_from_final(results: Results, values: dict, names: Iterable) -> None:
     """Runs without metrics.jsonl take their last values from run.json's "final"."""
     for i, info in enumerate(results.infos):
         final = info["final"]
@@ -123,7 +121,7 @@ def _fill_from_final(results: "Results", values: dict, names: Iterable) -> None:
             values["epochs"][i] = final["epoch"]
 
 
-def _run_values(results: "Results", extra: Sequence[str]) -> dict:
+def _run_values(results: Results, extra: Sequence[str]) -> dict:
     """The per-run numbers of the runs table, as arrays in run order."""
     names = [n for n in LAST_VALUE if n in results.columns or n in LAST_VALUE[:4]]
     names += [n for n in extra if n not in names]
@@ -179,7 +177,7 @@ def _params_from_spec(path: str, keys: list) -> dict:
     return {key: value for key, value in found.items() if value is not None}
 
 
-def _params_table(results: "Results") -> dict:
+def _params_table(results: Results) -> dict:
     """{swept key: Series over runs}; runs without params try their spec.yaml."""
     keys = results.param_keys
     params = []
@@ -213,12 +211,12 @@ def _text_column(values: list) -> pd.Series:
     return pd.Series(values, dtype="string")
 
 
-def _field(results: "Results", key: str) -> list:
+def _field(results: Results, key: str) -> list:
     """One run.json field over all runs."""
     return [info[key] for info in results.infos]
 
 
-def _run_fields(results: "Results") -> dict:
+def _run_fields(results: Results) -> dict:
     """The run.json columns of the runs table."""
     text = ("slurm_job_id", "backend", "amp", "git_sha", "error", "path")
     data = {key: _text_column(_field(results, key)) for key in text}
@@ -241,7 +239,7 @@ RUN_FIELDS = ("run_id", "name", "status", "epochs", "best_val_acc", "best_epoch"
 # ---------------------------------------------------------------- frames
 
 
-def runs_frame(results: "Results", metrics: Sequence[str] = ()) -> pd.DataFrame:
+def runs_frame(results: Results, metrics: Sequence[str] = ()) -> pd.DataFrame:
     """One row per run; see ``results.load_runs``. ``metrics`` adds the last logged
     value of further metrics (a user's own), after the standard ones."""
     values = _run_values(results, metrics)
@@ -272,7 +270,7 @@ def _epoch_ints(col: np.ndarray) -> "np.ndarray | pd.arrays.IntegerArray":
     return _int_column(col)
 
 
-def epochs_frame(results: "Results") -> pd.DataFrame:
+def epochs_frame(results: Results) -> pd.DataFrame:
     """One row per run and logged line; see ``results.load_epochs``."""
     owner = np.repeat(np.arange(len(results.lengths)), results.lengths)
     data: dict = {}

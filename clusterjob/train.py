@@ -52,10 +52,15 @@ class Ema:
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
         self.decay, self.updates = decay, 0
         self._floats, self._others = _split_floating(self.module)
+        # The trained model's tensor lists, made on its first update and kept: made per
+        # step they cost a module walk and a view per tensor (122 for ResNet-18). The
+        # tensors are updated in place (optimizer, BatchNorm, load_state_dict), so the
+        # lists stay valid; the Parameters, not detached views, so a ``.data`` swap does too.
+        self._source: Optional[tuple] = None
 
     @torch.no_grad()
     def update_parameters(self, model: torch.nn.Module) -> None:
-        floats, others = _split_floating(model)
+        floats, others = self._tensors_of(model)
         if self.updates == 0:
             torch._foreach_copy_(self._floats, floats)
         else:
@@ -63,6 +68,11 @@ class Ema:
         if others:
             torch._foreach_copy_(self._others, others)  # integer buffers (BN's batch count)
         self.updates += 1
+
+    def _tensors_of(self, model: torch.nn.Module) -> tuple[list, list]:
+        if self._source is None or self._source[0] is not model:
+            self._source = (model, *_split_floating(model))
+        return self._source[1], self._source[2]
 
     def state_dict(self) -> dict:
         return {**{f"module.{k}": v for k, v in self.module.state_dict().items()},
@@ -74,8 +84,9 @@ class Ema:
 
 
 def _split_floating(model: torch.nn.Module) -> tuple[list, list]:
-    """(floating-point parameters and buffers, the other buffers), in a fixed order."""
-    tensors = [t.detach() for t in itertools.chain(model.parameters(), model.buffers())]
+    """(floating-point parameters and buffers, the other buffers), in a fixed order; not
+    detached (a view per tensor per call): the EMA reads and writes them under no_grad."""
+    tensors = list(itertools.chain(model.parameters(), model.buffers()))
     return [t for t in tensors if t.is_floating_point()], [t for t in tensors if not t.is_floating_point()]
 
 
@@ -188,9 +199,9 @@ def _wrap_ddp(model: torch.nn.Module, plan: DevicePlan, world_size: int) -> torc
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def _sync_context(model: torch.nn.Module, sync: bool) -> Any:
-    """DDP's ``no_sync`` on micro-steps that do not end an accumulation (no all-reduce)."""
-    no_sync = getattr(model, "no_sync", None)
+def _sync_context(no_sync: Optional[Callable[[], Any]], sync: bool) -> Any:
+    """DDP's ``no_sync`` (None for a plain module) on micro-steps that do not end an
+    accumulation (no all-reduce)."""
     return contextlib.nullcontext() if sync or no_sync is None else no_sync()
 
 
@@ -211,9 +222,20 @@ class EpochState:
     finished: bool = False
 
 
+# Steps whose metrics wait on the device before they are summed (at the latest): bounds
+# what they hold, a batch's logits and targets each.
+PENDING_STEPS = 64
+
+
 class Meter:
     """One rank's running sums of an epoch, kept on the device so that a step needs no
     host sync; sample counts are host ints (the batch sizes are known there).
+
+    A step only keeps its loss, logits and targets (two detached views, no kernel); the
+    pending steps are summed together, a dozen kernels at a progress line or every
+    ``PENDING_STEPS`` steps, so that a step launches what a bare loop does. (The logits
+    are held until then: a compile mode whose outputs the next step overwrites, CUDA
+    graphs, would need them summed per step.)
 
     The loss sums skip non-finite steps (fp16 overflows now and then; the GradScaler skips
     those steps too), and a progress window in which no step was finite is divergence."""
@@ -223,21 +245,31 @@ class Meter:
         self.sums = torch.tensor([loss_sum, correct, loss_samples], device=device)
         self.window = torch.zeros(2, device=device)  # finite-loss sum and samples since the last line
         self.window_samples, self.window_step = 0, step
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
-        n = y.shape[0]
-        loss = loss.detach().float()
-        finite = torch.isfinite(loss)
-        step = torch.stack([torch.where(finite, loss * n, 0.0), (out.argmax(1) == y).sum().float(),
-                            finite.float() * n])
+        self.pending.append((loss.detach(), out.detach(), y))
+        self.samples += y.shape[0]
+        self.window_samples += y.shape[0]
+        if len(self.pending) == PENDING_STEPS:
+            self.fold()
+
+    def fold(self) -> None:
+        """Add the pending steps to the sums, on the device (no host sync)."""
+        if not self.pending:
+            return
+        losses, outs, ys = zip(*self.pending)
+        self.pending = []
+        loss_sum, finite_samples = _finite_loss_sums(losses, [y.shape[0] for y in ys])
+        correct = (torch.cat(outs).argmax(1) == torch.cat(ys)).sum()
+        step = torch.stack([loss_sum, correct.float(), finite_samples])
         self.sums += step
         self.window += step[::2]  # a strided view: an index list would be copied from the host
-        self.samples += n
-        self.window_samples += n
 
     def take_window(self, t: "Trainer", epoch: int) -> tuple[float, float]:
         """(finite-loss sum, finite samples) since the last call, one host sync;
         DivergedError when no step of the window had a finite loss."""
+        self.fold()
         loss_sum, finite = self.window.tolist()
         samples, since = self.window_samples, self.window_step
         self.window.zero_()
@@ -249,8 +281,21 @@ class Meter:
         return loss_sum, finite
 
     def state(self, batches: int, seconds: float, finished: bool = False) -> EpochState:
+        self.fold()
         loss_sum, correct, loss_samples = self.sums.tolist()
         return EpochState(batches, (loss_sum, correct, loss_samples, self.samples), seconds, finished)
+
+
+def _finite_loss_sums(losses: tuple, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of loss x batch size, sum of batch size) over the steps whose loss is finite.
+    The steps are taken in groups of one batch size, a host int: no size list is copied
+    to the device. (A run has two sizes at most: full batches and the last partial one.)"""
+    sums = torch.zeros(2, device=losses[0].device)
+    for size in sorted(set(sizes)):
+        group = torch.stack([loss for loss, n in zip(losses, sizes) if n == size]).float()
+        finite = torch.isfinite(group)
+        sums += torch.stack([torch.where(finite, group, 0.0).sum(), finite.sum().float()]) * size
+    return sums[0], sums[1]
 
 
 def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: Callable[[], bool],
@@ -263,18 +308,20 @@ def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: C
     device, accum = t.plan.device, t.spec.train.grad_accum
     autocast = autocast_for(t.plan)
     meter = Meter(done, device, t.step)
+    no_sync = getattr(t.model, "no_sync", None)  # once: a module misses an attribute slowly
     n_batches, clock, first_step = done.batches + len(loader), Clock(done.seconds), t.step
     for i, (x, y) in enumerate(loader, start=done.batches):
         # non_blocking: a copy from pinned memory overlaps the GPU's work. A batch of the
-        # tensor pipeline is on the device already: returned as it is, or made channels_last
+        # tensor pipeline is on the device in the model's memory format: returned as it is
         x = x.to(device, non_blocking=True, memory_format=t.memory_format)
         y = y.to(device, non_blocking=True)
         ends_step = (i + 1) % accum == 0 or i + 1 == n_batches
-        with _sync_context(t.model, ends_step):
+        with _sync_context(no_sync, ends_step):
             with autocast():
                 out = t.model(x)
                 loss = F.cross_entropy(out, y, label_smoothing=t.spec.train.label_smoothing)
-            t.scaler.scale(loss / accum).backward()
+            # no division when nothing is accumulated: a division and its gradient per step
+            t.scaler.scale(loss / accum if accum > 1 else loss).backward()
         meter.add(loss, out, y)
         if ends_step:
             _optimizer_step(t)

@@ -23,7 +23,8 @@ from clusterjob.optim import current_lrs
 from clusterjob.preempt import StopSignal
 from clusterjob.rundir import RunDir
 from clusterjob.spec import Spec
-from clusterjob.train import EpochState, Trainer, build_trainer, check_compile, epoch_metrics, evaluate, train_epoch
+from clusterjob.train import (EpochState, Trainer, build_trainer, check_compile, epoch_metrics, evaluate,
+                              memory_format_for, train_epoch)
 
 
 def prepare(spec: Spec, env: DistEnv) -> Callable[[RunDir, StopSignal], str]:
@@ -40,10 +41,13 @@ def prepare(spec: Spec, env: DistEnv) -> Callable[[RunDir, StopSignal], str]:
 
 
 def train(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: StopSignal) -> str:
+    plan = device.plan_for_job(plan, spec)  # through the store: NCCL's first call would fail on a shared GPU
+    if env.rank == 0:
+        for note in plan.notes:
+            print(note, flush=True)
     with dist.rank0_first(env) if downloads(spec.data) else contextlib.nullcontext():
         data = load_data(spec)  # before the process group: no timeout
     dist.init(env, plan.backend, plan.device, spec.dist.timeout_s)
-    plan = device.plan_for_job(plan, spec, env)
     return run_training(spec, env, plan, run, stop, data)
 
 
@@ -69,7 +73,7 @@ def make_loaders(spec: Spec, env: DistEnv, plan: DevicePlan, data: Any) -> Any:
     ``train_loader``, ``val_loader`` and ``set_epoch(epoch, skip_batches)``."""
     if isinstance(data, pipeline.TensorData):
         return pipeline.build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size,
-                                      spec.train.seed, plan.device)
+                                      spec.train.seed, plan.device, memory_format_for(spec, plan))
     return build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size, spec.train.seed,
                          plan.pin_memory, spec.resources.cpus_per_task)
 

@@ -12,7 +12,8 @@ import torch
 import torchvision
 from torch.utils.data import Dataset, DistributedSampler
 
-from clusterjob.data import (STATS, Datasets, SyntheticImages, build_datasets, build_loaders, set_epoch,
+from clusterjob.catalog import DATASETS
+from clusterjob.data import (Datasets, SyntheticImages, build_datasets, build_loaders, set_epoch,
                              val_valid_count)
 from clusterjob.errors import BadInput
 from clusterjob.models import build_model
@@ -58,7 +59,7 @@ def cifar_root(tmp_path, monkeypatch):
 
 def _normalized(rows, dataset):
     """What ToTensor + Normalize should make of CIFAR rows (N, 3072): (N, 3, 32, 32)."""
-    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in STATS[dataset])
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (DATASETS[dataset].mean, DATASETS[dataset].std))
     return (torch.from_numpy(rows).float().view(len(rows), -1, 32, 32) / 255 - mean) / std
 
 

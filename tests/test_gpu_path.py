@@ -208,6 +208,7 @@ def _run_failing(monkeypatch, tmp_path, target):
     spec = tmp_path / "s.yaml"
     spec.write_text(f"name: s\noutput: {{root: {tmp_path / 'results'}}}\nresources: {{cpus_per_task: 1}}\n")
     calls = []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the runner hides the GPUs (gpus_per_node 0): undone after the test
     monkeypatch.setattr(dist, "initialized", lambda: True)
     monkeypatch.setattr(dist.tdist, "destroy_process_group", lambda *a: calls.append("destroy"))
     monkeypatch.setattr("torch.distributed.distributed_c10d._abort_process_group", lambda *a: calls.append("abort"))
@@ -284,7 +285,8 @@ def test_a_rank_with_no_gpu_for_it_exits_2_before_the_rendezvous(tmp_path):
 
     spec = write_spec(tmp_path, "nogpu", dist={"backend": "nccl", "timeout_s": 300},
                       resources={"gpus_per_node": 1, "cpus_per_task": 1})
-    env = {**base_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+    env = {**base_env(), "CUDA_VISIBLE_DEVICES": "",  # no GPU for it, on any machine
+           "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
     done = subprocess.run([sys.executable, "-m", "clusterjob.run", str(spec)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
@@ -320,6 +322,63 @@ def test_gpu_check_says_so_and_runs_nothing_without_a_gpu(tmp_path):
     import subprocess
 
     done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "gpu-check")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # on any machine
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "gpu-check: no CUDA GPU is visible on this machine; nothing run"
     assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- before the process group
+
+
+def _shared_gpu(rank: int, port: int, folder: str, gpus: list, backend: str) -> None:
+    """The device plans of two ranks checked through the real rendezvous store, with
+    faked GPU identities; no process group is made."""
+    from clusterjob import device
+    from clusterjob.errors import BadInput
+
+    env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, ("127.0.0.1",))
+    dist.rendezvous(env, "env", 30)
+    device.rank_facts = lambda plan: ("n1", gpus[rank], 80 + 5 * rank, backend)  # what CUDA would say
+    plan = device.DevicePlan("cuda:0", backend, "bfloat16", True, backend == "nccl", capability=80 + 5 * rank)
+    spec = spec_from_dict({"name": "t", "resources": {"gpus_per_node": 1}, "train": {"amp": "auto"}})
+    try:
+        result = {"capability": device.plan_for_job(plan, spec).capability}
+    except BadInput as err:
+        result = {"error": str(err)}
+    result["group"] = dist.initialized()
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
+    os._exit(0)  # see _two_ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpus, backend, expected", [
+    (["GPU-a", "GPU-a"], "nccl", {"error": "ranks 0 and 1 both run on GPU GPU-a of n1; NCCL needs one GPU per rank: "
+                                           "request one GPU per task (resources.gpus_per_node = tasks_per_node), or "
+                                           "set dist.backend: gloo", "group": False}),
+    (["GPU-a", "GPU-b"], "nccl", {"capability": 80, "group": False}),
+    (["GPU-a", "GPU-a"], "cuda:gloo", {"capability": 80, "group": False}),
+])
+def test_the_device_plans_are_checked_through_the_store_before_any_process_group(tmp_path, gpus, backend, expected):
+    from clusterjob.launch.local import free_port
+
+    mp.spawn(_shared_gpu, args=(free_port(), str(tmp_path), gpus, backend), nprocs=2)
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)] == [expected, expected]
+
+
+def test_the_trainer_checks_the_job_plan_before_the_process_group_and_rank0_logs_the_notes(monkeypatch, capsys):
+    from clusterjob import device, worker
+    from clusterjob.device import DevicePlan
+
+    calls = []
+    note = "model.sync_bn: off under cuda:gloo (SyncBatchNorm needs NCCL); plain BatchNorm per rank"
+    plan = DevicePlan("cuda:0", "cuda:gloo", "float16", True, False, 75, notes=(note,))
+    spec = spec_from_dict({"name": "t", "data": {"dataset": "synthetic"}, "resources": {"gpus_per_node": 1}})
+    monkeypatch.setattr(device, "plan_for_job", lambda plan, spec: calls.append("job plan") or plan)
+    monkeypatch.setattr(worker, "load_data", lambda spec: calls.append("data"))
+    monkeypatch.setattr(dist, "init", lambda env, backend, device, timeout: calls.append(f"init {backend} {device}"))
+    monkeypatch.setattr(worker, "run_training", lambda spec, env, plan, run, stop, data: "completed")
+    for rank in (0, 1):
+        assert worker.train(spec, _env(rank), plan, run=None, stop=None) == "completed"
+    assert calls == ["job plan", "data", "init cuda:gloo cuda:0"] * 2
+    assert capsys.readouterr().out == note + "\n"  # rank 0 only

@@ -92,7 +92,8 @@ def test_channels_last_auto_is_for_conv_nets_on_cuda(arch, setting, cuda, expect
     from clusterjob.spec import spec_from_dict
     from clusterjob.train import memory_format_for
 
-    spec = spec_from_dict({"name": "t", "model": {"arch": arch, "channels_last": setting}})
+    gpus = {"gpus_per_node": 1} if cuda else {}
+    spec = spec_from_dict({"name": "t", "model": {"arch": arch, "channels_last": setting}, "resources": gpus})
     fmt = memory_format_for(spec, _plan(spec, cuda))
     assert fmt == (torch.channels_last if expected else torch.contiguous_format)
 

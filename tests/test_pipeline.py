@@ -3,6 +3,8 @@ mid-epoch resume, the published file formats, and no host sync in the step."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -10,8 +12,8 @@ import torch.nn.functional as F
 import torchvision
 from torch.utils.data import DistributedSampler
 
-from clusterjob import spec as specmod
-from clusterjob.data import STATS, Datasets, build_datasets, build_loaders as torchvision_loaders, set_epoch
+from clusterjob.catalog import DATASETS
+from clusterjob.data import Datasets, build_datasets, build_loaders as torchvision_loaders, set_epoch
 from clusterjob.errors import SpecError
 from clusterjob.pipeline import ImageSplit, TensorData, build_loaders, crop_flip, load_splits
 from clusterjob.spec import DataSpec, spec_from_dict
@@ -210,7 +212,7 @@ def test_mnist_files_load_as_torchvision_reads_them(mnist_root):
     loaders = build_loaders(td, data, 5, 0, 1, 0, "cpu")
     loaders.set_epoch(1)
     ((x, y),) = list(loaders.train_loader)
-    mean, std = STATS["mnist"][0][0], STATS["mnist"][1][0]
+    mean, std = DATASETS["mnist"].mean[0], DATASETS["mnist"].std[0]
     order = loaders.train_loader.indices
     assert sorted(order.tolist()) == list(range(5)) and torch.equal(y, td.train.targets[order])
     assert torch.allclose(x, (td.train.images[order].float() / 255 - mean) / std, atol=1e-6)
@@ -235,7 +237,8 @@ def test_synthetic_splits_are_the_synthetic_dataset():
 def test_loader_auto_is_tensor_for_datasets_held_in_memory(monkeypatch):
     assert [DataSpec(dataset=d).loader_kind for d in ("cifar10", "mnist", "synthetic")] == ["tensor"] * 3
     assert DataSpec(dataset="mnist", loader="torchvision").loader_kind == "torchvision"
-    monkeypatch.setattr(specmod, "IN_MEMORY_DATASETS", ("cifar10", "synthetic"))  # as if mnist did not fit
+    as_if_too_big = dataclasses.replace(DATASETS["mnist"], in_memory=False)
+    monkeypatch.setitem(DATASETS, "mnist", as_if_too_big)
     assert DataSpec(dataset="mnist").loader_kind == "torchvision"
     with pytest.raises(SpecError) as err:
         spec_from_dict({"name": "t", "data": {"dataset": "mnist", "loader": "tensor"}})

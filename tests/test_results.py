@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from clusterjob import results
+from clusterjob import reading
 from clusterjob.results import ResultsWarning, load_epochs, load_runs
 from clusterjob.rundir import find_runs
 
@@ -230,12 +230,12 @@ def test_missing_root_raises(tmp_path):
 
 def test_cache_is_used_and_invalidated(exp, monkeypatch):
     first = load_runs(exp)
-    assert (exp / results.CACHE_NAME).is_file()
+    assert (exp / reading.CACHE_NAME).is_file()
 
     def no_parsing(run):
         raise AssertionError(f"{run.path} parsed again")
 
-    monkeypatch.setattr(results, "_parse_run", no_parsing)
+    monkeypatch.setattr(reading, "_parse_run", no_parsing)
     pd.testing.assert_frame_equal(load_runs(exp), first)
     assert len(load_epochs(exp)) == 18
     monkeypatch.undo()
@@ -253,23 +253,23 @@ def test_cache_keeps_warnings_and_survives_corruption(exp):
         load_runs(exp)
     with pytest.warns(ResultsWarning, match="run.json is missing"):
         load_runs(exp)  # from the cache, same warning
-    (exp / results.CACHE_NAME).write_bytes(b"garbage")
+    (exp / reading.CACHE_NAME).write_bytes(b"garbage")
     with pytest.warns(ResultsWarning):
         assert len(load_runs(exp)) == 6
 
 
 def test_no_cache_writes_nothing(exp):
     quiet_load(exp, cache=False)
-    assert not (exp / results.CACHE_NAME).exists()
+    assert not (exp / reading.CACHE_NAME).exists()
 
 
 def test_cache_is_written_only_by_a_finished_read(exp, monkeypatch):
-    got = results.collect(exp)
-    assert not (exp / results.CACHE_NAME).exists()  # collect reads; the caller saves on success
+    got = reading.collect(exp)
+    assert not (exp / reading.CACHE_NAME).exists()  # collect reads; the caller saves on success
     got.save_cache()
-    assert (exp / results.CACHE_NAME).is_file()
-    (exp / results.CACHE_NAME).unlink()
-    monkeypatch.setattr(results.os, "access", lambda path, mode: False)  # a folder we may not write
+    assert (exp / reading.CACHE_NAME).is_file()
+    (exp / reading.CACHE_NAME).unlink()
+    monkeypatch.setattr(reading.os, "access", lambda path, mode: False)  # a folder we may not write
     load_runs(exp)
     assert sorted(p.name for p in exp.iterdir()) == [f"r{i}" for i in range(6)]
 

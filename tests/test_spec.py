@@ -283,3 +283,27 @@ def test_shipped_job_specs_are_valid():
     assert jobs, "jobs/*.yaml missing"
     for job in jobs:
         assert expand_sweep(load_spec(job)), job
+
+
+def test_the_dataset_catalog_is_the_spec_s_choice_of_datasets():
+    from typing import get_args
+
+    from clusterjob.catalog import DATASETS, DatasetName
+    from clusterjob.spec import choices_of
+
+    assert tuple(DATASETS) == get_args(DatasetName) == choices_of(DatasetName)
+    assert all(name == d.name and len(d.mean) == len(d.std) == d.shape[0] for name, d in DATASETS.items())
+
+
+def test_choices_come_from_the_field_types():
+    from typing import Literal, Optional, Union
+
+    from clusterjob.spec import choices_of
+
+    assert choices_of(Literal["a", "b"]) == ("a", "b")
+    assert choices_of(Optional[Literal["a"]]) == ("a",)
+    assert choices_of(Union[Literal["auto"], bool]) == ("auto", True, False)
+    assert choices_of(Union[int, str]) is None and choices_of(str) is None
+    with pytest.raises(SpecError) as err:
+        spec_from_dict({"name": "t", "train": {"optimizer": "adam"}})
+    assert str(err.value) == "train.optimizer: 'adam' is not allowed; choose one of sgd, adamw (did you mean 'adamw'?)"

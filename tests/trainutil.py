@@ -17,13 +17,14 @@ from clusterjob.launch.local import free_port  # noqa: F401  (re-exported for th
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Seconds on 2 cores: synthetic data, an MLP (no BN, no dropout), no AMP, no lr scaling.
+# Seconds on 2 cores: synthetic data, an MLP (no BN, no dropout), no AMP, no lr scaling; on
+# CPU, said twice: gpus_per_node 0 (the runner hides the GPUs) and no GPU in base_env().
 TINY = {
     "data": {"dataset": "synthetic", "limit_train": 256, "limit_val": 101, "num_workers": 0, "augment": False},
     "model": {"arch": "mlp"},
     "train": {"epochs": 1, "batch_size": 16, "amp": "off", "lr_scaling": "none", "warmup_epochs": 0,
               "lr": 0.05, "log_every": 4},
-    "resources": {"cpus_per_task": 1},
+    "resources": {"cpus_per_task": 1, "gpus_per_node": 0},
 }
 
 
@@ -42,8 +43,11 @@ def write_spec(folder: Path, name: str = "t", **sections) -> Path:
 
 
 def base_env() -> dict:
+    """The environment of a launch by hand: this one without any job layout, on CPU even
+    on a machine with GPUs (a test that means a GPU sets CUDA_VISIBLE_DEVICES itself)."""
     env = clean_environ(os.environ)
     env["PYTHONPATH"] = str(REPO)
+    env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from clusterjob import env as envmod
 from clusterjob import procs
+from clusterjob.errors import BadInput
 from clusterjob.rundir import RunDir, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
@@ -44,6 +46,68 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def visible_gpus(cuda_visible_devices: Optional[str], smi_listing: Optional[str]) -> int:
+    """How many GPUs a rank started here will see, without torch (which the login side
+    never loads): CUDA_VISIBLE_DEVICES when set, else every GPU of ``nvidia-smi -L``
+    (None: no nvidia-smi, so no GPU)."""
+    machine = None if smi_listing is None else sum(
+        line.startswith("GPU ") for line in smi_listing.splitlines())
+    if cuda_visible_devices is None:
+        return machine or 0
+    return len(_listed_gpus(cuda_visible_devices, machine))
+
+
+def _listed_gpus(text: str, machine: Optional[int]) -> list[str]:
+    """The GPUs CUDA makes of CUDA_VISIBLE_DEVICES: the entries up to the first that names
+    no GPU of the machine ("", -1, an index past its GPUs); a repeated entry hides all."""
+    listed: list[str] = []
+    for entry in (part.strip() for part in text.split(",")):
+        uuid = entry.startswith(("GPU-", "MIG-"))
+        index_ok = entry.isdigit() and (machine is None or int(entry) < machine)
+        if not (uuid or index_ok):
+            break
+        if entry in listed:
+            return []
+        listed.append(entry)
+    return listed
+
+
+def machine_gpus() -> Optional[str]:
+    """``nvidia-smi -L``'s listing (one ``GPU n: ...`` line per GPU), None without it."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def gpus_here(environ: Mapping[str, str]) -> tuple[int, str]:
+    """(GPUs a local rank will see, where that number comes from, for an error line)."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    smi = machine_gpus()
+    count = visible_gpus(listed, smi)
+    if listed is not None:
+        return count, f"CUDA_VISIBLE_DEVICES={listed!r}"
+    return count, "no nvidia-smi" if smi is None else "nvidia-smi -L"
+
+
+def check_gpus(tasks: int, gpus_per_node: int, visible: int, where: str) -> None:
+    """A local run on GPUs needs one visible GPU per task: more tasks would share a GPU,
+    which NCCL refuses only after every rank has started and loaded its data."""
+    if gpus_per_node == 0 or tasks <= visible:
+        return
+    fix = (f"set resources.tasks_per_node: {visible}, or" if visible else "submit to Slurm (--executor slurm), or set")
+    raise BadInput(f"resources.tasks_per_node: {tasks} needs {_gpus(tasks)} here (one per task), but {_gpus(visible)} "
+                   f"{'is' if visible == 1 else 'are'} visible ({where}); {fix} resources.gpus_per_node: 0 "
+                   "to train on CPU")
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def rank_environ(base: dict, rank: int, world: int, port: int) -> dict:
