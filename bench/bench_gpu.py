@@ -44,7 +44,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 RESULT = "BENCH-RESULT "  # a child's last stdout line: this, then its JSON
 FIRST_STEP = "BENCH-FIRST-STEP "  # the runner child's line when its first step returned
-MEAN, STD = (0.5, 0.5, 0.5), (0.22, 0.22, 0.22)  # clusterjob.catalog.DATASETS["synthetic"]
+MEAN, STD = (0.5, 0.5, 0.5), (0.22, 0.22, 0.22)  # clusterjob.spec.catalog.DATASETS["synthetic"]
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Batches:
 def _model(work: Work):
     import torch
 
-    from clusterjob.models import build_model  # the runner's own ResNet-18, the same in every row
+    from clusterjob.trainer.models import build_model  # the runner's own ResNet-18, the same in every row
 
     torch.manual_seed(0)
     return build_model("resnet18", 10, (3, 32, 32)).to(work.device, memory_format=torch.channels_last)
@@ -238,7 +238,7 @@ def _epoch_timer(L: Any, work: Work) -> Any:
 
 def runner_child(spec: str, run_dir: str) -> None:
     """``python -m clusterjob.run SPEC --run-dir RUN_DIR``, noting the first step's time."""
-    from clusterjob import train
+    from clusterjob.trainer import train
 
     step = train._optimizer_step
 

@@ -46,11 +46,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the dataset files in their published formats
 
-from clusterjob.catalog import DATASETS
-from clusterjob import data as datamod, pipeline  # noqa: E402
-from clusterjob.models import build_model  # noqa: E402
 from datafiles import Py2Str, write_pickle  # noqa: E402
-from clusterjob.spec import DataSpec, spec_to_dict  # noqa: E402
+
+from clusterjob.spec.catalog import DATASETS  # noqa: E402
+from clusterjob.spec.schema import DataSpec, spec_to_dict  # noqa: E402
+from clusterjob.trainer import data as datamod  # noqa: E402
+from clusterjob.trainer import pipeline  # noqa: E402
+from clusterjob.trainer.models import build_model  # noqa: E402
 
 BATCH = 128
 _RUNS = itertools.count()

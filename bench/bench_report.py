@@ -36,7 +36,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clusterjob import reading, report, results  # noqa: E402
+from clusterjob.report import build as report  # noqa: E402
+from clusterjob.report import reading, results  # noqa: E402
 
 NAME = "bench-sweep"
 LRS = [0.01 * (i + 1) for i in range(10)]

@@ -35,14 +35,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from clusterjob import cli  # noqa: E402
-from clusterjob.spec import expand_sweep, load_spec  # noqa: E402
+from clusterjob.spec.schema import expand_sweep, load_spec  # noqa: E402
 
 FIRST_LOAD = """
 import sys, time
 started = time.perf_counter()
 import yaml
 imported = time.perf_counter()
-from clusterjob.spec import load_spec
+from clusterjob.spec.schema import load_spec
 load_spec(sys.argv[1])
 print(imported - started, time.perf_counter() - started)
 """

@@ -3,20 +3,21 @@
 Entry points: the ``clusterjob`` command (clusterjob/cli.py) on the login node, and
 ``python -m clusterjob.run SPEC`` (clusterjob/run.py) on every task. For your own training
 code: ``clusterjob.params``, ``log``, ``should_stop``, ``save_checkpoint``,
-``load_checkpoint`` and ``requeue`` (clusterjob/api.py); importing them loads no torch.
+``load_checkpoint`` and ``requeue`` (clusterjob/runner/api.py); importing them loads no torch.
 """
 
 from typing import Any
 
-from clusterjob.api import load_checkpoint, log, requeue, save_checkpoint, should_stop
+from clusterjob.core.provenance import VERSION
+from clusterjob.runner.api import load_checkpoint, log, requeue, save_checkpoint, should_stop
 
-__version__ = "0.1.0"
+__version__ = VERSION
 __all__ = ["params", "log", "should_stop", "save_checkpoint", "load_checkpoint", "requeue"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "params":  # read at each access: the runner sets it before the code starts
-        from clusterjob.api import params
+        from clusterjob.runner.api import params
 
         return params()
     raise AttributeError(f"module 'clusterjob' has no attribute {name!r}")

@@ -12,24 +12,24 @@ import json
 import sys
 from typing import Optional
 
-from clusterjob import __version__
-from clusterjob.errors import BadInput
+from clusterjob.core.errors import BadInput
+from clusterjob.core.provenance import VERSION
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from clusterjob.submit import submit
+    from clusterjob.launch.submit import submit
 
     return submit(args.spec, args.set, executor=args.executor, wait=args.wait, dry_run=args.dry_run)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from clusterjob.submit import resume
+    from clusterjob.launch.submit import resume
 
     return resume(args.run, wait=args.wait)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from clusterjob.spec import dump_spec, expand_sweep, load_spec
+    from clusterjob.spec.schema import dump_spec, expand_sweep, load_spec
 
     points = expand_sweep(load_spec(args.spec, args.set))
     for point in points:
@@ -40,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from clusterjob import env
+    from clusterjob.core import env
 
     if args.port:
         print(env.job_port())
@@ -51,25 +51,25 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from clusterjob import report
+    from clusterjob.report import build as report
 
     return report.main(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from clusterjob import control
+    from clusterjob.launch import control
 
     return control.cmd_status(args)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from clusterjob import control
+    from clusterjob.launch import control
 
     return control.cmd_logs(args)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from clusterjob import control
+    from clusterjob.launch import control
 
     return control.cmd_cancel(args)
 
@@ -104,7 +104,7 @@ def _add_report_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clusterjob", description="DDP + AMP training on Slurm from a YAML spec.")
-    parser.add_argument("--version", action="version", version=f"clusterjob {__version__}")
+    parser.add_argument("--version", action="version", version=f"clusterjob {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("submit", help="run a spec (one run, or one per sweep point)")

@@ -1,7 +1,7 @@
 """What every task runs: ``python -m clusterjob.run SPEC`` (docs/design.md, "The runner").
 
 The local executor, submitit's tasks, both sbatch templates and ``clusterjob sbatch`` all
-start this, and so can any launcher by hand; clusterjob.env derives the ranks from each:
+start this, and so can any launcher by hand; clusterjob.core.env derives the ranks from each:
 
     srun python -m clusterjob.run jobs/cifar.yaml                   # Slurm variables
     torchrun --nproc_per_node 2 -m clusterjob.run jobs/cifar.yaml
@@ -11,7 +11,7 @@ start this, and so can any launcher by hand; clusterjob.env derives the ranks fr
 SPEC is a spec file or a run folder's ``spec.yaml``; running again on the same run folder
 resumes it. The runner derives the environment (checked before any rendezvous), meets
 the other ranks, finds or makes the run folder, owns the stop signals (SIGUSR2, SIGTERM),
-and runs the built-in trainer (clusterjob.worker) or the spec's entrypoint. Nothing
+and runs the built-in trainer (clusterjob.trainer.worker) or the spec's entrypoint. Nothing
 imports this module.
 """
 
@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import MutableMapping, Optional
 
-from clusterjob import env as envmod
-from clusterjob.errors import BadInput
-from clusterjob.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
-from clusterjob.spec import Spec, dump_spec, expand_sweep, load_spec
+from clusterjob.core import env as envmod
+from clusterjob.core.errors import BadInput
+from clusterjob.core.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
+from clusterjob.spec.schema import Spec, dump_spec, expand_sweep, load_spec
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -38,7 +38,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--run-dir", help="run folder to use (default: the spec's own, else a new one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
     p.add_argument("--point", type=int, help="sweep point to run (default: SLURM_ARRAY_TASK_ID)")
-    # The legacy launcher passes --local_rank; clusterjob.env reads it from argv.
+    # The legacy launcher passes --local_rank; clusterjob.core.env reads it from argv.
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -61,8 +61,8 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     env = envmod.detect(argv=sys.argv if argv is None else argv)
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
-    from clusterjob import dist, runrecord
-    from clusterjob.preempt import StopSignal
+    from clusterjob.runner import dist, runrecord
+    from clusterjob.runner.preempt import StopSignal
 
     target = _target(spec).prepare(spec, env)  # this rank's bad input, before any rendezvous
     stop = StopSignal().install()
@@ -95,8 +95,8 @@ def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
     """Link this rank's logs into the run folder and record which process it is (for
     ``clusterjob cancel``, which signals only a process it verified); rank 0 also
     stops when the run is marked cancelled."""
-    from clusterjob import procs
-    from clusterjob.rundir import link_rank_logs, write_atomic
+    from clusterjob.core import procs
+    from clusterjob.core.rundir import link_rank_logs, write_atomic
 
     link_rank_logs(run, env.rank)
     ref = procs.current()
@@ -109,10 +109,10 @@ def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
 def _target(spec: Spec):
     """The module that runs the task: the built-in trainer, or the user's own code."""
     if spec.entrypoint is not None:
-        from clusterjob import entrypoint
+        from clusterjob.runner import entrypoint
 
         return entrypoint
-    from clusterjob import worker
+    from clusterjob.trainer import worker
 
     return worker
 

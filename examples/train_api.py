@@ -14,9 +14,9 @@ import argparse
 
 import torch
 import torch.distributed as dist
+from mnist_ddp import evaluate, parser, setup, train_step
 
 import clusterjob
-from mnist_ddp import evaluate, parser, setup, train_step
 
 
 def settings():

@@ -9,11 +9,15 @@ skip into a failure that names the cause.
 import fcntl
 import os
 import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import pytest
+from trainutil import REPO
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm"
@@ -153,3 +157,34 @@ def slurm_cluster():
         with leases_lock():
             lease.unlink(missing_ok=True)
             tear_down_if_last()
+
+
+# ----------------------------------------------------------------------------- driving it through the CLI
+
+
+def cli(cluster, cwd: Path, *args: str, timeout: float = 300,
+        extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    env = {**cluster.env(), "PYTHONPATH": str(REPO), **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def submit(cluster, spec: Path, *extra: str, extra_env: Optional[dict] = None) -> list[Path]:
+    done = cli(cluster, spec.parent, "submit", str(spec), "--executor", "slurm", *extra, extra_env=extra_env)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return sorted({Path(line.split()[-1]) for line in done.stdout.splitlines() if line.split()[-1:] and
+                   (Path(line.split()[-1]) / "run.json").exists()})
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def rank0_log(run: Path) -> str:
+    try:
+        return (run / "logs" / "rank0.out").read_text()
+    except OSError:
+        return ""

@@ -54,9 +54,9 @@ def test_only_dist_touches_torch_distributed():
     for name, tree in modules().items():
         uses = {n for n in imported(tree) | attribute_chains(tree)
                 if n == "torch.distributed" or n.startswith("torch.distributed.")}
-        if uses and name != "clusterjob.dist":
+        if uses and name != "clusterjob.runner.dist":
             offenders.append(f"{name}: {sorted(uses)}")
-    assert offenders == [], "use clusterjob.dist instead of torch.distributed in: " + "; ".join(offenders)
+    assert offenders == [], "use clusterjob.runner.dist instead of torch.distributed in: " + "; ".join(offenders)
 
 
 def test_the_rule_checker_sees_each_way_to_reach_torch_distributed():
@@ -71,13 +71,9 @@ def test_the_rule_checker_sees_each_way_to_reach_torch_distributed():
 
 # The login-node side: the CLI and everything it runs for validate, env, status, logs,
 # report, sbatch, cancel and submit (before a task starts).
-NO_TORCH = ("clusterjob", "clusterjob.cli", "clusterjob.spec", "clusterjob.specfile", "clusterjob.errors",
-            "clusterjob.env", "clusterjob.hostlist", "clusterjob.rundir", "clusterjob.procs", "clusterjob.metrics",
-            "clusterjob.results", "clusterjob.tables", "clusterjob.stats", "clusterjob.report",
-            "clusterjob.termtable", "clusterjob.cells", "clusterjob.htmlpage", "clusterjob.plots",
-            "clusterjob.submit", "clusterjob.control", "clusterjob.slurmctl", "clusterjob.snapshot",
-            "clusterjob.launch.local", "clusterjob.launch.slurm", "clusterjob.launch.sbatch",
-            "clusterjob.launch.resources", "clusterjob.api")
+LOGIN_PACKAGES = ("clusterjob.core", "clusterjob.spec", "clusterjob.report", "clusterjob.launch")
+NO_TORCH = tuple(sorted({"clusterjob", "clusterjob.cli", "clusterjob.runner.api",
+                         *(name for name in modules() if name.startswith(LOGIN_PACKAGES))}))
 
 
 def top_level_imports(tree: ast.Module) -> set[str]:
@@ -145,9 +141,9 @@ def test_only_env_reads_rank_variables():
     offenders = {}
     for name, tree in modules().items():
         reads = {k for k in environment_reads(tree) if k in RANK_VARIABLES or k.startswith("SLURM_")}
-        if reads and name != "clusterjob.env":
+        if reads and name != "clusterjob.core.env":
             offenders[name] = sorted(reads)
-    assert offenders == {}, "read rank variables through clusterjob.env"
+    assert offenders == {}, "read rank variables through clusterjob.core.env"
 
 
 def test_the_environment_rule_sees_each_way_to_read():
@@ -165,12 +161,57 @@ def test_nothing_imports_the_runner():
     assert offenders == []
 
 
-def test_launch_does_not_reach_back_into_submit_control_or_report():
-    forbidden = {"clusterjob.submit", "clusterjob.control", "clusterjob.report", "clusterjob.run",
-                 "clusterjob.worker"}
-    offenders = {name: sorted(imported(tree) & forbidden) for name, tree in modules().items()
-                 if name.startswith("clusterjob.launch")}
+EXECUTORS = ("clusterjob.launch.local", "clusterjob.launch.slurm", "clusterjob.launch.sbatch",
+             "clusterjob.launch.resources")
+
+
+def test_executors_do_not_reach_back_into_submit_control_or_report():
+    forbidden = ("clusterjob.launch.submit", "clusterjob.launch.control", "clusterjob.report", "clusterjob.run",
+                 "clusterjob.trainer")
+    offenders = {name: sorted(m for m in imported(tree) if m.startswith(forbidden))
+                 for name, tree in modules().items() if name in EXECUTORS}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# The layers of docs/design.md, "Architecture": what each part may import. The login
+# side (core, spec, report, launch, cli) never reaches the task side (runner, trainer,
+# run), and the runner knows no trainer: clusterjob.run picks one.
+LAYERS = {
+    "core": {"core"},
+    "spec": {"core", "spec"},
+    "report": {"core", "spec", "report"},
+    "launch": {"core", "spec", "report", "launch"},
+    "cli": {"core", "spec", "report", "launch", "cli"},
+    "runner": {"core", "spec", "runner"},
+    "trainer": {"core", "spec", "runner", "trainer"},
+    "run": {"core", "spec", "runner", "trainer"},
+    "": {"core", "runner"},  # the package itself: its version and your code's API
+}
+
+
+def part_of(name: str) -> str:
+    """The layer of a module: its subpackage, or its own name at the top level."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return ""
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def test_each_part_imports_only_the_layers_below_it():
+    trees = modules()
+    assert {part_of(name) for name in trees} == set(LAYERS)
+    offenders = {}
+    for name, tree in trees.items():
+        targets = {_owner(found, trees) for found in imported(tree) if found.startswith("clusterjob")}
+        bad = sorted(t for t in targets if t and part_of(t) not in LAYERS[part_of(name)])
+        if bad:
+            offenders[name] = bad
+    assert offenders == {}
+
+
+def test_the_top_level_is_a_handful_of_modules():
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 8 and "run.py" in top and "cli.py" in top, top
 
 
 # ----------------------------------------------------------------------------- the design document
@@ -181,7 +222,7 @@ DESIGN = PACKAGE.parent / "docs" / "design.md"
 def test_the_design_documents_every_spec_key_with_its_default():
     import yaml
 
-    from clusterjob.spec import EntrypointSpec, spec_from_dict, spec_to_dict
+    from clusterjob.spec.schema import EntrypointSpec, spec_from_dict, spec_to_dict
 
     text = DESIGN.read_text()
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
@@ -200,24 +241,35 @@ def test_every_pointer_to_the_design_names_a_section_that_exists():
     assert pointers and set(pointers) <= headings
 
 
-def _runtime_imports(tree: ast.Module) -> set[str]:
-    """Every import of ``tree``, lazy ones too, but not those for type checkers only."""
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-               for n in ast.walk(node)}
-    return imported(tree, [n for n in ast.walk(tree) if id(n) not in skipped])
+def _owner(found: str, trees: dict) -> str:
+    """The module an imported name belongs to: ``clusterjob.core.env`` for
+    ``clusterjob.core.env.detect``, and for ``from clusterjob.core import env`` too."""
+    while found and found not in trees:
+        found = found.rpartition(".")[0]
+    return found
 
 
-def test_no_import_cycle_between_the_modules():
-    trees = modules()
+def import_graph(trees: dict) -> dict:
+    """{module: the modules it imports}, lazy and TYPE_CHECKING imports included. A
+    package's __init__ counts only where it is imported for its own names, not as the
+    parent that Python loads on the way to a submodule."""
     graph = {}
     for name, tree in trees.items():
         deps = set()
-        for found in _runtime_imports(tree):
-            while found and found not in trees:
-                found = found.rpartition(".")[0]
-            if found and found not in (name, "clusterjob"):
-                deps.add(found)
-        graph[name] = deps
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(_owner(alias.name, trees) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{alias.name}" for alias in node.names]
+                deps.update(sub for sub in subs if sub in trees)
+                if any(sub not in trees for sub in subs):
+                    deps.add(_owner(node.module, trees))
+        graph[name] = {d for d in deps if d and d != name}
+    return graph
+
+
+def test_no_import_cycle_between_the_modules_type_checking_included():
+    graph = import_graph(modules())
 
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), list(graph[start])
@@ -232,3 +284,9 @@ def test_no_import_cycle_between_the_modules():
 
     cycles = sorted(name for name in graph if reaches(name, name))
     assert cycles == []
+
+
+def test_the_cycle_check_sees_a_type_checking_import():
+    trees = {"clusterjob.a": ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clusterjob.b import X"),
+             "clusterjob.b": ast.parse("from clusterjob import a")}
+    assert import_graph(trees) == {"clusterjob.a": {"clusterjob.b"}, "clusterjob.b": {"clusterjob.a"}}

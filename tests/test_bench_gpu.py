@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clusterjob.spec import spec_from_dict
+from clusterjob.spec.schema import spec_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from trainutil import REPO, base_env, epochs_of, run_info, write_spec
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from clusterjob import checkpoint
-from clusterjob.env import clean_environ
+from clusterjob.core.env import clean_environ
 from clusterjob.launch.local import free_port  # noqa: F401  (re-exported for the tests)
+from clusterjob.runner import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from clusterjob import env as envmod
-from clusterjob import procs
-from clusterjob.errors import BadInput
-from clusterjob.rundir import RunDir, first_error, mark_failed, now_iso, tail_lines
+from clusterjob.core import env as envmod
+from clusterjob.core import procs
+from clusterjob.core.errors import BadInput
+from clusterjob.core.rundir import RunDir, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from clusterjob.spec import Spec
+from clusterjob.spec.schema import Spec
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
 

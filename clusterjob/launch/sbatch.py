@@ -17,7 +17,7 @@ single source of truth; rendering changes three places of one and keeps the rest
 A sweep spec adds ``--array=0-(N-1)`` (``%P`` with resources.array_parallelism); each
 array task's worker runs the sweep point of its SLURM_ARRAY_TASK_ID.
 
-Stdlib and clusterjob.spec only, never torch: this runs on login nodes.
+Stdlib and clusterjob.spec.schema only, never torch: this runs on login nodes.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.errors import BadInput
+from clusterjob.core.errors import BadInput
 from clusterjob.launch.resources import sbatch_options
-from clusterjob.spec import Spec, expand_sweep, load_spec
+from clusterjob.spec.schema import Spec, expand_sweep, load_spec
 
 STYLES = {"srun": "ddp_srun.sbatch", "torchrun": "ddp_torchrun.sbatch"}
 ARGS_MARKER = "# @clusterjob-args"

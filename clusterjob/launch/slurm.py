@@ -1,7 +1,7 @@
 """Slurm executor through submitit: one job per run, one job array per sweep.
 
 ``start`` submits run folders that already exist and records each one's job id in its
-run.json; waiting and reports are the caller's (clusterjob.submit). Every task runs
+run.json; waiting and reports are the caller's (clusterjob.launch.submit). Every task runs
 ``RunTask``: ``python -m clusterjob.run`` on its run folder's spec.yaml, which owns SIGUSR2
 (it checkpoints and requeues the array task itself), so the same behaviour holds for the
 raw sbatch templates. A teardown line after srun records a run that ended without saying
@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from clusterjob import env as envmod
-from clusterjob import slurmctl
+from clusterjob.core import env as envmod
+from clusterjob.core import slurmctl
+from clusterjob.core.rundir import RunDir, mark_failed, now_iso, tail_lines
 from clusterjob.launch.resources import submitit_parameters
-from clusterjob.rundir import RunDir, mark_failed, now_iso, tail_lines
-from clusterjob.spec import Spec
+from clusterjob.spec.schema import Spec
 
 
 class RunTask:

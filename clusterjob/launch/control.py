@@ -1,0 +1,260 @@
+"""``clusterjob status``, ``logs`` and ``cancel``: the run folder first, then Slurm.
+
+run.json is the run's own record. Where it still says pending/running, the queue
+(squeue), then accounting (sacct) say what became of the job; a job that left the
+queue with no accounting and no final record is failed, never "unknown". Only an
+answer from Slurm counts: when squeue cannot answer, the recorded state is shown
+with a note. ``status`` and ``logs`` write nothing; ``refresh(..., write_back=True)``
+(``submit --wait``) records what it learnt. No torch import here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+from clusterjob.core import procs, slurmctl
+from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.rundir import (
+    FINAL_STATUSES,
+    RunDir,
+    checked_info,
+    failure,
+    find_runs,
+    first_error,
+    is_job_id,
+    loads,
+    natural_key,
+    now_iso,
+    read_checked,
+    read_text,
+)
+
+# sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
+_SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
+                "BOOT_FAIL": "failed", "DEADLINE": "timeout", "TIMEOUT": "timeout", "PREEMPTED": "preempted",
+                "CANCELLED": "cancelled"}
+UNREACHABLE = "Slurm unreachable"
+SUPERVISOR_GONE = "supervisor gone"
+_MAX_STDERR_WARNINGS = 20
+
+
+def refresh(runs: list[RunDir], write_back: bool = False) -> list[dict]:
+    """Each run's run.json (type-checked; its problems under "problems"), reconciled with
+    the queue and accounting, one query per kind. With ``write_back``, what a successful
+    answer taught is written to run.json; without, nothing is written."""
+    infos = []
+    for run in runs:
+        info, problems = read_checked(run)
+        infos.append({**info, "problems": problems})
+    live = {i["slurm_job_id"] for i in infos if _is_live_slurm(i)}
+    queued = slurmctl.queue_states(sorted(live))
+    gone = [] if queued is None else sorted(live - queued.keys())
+    accounted = slurmctl.accounting_states(gone)
+    return [_reconcile(run, info, queued, accounted or {}, write_back) for run, info in zip(runs, infos)]
+
+
+def _is_live_slurm(info: dict) -> bool:
+    return info["status"] not in FINAL_STATUSES and info.get("executor") != "local" and is_job_id(info["slurm_job_id"])
+
+
+def _reconcile(run: RunDir, info: dict, queued: Optional[dict], accounted: dict, write_back: bool) -> dict:
+    if info["status"] in FINAL_STATUSES:
+        return info
+    if info.get("executor") == "local":
+        return _reconcile_local(run, info, write_back)
+    job = info["slurm_job_id"]
+    if not is_job_id(job):  # no job (yet), or a recorded id no Slurm command would take
+        return info
+    if queued is None:
+        return {**info, "note": UNREACHABLE}
+    if job in queued:
+        return {**info, "queue_state": queued[job]}
+    final = _SLURM_FINAL.get(accounted.get(job, ""), "failed")
+    fields: dict = {"status": final, "finished_at": now_iso()}
+    if final == "failed":
+        fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
+                                       "without the run recording its end")
+    return _learnt(run, info, fields, write_back)
+
+
+def _reconcile_local(run: RunDir, info: dict, write_back: bool) -> dict:
+    """A detached supervisor that is gone (verified by its start time, not just its pid)
+    ends nothing by itself: its ranks got SIGTERM from the kernel and record their stop.
+    Until they do, the view says so; with ``write_back`` it records the run failed."""
+    ref = info["launcher"]
+    if ref is None or procs.check(ref) is None or procs.check(ref).kind == "elsewhere":
+        return info
+    if not write_back:
+        return {**info, "note": SUPERVISOR_GONE}
+    fields = {"status": "failed", "finished_at": now_iso(),
+              "error": failure(run, "the local supervisor process ended before the run finished")}
+    return _learnt(run, info, fields, True)
+
+
+def _learnt(run: RunDir, info: dict, fields: dict, write_back: bool) -> dict:
+    """The view with what Slurm (or the supervisor's end) taught; written with
+    ``write_back``, unless the run recorded its own end meanwhile (its word wins)."""
+    if not write_back:
+        return {**info, **fields}
+    now, _ = read_checked(run)
+    if now["status"] in FINAL_STATUSES:
+        return {**now, "problems": info["problems"]}
+    written, _ = checked_info(run.update(**fields))
+    return {**written, "problems": info["problems"]}
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def _shown(text: object) -> str:
+    """Text from a run folder, safe for a terminal (see errors.escape)."""
+    return escape(str(text))
+
+
+def _state(info: dict) -> str:
+    state = _shown(info["status"] or "unknown")
+    if info.get("note"):
+        return f"{state} ({info['note']})"
+    if info.get("queue_state") and info["status"] in ("pending", "running", "preempted", "timeout"):
+        return f"{state} ({_shown(info['queue_state']).lower()})"
+    return state
+
+
+def status_table(runs: list[RunDir], infos: list[dict]) -> str:
+    rows = [("RUN", "STATUS", "EPOCH", "VAL_ACC", "JOB", "")]
+    for run, info in zip(runs, infos):
+        final = info["final"] or {}
+        requeues = f"requeued {info['requeues']}x" if info["requeues"] else ""
+        acc = f"{final['val_acc']:.4f}" if "val_acc" in final else "-"
+        epoch = f"{final['epoch']:g}" if "epoch" in final else "-"
+        rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), epoch, acc,
+                     info["slurm_job_id"] or "-", requeues))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    for run, info in zip(runs, infos):
+        if info["status"] == "failed" and info["error"]:
+            lines.append(_error_lines(run, info["error"]))
+    return "\n".join(lines)
+
+
+def _error_lines(run: RunDir, error: dict) -> str:
+    tail = "\n    ".join(_shown(line) for line in (error["traceback"] or "").strip().splitlines()[-4:])
+    head = f"{_shown(run.run_id)}: failed on rank {error['rank']}: {_shown(error['message'])}"
+    return head + (f"\n    {tail}" if tail else "")
+
+
+def _print_warnings(runs: list[RunDir], infos: list[dict]) -> None:
+    """Each run's problems on stderr (at most _MAX_STDERR_WARNINGS lines), then a note
+    when Slurm did not answer."""
+    messages = [f"{run.path}: {p}" for run, info in zip(runs, infos) for p in info["problems"]]
+    for message in messages[:_MAX_STDERR_WARNINGS]:
+        print(f"warning: {_shown(message)}", file=sys.stderr)
+    if len(messages) > _MAX_STDERR_WARNINGS:
+        print(f"warning: ... and {len(messages) - _MAX_STDERR_WARNINGS} more", file=sys.stderr)
+    if any(info.get("note") == UNREACHABLE for info in infos):
+        print("warning: squeue did not answer; showing the states the runs recorded", file=sys.stderr)
+
+
+def cmd_status(args) -> int:
+    runs = find_runs(Path(args.dir))
+    if not runs:
+        raise BadInput(f"no runs under {args.dir!r} (a folder of run folders, e.g. results/<name>)")
+    infos = refresh(runs)
+    _print_warnings(runs, infos)
+    sys.stderr.flush()
+    print(status_table(runs, infos))
+    return 0
+
+
+# ----------------------------------------------------------------------------- logs, cancel
+
+
+def resolve_run(text: str, root: str = "results") -> RunDir:
+    """A run folder path, or a run id looked up under ``root``."""
+    run = RunDir(Path(text))
+    if run.exists():
+        return run
+    matches = [r for r in find_runs(Path(root)) if r.run_id == text]
+    if len(matches) == 1:
+        return matches[0]
+    raise BadInput(f"{text!r} is not a run folder (one holding run.json) nor a run id under {root}/")
+
+
+def log_files(run: RunDir, rank: int) -> list[Path]:
+    return [p for p in (run.logs / f"rank{rank}.out", run.logs / f"rank{rank}.err") if p.exists()]
+
+
+def cmd_logs(args) -> int:
+    run = resolve_run(args.run)
+    files = log_files(run, args.rank)
+    if not files:
+        raise BadInput(f"no logs for rank {args.rank} in {run.logs} yet (pending job, or no such rank)")
+    for path in files:
+        print(f"==> {_shown(path)} <==")
+        text, why = read_text(path)
+        if text is None:
+            print(f"warning: {_shown(path)} {why}; skipped", file=sys.stderr)
+        else:
+            _write(text)
+    error = first_error(run)
+    if error and error["rank"] == args.rank:
+        _write(f"==> rank {args.rank} error <==\n{error['traceback'] or error['message'] or ''}\n")
+    return 0
+
+
+def _write(text: str) -> None:
+    """Log text as written, bytes that are no UTF-8 as escapes (a strict terminal would
+    refuse them)."""
+    sys.stdout.write(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+    sys.stdout.flush()
+
+
+def cancel(run: RunDir) -> list[str]:
+    """Cancel a run: scancel its Slurm job, mark it cancelled, and send SIGTERM to each of
+    its rank processes on this host that is verifiably still that process (a pid that
+    was reused is never signalled). Ranks elsewhere, or started by hand, stop at their
+    next progress line, where rank 0 reads run.json. Returns what was done, line by line."""
+    info, _ = read_checked(run)
+    if info["status"] in FINAL_STATUSES:
+        raise BadInput(f"{run.path} is already {info['status']}; there is nothing to cancel")
+    job = info["slurm_job_id"]
+    if info.get("executor") == "slurm" and is_job_id(job):
+        if not slurmctl.cancel(job):
+            raise RuntimeError(f"scancel {job} failed (is Slurm reachable from here?); the run is not marked cancelled")
+        run.update(status="cancelled", finished_at=now_iso())
+        return [f"cancelled Slurm job {job}"]
+    run.update(status="cancelled", finished_at=now_iso())
+    return [_stop_rank(rank, ref) for rank, ref in _rank_refs(run)] or [
+        "no rank process recorded yet: the run will not start (its supervisor skips it)"]
+
+
+def _rank_refs(run: RunDir) -> list:
+    """(rank, ProcessRef) of each rank that recorded which process it is."""
+    found = []
+    for path in sorted(run.logs.glob("rank*.proc.json"), key=lambda p: natural_key(p.name)):
+        text, _ = read_text(path, limit=4096)
+        ref = procs.ProcessRef.from_dict(loads(text or ""))
+        if ref is not None:
+            found.append((path.name.split(".")[0][len("rank"):], ref))
+    return found
+
+
+def _stop_rank(rank: str, ref) -> str:
+    why = procs.terminate(ref)
+    if why is None:
+        return f"rank {rank}: sent SIGTERM to pid {ref.pid}; it checkpoints and stops at its next progress line"
+    if why.kind == "elsewhere":
+        return f"rank {rank}: {why.message}; it stops at its next progress line"
+    if why.kind == "exited":
+        return f"rank {rank}: {why.message}"
+    return f"rank {rank}: not signalled: {why.message}"
+
+
+def cmd_cancel(args) -> int:
+    run = resolve_run(args.run)
+    for line in cancel(run):
+        print(line)
+    print(f"cancelled {run.path}")
+    return 0

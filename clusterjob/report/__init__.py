@@ -1,0 +1,1 @@
+"""Tables and reports over results folders (pandas; login-node side, no torch)."""

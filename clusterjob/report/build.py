@@ -1,0 +1,228 @@
+"""``clusterjob report DIR``: which config wins, and how sure that is.
+
+The grouped table has one row per group of runs, ranked by the primary metric's
+mean with the best group marked (stats.py says how the metric, the groups and
+the numbers are chosen): the group keys by their dotted names, ``n``, then
+``<metric>_mean`` and ``<metric>_std`` for the primary metric and the standard
+ones (val_acc, best_val_acc, val_loss, wall_time_s) that exist. The status line
+above the table says how many runs are not completed, and the markdown table
+shows ``n`` as ``completed/all`` for groups that hold such runs.
+
+Formats: ``md`` (the terminal default, fitted to the terminal's width), ``csv``
+(data only), ``json``, ``html`` (one self-contained page with learning curves
+when matplotlib is installed).
+
+Problems with run folders are ``ResultsWarning``s in the Python API
+(``format_report``); the CLI (``main``) prints them to stderr, the md status
+line counts the damaged runs and the json and html outputs list them. The CLI
+checks every argument before it reads a run, and writes (the --out file, the
+results cache) only once the report is made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from clusterjob.core.errors import BadInput, escape
+from clusterjob.report import htmlpage, termtable
+from clusterjob.report.cells import group_display, group_legend, id_prefix, runs_display, runs_legend
+from clusterjob.report.results import ResultsWarning
+from clusterjob.report.stats import (
+    GROUP_METRICS,
+    RUN_METRICS,
+    Report,
+    build_report,
+    check_mode,
+    plain,
+    run_metrics,
+    status_counts,
+    status_line,
+)
+
+__all__ = ["GROUP_METRICS", "RUN_METRICS", "Report", "build_report", "format_report", "render", "main"]
+
+FORMATS = ("md", "csv", "html", "json")
+_SUFFIXES = {".md": "md", ".markdown": "md", ".csv": "csv", ".html": "html", ".htm": "html", ".json": "json"}
+_MAX_STDERR_WARNINGS = 20
+
+
+# ---------------------------------------------------------------- md, csv, json
+
+
+def _markdown(report: Report, runs: bool, width: int) -> str:
+    """The markdown report: title, status line, legend, table."""
+    lines = [f"## {report.title}", "", *termtable.wrap(status_line(report), width), ""]
+    if runs:
+        prefix = id_prefix([str(r) for r in report.runs["run_id"]])
+        legend = runs_legend(report, prefix)
+        columns, heading = runs_display(report, prefix), 2 + len(report.swept)
+    else:
+        legend, columns, heading = group_legend(report), group_display(report), 1 + len(report.keys)
+    lines += [*termtable.wrap(legend, width), "", *termtable.fit(columns, heading, width)]
+    return "\n".join(lines) + "\n"
+
+
+def _runs_columns(report: Report) -> list:
+    """Columns of the per-run table: run_id, status, swept keys, the run metrics."""
+    keys = [k for k in report.swept if k != "name"]
+    lead = ["name"] if "name" in report.swept else []
+    return lead + ["run_id", "status", *keys, *run_metrics(report)]
+
+
+def _group_columns(report: Report) -> list:
+    """Columns of the grouped table: keys, n, metric mean/std."""
+    stats = [f"{m}_{s}" for m in report.metrics for s in ("mean", "std")]
+    return [*report.keys, "n", *stats]
+
+
+def _data_frame(report: Report, runs: bool) -> pd.DataFrame:
+    """The rows and columns that csv and json carry."""
+    if runs:
+        return report.runs[_runs_columns(report)].reset_index(drop=True)
+    return report.groups[_group_columns(report)]
+
+
+def _csv(report: Report, runs: bool) -> str:
+    """The grouped (or per-run) table as CSV, full precision."""
+    return _data_frame(report, runs).to_csv(index=False)
+
+
+def _records(frame: pd.DataFrame) -> list:
+    """Rows as dicts of JSON-ready values."""
+    columns = list(frame.columns)
+    return [{c: plain(v) for c, v in zip(columns, row)} for row in frame.itertuples(index=False)]
+
+
+def _json(report: Report, runs: bool) -> str:
+    """The report as one JSON object; NaN becomes null."""
+    data = {
+        "title": report.title,
+        "root": str(report.root),
+        "status_line": status_line(report),
+        "status_counts": status_counts(report.runs),
+        "group_by": report.keys,
+        "metric": report.primary.name,
+        "mode": report.primary.mode,
+        "std": "sample standard deviation (ddof=1)",
+        "best": report.best,
+        "runs" if runs else "groups": _records(_data_frame(report, runs)),
+        "warnings": report.warnings,
+    }
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def render(report: Report, fmt: str = "md", runs: bool = False, width: int = 80) -> str:
+    """The report as text in ``fmt`` (md, csv, html or json)."""
+    if fmt == "md":
+        return _markdown(report, runs, width)
+    if fmt == "csv":
+        return _csv(report, runs)
+    if fmt == "json":
+        return _json(report, runs)
+    if fmt == "html":
+        return htmlpage.page(report, runs)
+    raise BadInput(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def format_report(root: "str | Path | Sequence", group_by: Optional[list] = None, fmt: str = "md",
+                  runs: bool = False, width: int = 80, metric: Optional[str] = None,
+                  mode: Optional[str] = None) -> str:
+    """The report of the runs under ``root`` as text; problems become ResultsWarnings.
+
+    ``root`` is a results folder (as for ``clusterjob report``) or a list of run
+    folders, e.g. the runs one ``submit --wait`` launched. Writes the results
+    cache once the report is made.
+    """
+    report = build_report(root, group_by, metric=metric, mode=mode)
+    for message in report.warnings:
+        warnings.warn(message, ResultsWarning, stacklevel=2)
+    text = render(report, fmt, runs, width)
+    report.save_cache()
+    return text
+
+
+def _format_of(fmt: Optional[str], out: Optional[str]) -> str:
+    """--format, else the suffix of --out, else md."""
+    if fmt:
+        if fmt not in FORMATS:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        return fmt
+    if not out:
+        return "md"
+    suffix = Path(out).suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise BadInput(f"--out {out}: cannot tell the format from {suffix or 'no suffix'!r}; "
+                       f"pass --format ({', '.join(FORMATS)})")
+    return _SUFFIXES[suffix]
+
+
+def _check_out(out: str) -> None:
+    """BadInput unless ``out`` can be written: its folder exists and is writable, and
+    it is not itself a folder."""
+    path = Path(out)
+    folder = path.parent
+    if path.is_dir():
+        raise BadInput(f"--out {out}: is a folder; give a file name such as {path / 'report.html'}")
+    if not folder.is_dir():
+        raise BadInput(f"--out {out}: folder {str(folder)!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise BadInput(f"--out {out}: folder {str(folder)!r} is not writable; choose another place")
+
+
+def _check_args(args: Any) -> tuple:
+    """(format, metric, mode) once every argument that needs no run is checked."""
+    fmt = _format_of(args.format, args.out)
+    if args.out:
+        _check_out(args.out)
+    metric, mode = getattr(args, "metric", None), getattr(args, "mode", None)
+    check_mode(mode)
+    if metric is not None and not metric.strip():
+        raise BadInput("--metric: empty name; give a metric the runs logged, e.g. --metric val_acc")
+    return fmt, metric, mode
+
+
+def _print_warnings(messages: list) -> None:
+    """The problems on stderr, at most _MAX_STDERR_WARNINGS of them."""
+    for message in messages[:_MAX_STDERR_WARNINGS]:
+        print(f"warning: {escape(message)}", file=sys.stderr)
+    if len(messages) > _MAX_STDERR_WARNINGS:
+        print(f"warning: ... and {len(messages) - _MAX_STDERR_WARNINGS} more", file=sys.stderr)
+
+
+def _encodable(text: str) -> str:
+    """Text any terminal or file takes as UTF-8: undecodable bytes of folder names (which
+    come as lone surrogates) as escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def main(args: Any) -> int:
+    """``clusterjob report``: args has dir, group_by, format, out, runs (and metric, mode)."""
+    fmt, metric, mode = _check_args(args)
+    report = build_report(args.dir, args.group_by, metric=metric, mode=mode)
+    width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() and not args.out else 80
+    text = _encodable(render(report, fmt, args.runs, width))
+    _print_warnings(report.warnings)  # before the report, so a terminal shows them above it
+    sys.stderr.flush()
+    if not args.out:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        report.save_cache()
+        return 0
+    try:
+        Path(args.out).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise BadInput(f"--out {args.out}: {err.strerror}") from None
+    report.save_cache()
+    print(f"wrote {args.out} ({_encodable(status_line(report))})", file=sys.stderr)
+    return 0

@@ -1,0 +1,287 @@
+"""Reading run folders: every run under a root parsed into one ``Results`` (per-run
+fields and the metrics of all lines), with the cache. ``clusterjob.report.results`` turns it
+into the public pandas tables (through ``tables``).
+
+Damaged input (a truncated last line of metrics.jsonl, a missing, cut-off or
+mistyped run.json, values that are not numbers) never raises: each problem is
+emitted as a ``ResultsWarning`` through Python's ``warnings`` module, listed in
+``df.attrs["warnings"]`` and in the run's ``warnings`` column, and the run keeps
+what could be read (status ``unknown`` when run.json gives none).
+
+Parsed runs are cached in ``<root>/.clusterjob-cache.npz``, keyed by the size,
+mtime and inode of each run's two files, so a second report over a large sweep
+only re-reads the runs that changed. The cache holds plain arrays and a JSON
+header and is loaded with ``allow_pickle=False``: a results folder shared with
+others cannot make the reader run code. ``collect`` only reads it; the cache is
+written by ``Results.save_cache``, which callers run once their work succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from clusterjob.core import metrics
+from clusterjob.core.rundir import (
+    INFO_FILE,
+    METRICS_FILE,
+    UNKNOWN,
+    FoundRun,
+    checked_info,
+    found_run,
+    read_run_json,
+    scan_runs,
+)
+
+__all__ = ["ResultsWarning", "Results", "collect"]
+
+CACHE_NAME = ".clusterjob-cache.npz"
+CACHE_VERSION = 2
+
+# Column order of the epochs table; metrics not named here follow in the order seen.
+_METRIC_ORDER = (
+    "epoch", "step", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema",
+    "val_acc_tta", "lr", "epoch_time_s", "samples_per_s",
+)
+
+
+class ResultsWarning(UserWarning):
+    """A run folder could be read only in part (truncated, missing or mistyped files)."""
+
+
+@dataclass
+class ParsedRun:
+    """What one run folder holds: run.json fields, problems, per-line metrics."""
+
+    info: dict
+    problems: list
+    names: list  # metric names, one per column of ``values``
+    values: np.ndarray  # float64, shape (lines, len(names))
+
+
+@dataclass
+class CachePlan:
+    """What ``Results.save_cache`` writes: the runs as parsed and stacked."""
+
+    root: Path
+    runs: list
+    parsed: list
+    names: list
+    matrix: np.ndarray
+
+
+@dataclass
+class Results:
+    """All runs under a root: per-run fields and the metrics of all lines.
+
+    ``columns`` holds every metric of every run concatenated in run order
+    (NaN where a run lacks that metric); run i owns rows
+    ``offsets[i]:offsets[i + 1]``.
+    """
+
+    root: Path
+    infos: list
+    problems: list  # per run: list of problem strings
+    lengths: np.ndarray
+    columns: dict = field(default_factory=dict)
+    cache_plan: Optional[CachePlan] = None  # None: the cache is current (or not used)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Start row of each run, then the total row count."""
+        return np.concatenate(([0], np.cumsum(self.lengths)))
+
+    @property
+    def warnings(self) -> list:
+        """Every problem as "<run folder>: <problem>", in run order."""
+        return [f"{info['path']}: {p}" for info, ps in zip(self.infos, self.problems) for p in ps]
+
+    @property
+    def param_keys(self) -> list:
+        """The swept keys: every key of any run's params, in first-seen order."""
+        keys: dict = {}
+        for info in self.infos:
+            keys.update(dict.fromkeys(info["params"] or {}))
+        return list(keys)
+
+    def save_cache(self) -> None:
+        """Write the cache of what ``collect`` read, when it changed; a folder that is not
+        writable is skipped silently (the cache only makes the next read faster)."""
+        plan, self.cache_plan = self.cache_plan, None
+        if plan is not None:
+            _save_cache(plan)
+
+
+# ---------------------------------------------------------------- one run
+
+
+def _info(raw: dict, run: FoundRun) -> tuple[dict, list]:
+    """The run's fields with types checked and gaps filled from the folder names."""
+    info, problems = checked_info(raw)
+    error = info["error"] or {}
+    folder = Path(os.path.abspath(run.path))  # string work only: no syscalls per run
+    return {
+        "path": run.path,
+        "run_id": info["run_id"] or folder.name,
+        "name": info["name"] or folder.parent.name,
+        "status": info["status"] or UNKNOWN,
+        **{key: info[key] for key in ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp",
+                                      "git_sha", "started_at", "finished_at", "final")},
+        "error": error.get("message"),
+        "error_rank": error.get("rank"),
+    }, problems
+
+
+def _parse_run(run: FoundRun) -> ParsedRun:
+    """Read one run folder; never raises for damaged files."""
+    raw, problems = read_run_json(os.path.join(run.path, INFO_FILE))
+    names, matrix, more = metrics.read_matrix(os.path.join(run.path, METRICS_FILE))
+    if problems and not raw and not names:
+        problems = [f"{INFO_FILE} and {METRICS_FILE} are both unreadable"]
+    info, checked = _info(raw, run)
+    return ParsedRun(info, problems + checked + more, names, matrix)
+
+
+# ---------------------------------------------------------------- cache
+
+
+@dataclass
+class Cache:
+    """The parsed runs of a root as last saved: {key: (stamp, ParsedRun)} and the
+    stacked matrix they came from."""
+
+    runs: dict
+    names: list
+    matrix: np.ndarray
+
+
+def _load_cache(root: Path) -> Optional[Cache]:
+    """The root's cache; None when absent or unusable."""
+    try:
+        with np.load(root / CACHE_NAME, allow_pickle=False) as npz:
+            header = json.loads(npz["header"].tobytes().decode("utf-8"))
+            if header.get("version") != CACHE_VERSION:
+                return None
+            matrix = npz["values"]
+        return Cache(_runs_from_cache(header, matrix), header["names"], matrix)
+    except Exception:  # any unreadable cache is only a slower start, never an error
+        return None
+
+
+def _runs_from_cache(header: dict, matrix: np.ndarray) -> dict:
+    """Rebuild the cached runs; each gets a view of its block of ``matrix``."""
+    names = header["names"]
+    cached, start = {}, 0
+    for entry in header["runs"]:
+        rows, cols = entry["rows"], entry["cols"]
+        block = matrix[start:start + rows]
+        if cols != list(range(len(names))):  # the common case, all metrics, stays a view
+            block = block[:, cols]
+        start += rows
+        run = ParsedRun(entry["info"], entry["problems"], [names[c] for c in cols], block)
+        cached[entry["key"]] = (tuple(entry["stamp"]), run)
+    return cached
+
+
+def _save_cache(plan: CachePlan) -> None:
+    """Write the cache atomically (temp file + rename); a folder that is not writable,
+    or any failure to write, leaves no file behind."""
+    if not os.access(plan.root, os.W_OK):
+        return
+    index = {name: i for i, name in enumerate(plan.names)}
+    entries = [
+        {"key": run.key, "stamp": list(run.stamp), "info": p.info, "problems": p.problems,
+         "rows": len(p.values), "cols": [index[n] for n in p.names]}
+        for run, p in zip(plan.runs, plan.parsed)
+    ]
+    tmp = plan.root / f"{CACHE_NAME}.{os.getpid()}.tmp"
+    try:
+        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "runs": entries})
+        with open(tmp, "wb") as f:
+            np.savez(f, header=np.frombuffer(header.encode("utf-8"), np.uint8), values=plan.matrix)
+        os.replace(tmp, plan.root / CACHE_NAME)
+    except Exception:  # a cache that cannot be written is only a slower next report
+        tmp.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- assembly
+
+
+def _union_names(parsed: list) -> list:
+    """All metric names, known ones in _METRIC_ORDER first, others as first seen."""
+    seen: dict = {}
+    for p in parsed:
+        seen.update(dict.fromkeys(p.names))
+    known = [n for n in _METRIC_ORDER if n in seen]
+    return known + [n for n in seen if n not in _METRIC_ORDER]
+
+
+def _stack(parsed: list, names: list) -> np.ndarray:
+    """One float64 matrix of all runs' lines, NaN where a run lacks a metric."""
+    total = sum(len(p.values) for p in parsed)
+    out = np.full((total, len(names)), np.nan)
+    index = {name: i for i, name in enumerate(names)}
+    start = 0
+    for p in parsed:
+        rows = len(p.values)
+        if rows:
+            out[start:start + rows, [index[n] for n in p.names]] = p.values
+        start += rows
+    return out
+
+
+def _parse_all(runs: list, cached: dict) -> tuple:
+    """Parsed runs (from the cache where the stamps match) and whether any was re-read."""
+    parsed, fresh = [], False
+    for run in runs:
+        hit = cached.get(run.key)
+        if hit is not None and hit[0] == run.stamp:
+            parsed.append(hit[1])
+        else:
+            parsed.append(_parse_run(run))
+            fresh = True
+    return parsed, fresh
+
+
+def _runs_of(root: "str | os.PathLike | Sequence") -> tuple:
+    """(folder, runs, whether to cache) of a root folder or a list of run folders."""
+    if isinstance(root, (list, tuple)):
+        runs = [found_run(os.fspath(p), Path(p).name) for p in root]
+        base = os.path.commonpath([os.path.abspath(p) for p in root]) if root else "."
+        return Path(base), [run for run in runs if run is not None], False
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no such results folder: {root}")
+    runs = scan_runs(root)
+    return root, runs, not (len(runs) == 1 and runs[0].key == ".")
+
+
+def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results:
+    """Read every run under ``root``; the basis of load_runs, load_epochs and reports.
+
+    ``root`` may also be a list of run folders (as ``submit --wait`` has): those
+    runs only, without a cache. With ``cache`` the cache is read, and
+    ``Results.save_cache()`` writes it back when it changed. Emits no warnings
+    itself (see ``Results.warnings``); raises FileNotFoundError when ``root`` is
+    not a folder.
+    """
+    root, runs, use_cache = _runs_of(root)
+    use_cache = use_cache and cache
+    saved = _load_cache(root) if use_cache else None
+    cached = saved.runs if saved else {}
+    parsed, fresh = _parse_all(runs, cached)
+    unchanged = saved is not None and not fresh and list(cached) == [run.key for run in runs]
+    if unchanged:  # the cached matrix is exactly what _stack would build
+        names, matrix = saved.names, saved.matrix
+    else:
+        names = _union_names(parsed)
+        matrix = _stack(parsed, names)
+    plan = CachePlan(root, runs, parsed, names, matrix) if use_cache and not unchanged else None
+    columns = {name: matrix[:, i] for i, name in enumerate(names)}
+    lengths = np.array([len(p.values) for p in parsed], dtype=np.int64)
+    return Results(root, [p.info for p in parsed], [p.problems for p in parsed], lengths, columns, plan)

@@ -1,0 +1,286 @@
+"""The pandas tables of ``clusterjob.report.results``: one row per run (``runs_frame``) and
+one row per run and logged line (``epochs_frame``), built from a ``Results`` with
+array operations over all runs at once (no per-row DataFrame work).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from clusterjob.core.rundir import MAX_INFO_BYTES, SPEC_FILE, STATUSES, UNKNOWN, is_number, read_text
+from clusterjob.report.reading import Results
+
+# Metrics whose last value the runs table carries under the same name
+# (the first four always, the others when some run logged them).
+LAST_VALUE = ("val_acc", "val_loss", "train_loss", "train_acc", "val_acc_ema", "val_acc_tta")
+
+
+# ---------------------------------------------------------------- per-run values
+
+
+def last_logged(results: Results, name: str) -> np.ndarray:
+    """Each run's last logged (non-NaN) value of ``name`` (NaN when it logged none)."""
+    out = np.full(len(results.lengths), np.nan)
+    col = results.columns.get(name)
+    has = results.lengths > 0
+    if col is None or not has.any():
+        return out
+    ends = results.offsets[1:][has] - 1
+    last = col[ends]
+    gaps = np.isnan(last)
+    if gaps.any():  # some run's last line lacks the metric: look back within the run
+        rows = np.maximum.accumulate(np.where(np.isnan(col), -1, np.arange(len(col))))
+        found = rows[ends[gaps]]
+        inside = found >= results.offsets[:-1][has][gaps]
+        last[gaps] = np.where(inside, col[np.maximum(found, 0)], np.nan)
+    out[has] = last
+    return out
+
+
+def _segment_reduce(results: Results, name: str, ufunc: np.ufunc) -> np.ndarray:
+    """``ufunc.reduceat`` of ``name`` over each run's lines (NaN with no lines)."""
+    out = np.full(len(results.lengths), np.nan)
+    col = results.columns.get(name)
+    has = results.lengths > 0
+    if col is not None and has.any():
+        out[has] = ufunc.reduceat(col, results.offsets[:-1][has])
+    return out
+
+
+def _segment_mean(results: Results, name: str) -> np.ndarray:
+    """Each run's mean of ``name`` over the lines that logged it."""
+    col = results.columns.get(name)
+    if col is None:
+        return np.full(len(results.lengths), np.nan)
+    logged = ~np.isnan(col)
+    sums = _reduce_array(results, np.where(logged, col, 0.0))
+    counts = _reduce_array(results, logged.astype(float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
+
+
+def _reduce_array(results: Results, values: np.ndarray) -> np.ndarray:
+    """Per-run sums of an array aligned with the rows (0 with no lines)."""
+    out = np.zeros(len(results.lengths))
+    has = results.lengths > 0
+    if has.any():
+        out[has] = np.add.reduceat(values, results.offsets[:-1][has])
+    return out
+
+
+def _best_epoch(results: Results, best: np.ndarray) -> np.ndarray:
+    """The first epoch at which each run reached its best val_acc."""
+    out = np.full(len(results.lengths), np.nan)
+    col, epochs = results.columns.get("val_acc"), results.columns.get("epoch")
+    if col is None or epochs is None:
+        return out
+    hits = np.flatnonzero(col == np.repeat(best, results.lengths))
+    run_of_hit = np.searchsorted(results.offsets, hits, side="right") - 1
+    runs, first = np.unique(run_of_hit, return_index=True)
+    out[runs] = epochs[hits[first]]
+    return out
+
+
+def _timestamp(text: Optional[str]) -> Optional[datetime]:
+    """An ISO-8601 time, or None when absent or unreadable."""
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+def _wall_time(results: Results) -> np.ndarray:
+    """finished_at - started_at where both exist, else the sum of epoch_time_s."""
+    summed = _segment_reduce(results, "epoch_time_s", np.add)
+    out = summed.copy()
+    for i, info in enumerate(results.infos):
+        start, end = _timestamp(info["started_at"]), _timestamp(info["finished_at"])
+        if start is not None and end is not None:
+            try:
+                out[i] = (end - start).total_seconds()
+            except TypeError:  # one time with an offset, one without: no honest difference
+                pass
+    return out
+
+
+def _fill_from_final(results: Results, values: dict, names: Iterable) -> None:
+    """Runs without metrics.jsonl take their last values from run.json's "final"."""
+    for i, info in enumerate(results.infos):
+        final = info["final"]
+        if results.lengths[i] or not final:
+            continue
+        for name in names:
+            if name in values and is_number(final.get(name)):
+                values[name][i] = final[name]
+        if is_number(final.get("epoch")):
+            values["epochs"][i] = final["epoch"]
+
+
+def _run_values(results: Results, extra: Sequence[str]) -> dict:
+    """The per-run numbers of the runs table, as arrays in run order."""
+    names = [n for n in LAST_VALUE if n in results.columns or n in LAST_VALUE[:4]]
+    names += [n for n in extra if n not in names]
+    values = {name: last_logged(results, name) for name in names}
+    values["epochs"] = last_logged(results, "epoch")
+    values["best_val_acc"] = _segment_reduce(results, "val_acc", np.fmax)
+    values["best_epoch"] = _best_epoch(results, values["best_val_acc"])
+    values["wall_time_s"] = _wall_time(results)
+    values["samples_per_s"] = _segment_mean(results, "samples_per_s")
+    _fill_from_final(results, values, names)
+    epochs = np.trunc(values["epochs"])  # a user's code may log any number as epoch
+    whole = np.isfinite(epochs) & (np.abs(epochs) < 2**53)
+    values["epochs"] = np.where(whole, epochs, results.lengths).astype(np.int64)
+    return values
+
+
+# ---------------------------------------------------------------- swept keys
+
+
+def _param_column(values: list) -> pd.Series:
+    """One swept key's values; lists and dicts become JSON text so they can group."""
+    values = [json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for v in values]
+    return pd.Series(values, dtype=None if any(v is not None for v in values) else float)
+
+
+def _spec_value(loader: Any, node: Any, key: str) -> Any:
+    """The value at dotted ``key`` in a composed YAML document; None when absent or not
+    a plain value (aliases are never expanded: a damaged folder cannot blow up the report)."""
+    import yaml
+
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+    plain = isinstance(node, yaml.ScalarNode) or (
+        isinstance(node, yaml.SequenceNode) and all(isinstance(item, yaml.ScalarNode) for item in node.value))
+    return loader.construct_object(node, deep=True) if plain else None
+
+
+def _params_from_spec(path: str, keys: list) -> dict:
+    """Swept values read back from spec.yaml, for a run whose run.json lost them."""
+    text, _ = read_text(f"{path}/{SPEC_FILE}", MAX_INFO_BYTES)
+    if not text:
+        return {}
+    try:
+        import yaml  # only damaged runs need it
+
+        loader = yaml.SafeLoader(text)
+        root = loader.get_single_node()
+        found = {key: _spec_value(loader, root, key) for key in keys}
+    except Exception:  # no readable spec either: the run stays in a group of unknown keys
+        return {}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def _params_table(results: Results) -> dict:
+    """{swept key: Series over runs}; runs without params try their spec.yaml."""
+    keys = results.param_keys
+    params = []
+    for info in results.infos:
+        known = info["params"]
+        params.append(known if known is not None else _params_from_spec(info["path"], keys))
+    return {key: _param_column([p.get(key) for p in params]) for key in keys}
+
+
+# ---------------------------------------------------------------- columns
+
+
+def _status_column(statuses: list) -> pd.Categorical:
+    """Status as a categorical with the documented states first."""
+    extra = sorted(set(statuses) - set(STATUSES) - {UNKNOWN})
+    return pd.Categorical(statuses, categories=[*STATUSES, UNKNOWN, *extra])
+
+
+def _int_column(values: Iterable) -> pd.array:
+    """Whole numbers with <NA> for missing (or beyond int64), as pandas' nullable Int64."""
+    return pd.array([None if v is None or v != v or abs(v) >= 2**63 else int(v) for v in values], dtype="Int64")
+
+
+def _time_column(texts: list) -> pd.Series:
+    """ISO-8601 times as UTC datetimes, NaT where absent or unreadable."""
+    return pd.to_datetime(pd.Series(texts, dtype=object), utc=True, errors="coerce", format="ISO8601")
+
+
+def _text_column(values: list) -> pd.Series:
+    """Text with missing values as NA, in pandas' string dtype."""
+    return pd.Series(values, dtype="string")
+
+
+def _field(results: Results, key: str) -> list:
+    """One run.json field over all runs."""
+    return [info[key] for info in results.infos]
+
+
+def _run_fields(results: Results) -> dict:
+    """The run.json columns of the runs table."""
+    text = ("slurm_job_id", "backend", "amp", "git_sha", "error", "path")
+    data = {key: _text_column(_field(results, key)) for key in text}
+    for key in ("world_size", "requeues", "error_rank"):
+        data[key] = _int_column(_field(results, key))
+    for key in ("started_at", "finished_at"):
+        data[key] = _time_column(_field(results, key))
+    data["warnings"] = _text_column(["; ".join(p) or None for p in results.problems])
+    order = ("world_size", "slurm_job_id", "requeues", "started_at", "finished_at", "backend",
+             "amp", "git_sha", "error", "error_rank", "path", "warnings")
+    return {key: data[key] for key in order}
+
+
+# Columns of the runs table that are no metric: a metric of the same name cannot be shown.
+RUN_FIELDS = ("run_id", "name", "status", "epochs", "best_val_acc", "best_epoch", "wall_time_s",
+              "samples_per_s", "world_size", "slurm_job_id", "requeues", "started_at", "finished_at",
+              "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings")
+
+
+# ---------------------------------------------------------------- frames
+
+
+def runs_frame(results: Results, metrics: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per run; see ``results.load_runs``. ``metrics`` adds the last logged
+    value of further metrics (a user's own), after the standard ones."""
+    values = _run_values(results, metrics)
+    data: dict = {
+        "run_id": _text_column(_field(results, "run_id")),
+        "name": _text_column(_field(results, "name")),
+        "status": _status_column(_field(results, "status")),
+        **_params_table(results),
+        "epochs": values.pop("epochs"),
+    }
+    data.update((k, values.pop(k)) for k in ("val_acc", "best_val_acc"))
+    data["best_epoch"] = _int_column(values.pop("best_epoch"))
+    data.update(values)
+    data.update(_run_fields(results))
+    frame = pd.DataFrame(data)
+    frame.attrs["warnings"] = results.warnings
+    return frame
+
+
+def _epoch_ints(col: np.ndarray) -> "np.ndarray | pd.arrays.IntegerArray":
+    """Epoch or step numbers as int64, or nullable Int64 when some are missing; floats
+    when some are not whole numbers (a user's own code may log any number)."""
+    logged = col[~np.isnan(col)]
+    if np.any(np.abs(logged) > 2**53) or np.any(logged != np.round(logged)):
+        return col
+    if len(logged) == len(col):
+        return col.astype(np.int64)
+    return _int_column(col)
+
+
+def epochs_frame(results: Results) -> pd.DataFrame:
+    """One row per run and logged line; see ``results.load_epochs``."""
+    owner = np.repeat(np.arange(len(results.lengths)), results.lengths)
+    data: dict = {}
+    for key in ("run_id", "name"):
+        codes, uniques = pd.factorize(pd.Series(_field(results, key), dtype=object))
+        data[key] = pd.Categorical.from_codes(codes[owner], categories=uniques)
+    for key, column in _params_table(results).items():
+        data[key] = column.take(owner).reset_index(drop=True)
+    for name, col in results.columns.items():
+        data[name] = _epoch_ints(col) if name in ("epoch", "step") else col
+    frame = pd.DataFrame(data)
+    frame.attrs["warnings"] = results.warnings
+    return frame

@@ -1,0 +1,1 @@
+"""What every task runs around the training code: rendezvous, run record, signals, your own code."""

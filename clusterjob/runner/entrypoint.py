@@ -1,0 +1,192 @@
+"""Runs the user's own training code (the spec's ``entrypoint``) inside the task, as
+torchrun would start it, with the run folder, metrics, preemption and requeue of the
+built-in trainer.
+
+Before the code starts: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+NODE_RANK, MASTER_ADDR and MASTER_PORT are exported; so are CLUSTERJOB_RUN_DIR,
+CLUSTERJOB_RUN_ID, CLUSTERJOB_PARAMS (JSON) and CLUSTERJOB_RESTARTS; the working
+directory is the one ``submit`` ran in; CUDA_VISIBLE_DEVICES stays as Slurm set it, but is
+empty under ``resources.gpus_per_node: 0`` (the runner hides the GPUs: the spec means
+CPU); the runner's stop-signal handler is in place, so SIGUSR2 never kills the code. A
+script runs in this process through runpy (``__name__ == "__main__"``, ``sys.argv`` as
+under torchrun). The rendezvous store of the runner is multi-tenant, so the code's own
+``init_process_group()`` (env://) shares it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import re
+import runpy
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from clusterjob.core import env as envmod
+from clusterjob.core import metrics
+from clusterjob.core.rundir import RunDir, now_iso, read_checked
+from clusterjob.runner import api, dist, runrecord
+from clusterjob.runner.preempt import StopSignal
+from clusterjob.spec.schema import Spec, entrypoint_args
+
+MAX_MATCHED_LINE = 4096  # characters of an output line the metric regexes look at
+
+
+class ScriptExit(RuntimeError):
+    """The user's code called sys.exit with a non-zero status."""
+
+
+def prepare(spec: Spec, env: envmod.DistEnv) -> Callable[[RunDir, StopSignal], str]:
+    """Nothing to decide before the rendezvous: the code makes its own choices."""
+    return functools.partial(run_code, spec, env)
+
+
+def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:
+    """Run the entrypoint on this rank: "completed", or "stopped" after
+    ``clusterjob.requeue()``. All ranks must call this."""
+    ep, (info, _) = spec.entrypoint, read_checked(run)
+    args = list(entrypoint_args(spec)) + ([f"--local_rank={env.local_rank}"] if ep.local_rank_arg else [])
+    _export(env, run, spec, info)
+    if env.rank == 0:
+        runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)})
+        stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
+    writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
+    api._start(_session(spec, env, run, stop, writer))
+    try:
+        with _Tee(spec.entrypoint.metrics, writer):
+            result = _call(spec, args, Path(info.get("code_dir") or info.get("submit_dir") or os.getcwd()))
+    except api.Requeue:
+        return _requeued(run, spec, env, stop)
+    if env.rank == 0:
+        final = _final(writer, result)
+        runrecord.finish(run, **({"final": final} if final else {}))
+    return "completed"
+
+
+def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: dict) -> None:
+    envmod.export(env)
+    os.environ.update({"CLUSTERJOB_RUN_DIR": str(run.path.resolve()), "CLUSTERJOB_RUN_ID": run.run_id,
+                       api.PARAMS_VAR: json.dumps(spec.params),
+                       "CLUSTERJOB_RESTARTS": str((info["requeues"] or 0) + (info["restarts"] or 0))})
+    submit_dir = info.get("submit_dir")
+    if isinstance(submit_dir, str) and Path(submit_dir).is_dir():
+        os.chdir(submit_dir)  # relative data paths of the script keep working
+
+
+def _describe(spec: Spec, args: list[str]) -> dict:
+    """run.json's record of the code: what ran, with which arguments and params."""
+    ep = spec.entrypoint
+    kind = "script" if ep.script else "module" if ep.module else "function"
+    return {kind: getattr(ep, kind), "args": args, "params": spec.params, "snapshot": ep.snapshot}
+
+
+def _session(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal,
+             writer: Optional[metrics.StepWriter]) -> api.Session:
+    return api.Session(run_dir=run.path, rank=env.rank, world_size=env.world_size,
+                       keep_last=spec.checkpoint.keep_last, stop_requested=lambda: stop.requested,
+                       agree=dist.any_rank_anywhere, barrier=dist.barrier_anywhere,
+                       log_metrics=writer.log if writer else lambda step, values: None)
+
+
+def _call(spec: Spec, args: list[str], code_dir: Path) -> Any:
+    """Run the script (as __main__), the module (as ``python -m``) or call the function."""
+    ep = spec.entrypoint
+    if ep.script:
+        sys.argv = [ep.script, *args]
+        sys.path.insert(0, str(Path(ep.script).parent))
+        return _main(lambda: runpy.run_path(ep.script, run_name="__main__"))
+    sys.path.insert(0, str(code_dir))
+    if ep.module:
+        sys.argv = [ep.module, *args]
+        return _main(lambda: runpy.run_module(ep.module, run_name="__main__", alter_sys=True))
+    module, _, name = ep.function.partition(":")
+    sys.argv = [ep.function, *args]
+    return _main(getattr(importlib.import_module(module), name))
+
+
+def _main(call) -> Any:
+    """``call()``; sys.exit(0) is a normal end, another status a failure."""
+    try:
+        return call()
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return None
+        raise ScriptExit(f"the entrypoint exited with status {exc.code!r}") from None
+
+
+def _final(writer: metrics.StepWriter, result: Any) -> Optional[dict]:
+    """A function's returned mapping of numbers (logged as a last line), else the last line."""
+    if isinstance(result, dict) and result and all(metrics.is_number(v) for v in result.values()):
+        writer.log(None, {str(k): float(v) for k, v in result.items()})
+        return {str(k): float(v) for k, v in result.items()}
+    return writer.last
+
+
+def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal) -> str:
+    """Every rank called clusterjob.requeue(): rank 0 records the stop and requeues the
+    Slurm task; no rank leaves before that is on record."""
+    dist.barrier_anywhere()
+    if env.rank == 0:
+        runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
+    dist.barrier_anywhere()
+    return "stopped"
+
+
+def _record_term(run: RunDir, spec: Spec) -> None:
+    """SIGTERM on rank 0: Slurm ends the job (time limit, preemption, scancel) and kills
+    it after KillWait; say so now, in case the code does not get to return."""
+    outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)
+    run.update(status=outcome.status, stopped_at=now_iso())
+
+
+class _Tee:
+    """Rank 0's stdout, copied to where it went before and matched line by line against
+    ``entrypoint.metrics`` (name -> regex with one group); the k-th match of a metric
+    belongs to step k. At the file descriptor, so prints of C code and subprocesses count."""
+
+    def __init__(self, patterns: dict, writer: Optional[metrics.StepWriter]):
+        self.patterns = {name: re.compile(rx) for name, rx in patterns.items()} if writer else {}
+        self.writer, self.counts = writer, dict.fromkeys(self.patterns, 0)
+
+    def __enter__(self) -> "_Tee":
+        if self.patterns:
+            sys.stdout.flush()
+            self.saved = os.dup(1)
+            read, write = os.pipe()
+            os.dup2(write, 1)
+            os.close(write)
+            self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.patterns:
+            sys.stdout.flush()
+            os.dup2(self.saved, 1)  # closes the pipe's last write end: the pump sees its end
+            self.thread.join(timeout=10)
+            os.close(self.saved)
+
+    def _pump(self, read: int) -> None:
+        pending = b""
+        with os.fdopen(read, "rb", buffering=0) as pipe:
+            for chunk in iter(lambda: pipe.read(65536), b""):
+                os.write(self.saved, chunk)
+                *lines, pending = re.split(rb"[\r\n]", pending + chunk)
+                for line in lines:
+                    self._match(line.decode(errors="replace"))
+        self._match(pending.decode(errors="replace"))
+
+    def _match(self, line: str) -> None:
+        line = line[:MAX_MATCHED_LINE]  # a regex that backtracks badly must not stall the output
+        for name, pattern in self.patterns.items():
+            for found in pattern.finditer(line):
+                try:
+                    value = float(found.group(1))
+                except (TypeError, ValueError):
+                    continue
+                self.counts[name] += 1
+                self.writer.log(self.counts[name], {name: value}, merge=True)

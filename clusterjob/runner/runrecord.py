@@ -1,0 +1,118 @@
+"""What a running task writes about its run into run.json: started, epochs, finished,
+stopped (and whether to requeue), failed. Rank 0 writes, except each rank's own crash
+report.
+
+``stop_outcome`` is the requeue decision as a pure function; ``record_stop`` applies it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from clusterjob.core import env as envmod
+from clusterjob.core import metrics, slurmctl
+from clusterjob.core.provenance import git_sha, versions
+from clusterjob.core.rundir import RunDir, mark_failed, now_iso, read_checked, record_error
+
+TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What a stopped run becomes: its status, whether its Slurm job is requeued, and
+    the error recorded when the requeue cap is reached."""
+
+    status: str        # "preempted", "timeout" or "failed"
+    requeue: bool
+    error: Optional[str] = None
+
+
+def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, seconds_left: Optional[float],
+                 in_slurm: bool = True) -> StopOutcome:
+    """The decision after every rank checkpointed on a stop signal.
+
+    ``signal``: "SIGUSR2", "SIGTERM", "cancel" or None (a debug stop); ``requeues``: how often the
+    run was requeued already; ``seconds_left``: before the job's time limit (None:
+    unknown or unlimited). Near the limit the stop is a timeout, else a preemption. USR2
+    asks the run to requeue itself; after SIGTERM Slurm requeues or ends the job itself,
+    and outside Slurm there is nothing to requeue.
+    """
+    if signal == "cancel":  # `clusterjob cancel`: stays cancelled, never requeued
+        return StopOutcome("cancelled", requeue=False)
+    near_limit = signal is not None and seconds_left is not None and seconds_left <= TIMEOUT_MARGIN_S
+    status = "timeout" if near_limit else "preempted"
+    if not in_slurm or signal == "SIGTERM":
+        return StopOutcome(status, requeue=False)
+    if requeues >= max_requeues:
+        return StopOutcome("failed", requeue=False, error=(
+            f"{status} {requeues + 1} times; resources.max_requeues={max_requeues} reached, not requeued. "
+            "Fix: raise resources.max_requeues or resources.time_min, then `clusterjob resume RUN` "
+            "continues from the last checkpoint"))
+    return StopOutcome(status, requeue=True)
+
+
+def outcome_now(signal: Optional[str], requeues: int, max_requeues: int) -> StopOutcome:
+    """``stop_outcome`` with this job's facts: inside Slurm or not, the time left."""
+    job = envmod.slurm_job()
+    left = slurmctl.time_left_s(job.run_key) if job is not None and signal not in (None, "cancel") else None
+    return stop_outcome(signal, requeues, max_requeues, left, in_slurm=job is not None)
+
+
+def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOutcome:
+    """Rank 0, once every rank checkpointed: record why the run stopped, and requeue its
+    Slurm job (the array task only) when the outcome says so."""
+    job = envmod.slurm_job()
+    requeues = read_checked(run)[0]["requeues"] or 0
+    outcome = outcome_now(signal, requeues, max_requeues)
+    if outcome.error:
+        run.update(status="failed", finished_at=now_iso(), error={"rank": None, "message": outcome.error,
+                                                                  "traceback": ""})
+        print(f"stopped: {outcome.error}", flush=True)
+    elif outcome.requeue:
+        run.update(status=outcome.status, requeues=requeues + 1)
+        ok = slurmctl.requeue(job.run_key)
+        print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
+    else:
+        run.update(status=outcome.status)
+        hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
+        print(f"stopped ({outcome.status}); {hint}", flush=True)
+    return outcome
+
+
+def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
+    """Rank 0 at the start of every session of the run (first start, resume, requeue).
+    ``facts`` adds what the task knows of itself (backend, amp, device, entrypoint...)."""
+    info, _ = read_checked(run)
+    job = envmod.slurm_job()
+    requeues = max(info["requeues"] or 0, job.restart_count if job else 0)  # scontrol requeue too
+    cancelled_job = info.get("status") == "cancelled" and job and info.get("slurm_job_id") == job.run_key
+    run.update(reopen=not cancelled_job, status="running", requeues=requeues, hosts=list(env.hosts),
+               world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
+               slurm_job_id=job.run_key if job else info.get("slurm_job_id"), versions=versions(),
+               git_sha=info.get("git_sha") or git_sha(), started_at=info.get("started_at") or now_iso(),
+               finished_at=None, error=None, **facts)
+
+
+def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
+    metrics.append_epoch(run.metrics_file, record)
+    run.update(final=record)
+    print(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} "
+          f"train_acc {record['train_acc']:.4f} val_loss {record['val_loss']:.4f} "
+          f"val_acc {record['val_acc']:.4f} lr {record['lr']:.4g} {record['epoch_time_s']:.1f}s "
+          f"{record['samples_per_s']:.0f} img/s", flush=True)
+
+
+def finish(run: RunDir, **fields: object) -> None:
+    info = run.update(status="completed", finished_at=now_iso(), **fields)
+    print(f"completed {run.path}: {json.dumps(info.get('final'))}", flush=True)
+
+
+def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:
+    """Each rank reports its own crash; rank 0 also marks the run failed."""
+    if run is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return
+    record_error(run, rank, exc)
+    if rank == 0:
+        mark_failed(run, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,1 @@
+"""The experiment spec: frozen dataclasses, the YAML edge, the dataset catalog."""

@@ -1,0 +1,842 @@
+"""The experiment spec: typed, frozen dataclasses; YAML only at the edge (``load_spec``).
+Every key and default: docs/design.md, "Spec".
+
+Every section validates its own fields in ``__post_init__`` from the field metadata
+(choices, bounds, patterns), so a spec built in code is checked like one read from YAML.
+Errors are ``SpecError`` with the dotted key, the bad value and what is allowed; the CLI
+prints them and exits 2. The YAML edge is bounded (file size, values after alias
+expansion, nesting, sweep points), so a hostile spec fails fast instead of taking the
+login node's memory. This module must not import torch (the CLI validates on login nodes).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from clusterjob.core.errors import CONTROL_CHARS, SpecError, brief, key_text, shown
+from clusterjob.spec.catalog import DATASETS, DatasetName
+from clusterjob.spec.yamlfile import apply_overrides, read_spec_file
+
+_NAME = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' only")
+_SLURM_WORD = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' (no spaces or shell characters)")
+_CONSTRAINT = (r"[A-Za-z0-9._,&|\[\]()*:!-]+", "a Slurm feature expression without spaces or quotes")
+_INIT = (r"env|tcp://[A-Za-z0-9._-]+:[0-9]{1,5}|file:///\S+", "env, tcp://HOST:PORT or file:///absolute/path")
+Schedule = Literal["cosine", "step", "constant"]
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_MODULE = (rf"{_IDENT}(?:\.{_IDENT})*", "a dotted module name such as mypkg.train")
+_FUNCTION = (rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}", "module:function, such as mypkg.train:main")
+_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_PLACEHOLDER = re.compile(r"\{params\.([^{}]*)\}")
+# Sections that only the built-in trainer reads; with an entrypoint they would do nothing.
+TRAINER_SECTIONS = ("data", "model", "train")
+
+MAX_SWEEP_POINTS = 10_000
+MAX_NAME_LENGTH = 100  # <root>/<name>/<run_id> must stay within file system limits
+MAX_TEXT_LENGTH = 10_000  # any string value: a setup line, a path, a rendezvous URL
+MAX_PATH_PART_BYTES = 255  # NAME_MAX of common file systems
+MAX_PATH_BYTES = 4095  # PATH_MAX - 1
+MAX_INT = 2**63 - 1  # what Slurm, torch and C code downstream can hold
+MAX_AUTO_WORKERS = 8  # data.num_workers auto: beyond this, more workers rarely load faster
+
+
+def opt(default: Any, doc: str = "", **checks: Any) -> Any:
+    """A spec field: its default, a one-line doc, and checks run by ``Section.__post_init__``.
+
+    checks: ``choices`` (allowed values), ``ge``/``gt``/``lt`` (bounds for numbers),
+    ``pattern`` ((regex, words) that a string must match in full), ``max_len`` (characters),
+    ``path`` (True: ``~`` is expanded and the length fits file system limits).
+    """
+    meta = {"doc": doc, **checks}
+    if isinstance(default, type):  # a section: each spec gets its own instance
+        return field(default_factory=default, metadata=meta)
+    if isinstance(default, (list, dict)):
+        factory = type(default)
+        return field(default_factory=lambda: factory(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class Section:
+    """Base of every spec section: checks each field against its metadata, then ``check()``."""
+
+    def __post_init__(self) -> None:
+        for f in _fields(type(self)):
+            value = getattr(self, f.name)
+            _check_value(f.name, value, _field_checks(type(self), f))
+            if f.metadata.get("path") and isinstance(value, str):
+                object.__setattr__(self, f.name, _checked_path(f.name, value))
+        self.check()
+
+    def check(self) -> None:
+        """Checks that involve several fields of the section (overridden where needed)."""
+
+
+@dataclass(frozen=True)
+class DataSpec(Section):
+    dataset: DatasetName = opt("cifar10", "cifar10 | mnist | synthetic")
+    root: str = opt("./data", "where datasets are stored or downloaded", path=True)
+    download: bool = opt(True, "rank 0 downloads first, the others wait at a barrier")
+    loader: Literal["auto", "tensor", "torchvision"] = opt("auto", "auto (tensor for datasets held in memory) | "
+                                                           "tensor | torchvision")
+    num_workers: Union[int, str] = opt("auto", "torchvision loader worker processes per rank; "
+                                       "auto: resources.cpus_per_task - 1, at most 8")
+    augment: bool = opt(True, "random crop (pad 4) + horizontal flip for CIFAR-shaped data")
+    limit_train: Optional[int] = opt(None, "use only the first N training samples", ge=1)
+    limit_val: Optional[int] = opt(None, "use only the first N validation samples", ge=1)
+    drop_last: bool = opt(False, "drop the last partial training batch")
+    pin_memory: Union[Literal["auto"], bool] = opt("auto", "auto: on when training on CUDA")
+    tta: Literal["none", "flip"] = opt("none", "none | flip: also log val_acc_tta with flip test-time augmentation")
+
+    def check(self) -> None:
+        workers = self.num_workers
+        if workers != "auto" and (isinstance(workers, str) or workers < 0):
+            raise SpecError("num_workers", f"{brief(workers)} is not allowed; use auto or a whole number >= 0")
+        if self.loader == "tensor" and not DATASETS[self.dataset].in_memory:
+            raise SpecError("loader", f"tensor holds the whole dataset in memory, which {self.dataset} does not "
+                            "fit; use loader: auto or torchvision")
+
+    @property
+    def loader_kind(self) -> str:
+        """``loader`` resolved: "tensor" or "torchvision"."""
+        if self.loader != "auto":
+            return self.loader
+        return "tensor" if DATASETS[self.dataset].in_memory else "torchvision"
+
+
+@dataclass(frozen=True)
+class ModelSpec(Section):
+    arch: Literal["resnet18", "convnet", "mlp"] = opt("resnet18", "resnet18 (CIFAR stem) | convnet | mlp")
+    sync_bn: bool = opt(True, "SyncBatchNorm across ranks, applied only on GPUs under NCCL")
+    channels_last: Union[Literal["auto"], bool] = opt("auto", "channels_last memory format; auto: conv nets on CUDA")
+
+    def check(self) -> None:
+        if self.channels_last is True and self.arch == "mlp":
+            raise SpecError("channels_last", "true does nothing for the mlp (it has no convolutions); "
+                            "set channels_last: auto or false, or use arch: convnet or resnet18")
+
+
+@dataclass(frozen=True)
+class ParamGroupSpec(Section):
+    match: str = opt("", "parameter-name prefix; the first matching group wins", pattern=(r".+", "a non-empty prefix"))
+    lr_mult: float = opt(1.0, "multiplies the base learning rate", gt=0)
+    weight_decay: Optional[float] = opt(None, "overrides train.weight_decay", ge=0)
+    schedule: Optional[Schedule] = opt(None, "overrides train.schedule")
+
+
+@dataclass(frozen=True)
+class TrainSpec(Section):
+    epochs: int = opt(30, "passes over the training set", ge=1)
+    batch_size: int = opt(128, "per process; global = batch_size x world_size x grad_accum", ge=1)
+    optimizer: Literal["sgd", "adamw"] = opt("sgd", "sgd | adamw")
+    lr: float = opt(0.1, "base learning rate, before lr_scaling", gt=0)
+    lr_scaling: Literal["none", "linear", "sqrt"] = opt("linear", "none | linear | sqrt, relative to world_size x "
+                                                        "grad_accum")
+    momentum: float = opt(0.9, "SGD momentum (AdamW: beta1)", ge=0, lt=1)
+    nesterov: bool = opt(True, "Nesterov momentum for SGD")
+    weight_decay: float = opt(5.0e-4, "decoupled for AdamW, L2 for SGD", ge=0)
+    schedule: Schedule = opt("cosine", "cosine | step | constant, after warmup")
+    warmup_epochs: float = opt(1.0, "linear warmup length in epochs", ge=0)
+    label_smoothing: float = opt(0.0, "cross-entropy label smoothing", ge=0, lt=1)
+    amp: Literal["auto", "fp16", "bf16", "off"] = opt("auto", "auto (bf16 on CPU and on GPUs of compute capability "
+                                                      ">= 8.0, else fp16) | fp16 | bf16 | off")
+    grad_accum: int = opt(1, "micro-batches per optimizer step", ge=1)
+    ema_decay: Optional[float] = opt(None, "e.g. 0.999: also evaluate an EMA of the weights", gt=0, lt=1)
+    param_groups: tuple[ParamGroupSpec, ...] = opt((), "per-layer overrides, first prefix match wins")
+    seed: int = opt(0, "seeds weights, data order and augmentation", ge=0)
+    log_every: int = opt(50, "optimizer steps between progress lines (one host sync each)", ge=1)
+    compile: bool = opt(False, "torch.compile the model (the first steps compile it)")
+
+    def check(self) -> None:
+        if self.warmup_epochs > self.epochs:
+            raise SpecError("warmup_epochs", f"{self.warmup_epochs} is longer than epochs ({self.epochs}); "
+                            "set warmup_epochs <= epochs")
+
+
+@dataclass(frozen=True)
+class DistSpec(Section):
+    backend: Literal["auto", "nccl", "gloo", "cuda:gloo"] = opt("auto", "auto (nccl on CUDA, else gloo) | nccl | "
+                                                                "gloo | cuda:gloo (gloo with NCCL's device rule, "
+                                                                "for tests: scripts/gpu-check)")
+    init_method: str = opt("env", "env | tcp://HOST:PORT | file:///shared/path", pattern=_INIT)
+    timeout_s: int = opt(600, "collective and rendezvous timeout in seconds", ge=1)
+
+    def check(self) -> None:
+        if self.init_method.startswith("tcp://"):
+            port = int(self.init_method.rsplit(":", 1)[1])
+            if not 1 <= port <= 65535:
+                raise SpecError("init_method", f"{self.init_method!r}: port {port} is out of range; "
+                                "use a TCP port in 1..65535, e.g. tcp://HOST:29500")
+
+
+@dataclass(frozen=True)
+class ResourcesSpec(Section):
+    nodes: int = opt(1, "nodes per run", ge=1)
+    tasks_per_node: int = opt(1, "processes per node; one per GPU on GPU nodes", ge=1)
+    gpus_per_node: int = opt(0, "GPUs requested per node (gres); 0: CPU, the ranks see no GPU", ge=0)
+    cpus_per_task: int = opt(2, "CPU cores per process", ge=1)
+    mem_gb: float = opt(16.0, "memory per node in GB (0: the partition's default)", ge=0)
+    time_min: int = opt(60, "wall-clock limit per job in minutes", ge=1)
+    partition: Optional[str] = opt(None, "Slurm partition", pattern=_SLURM_WORD)
+    account: Optional[str] = opt(None, "Slurm account", pattern=_SLURM_WORD)
+    qos: Optional[str] = opt(None, "Slurm QOS", pattern=_SLURM_WORD)
+    constraint: Optional[str] = opt(None, "Slurm node features, e.g. a100|h100", pattern=_CONSTRAINT)
+    setup: tuple[str, ...] = opt((), "shell lines run before srun (module load, conda activate)")
+    array_parallelism: Optional[int] = opt(None, "at most this many array tasks at once (sbatch %N)", ge=1)
+    max_requeues: int = opt(3, "requeues after preemption or time limit before giving up", ge=0)
+
+    def check(self) -> None:
+        if self.gpus_per_node and self.tasks_per_node > self.gpus_per_node:
+            raise SpecError("tasks_per_node", f"{self.tasks_per_node} tasks per node but gpus_per_node is "
+                            f"{self.gpus_per_node}; run one task per GPU (tasks_per_node: {self.gpus_per_node})")
+
+
+@dataclass(frozen=True)
+class CheckpointSpec(Section):
+    every_epochs: int = opt(1, "write a checkpoint every N epochs (and at the end)", ge=1)
+    keep_last: int = opt(2, "checkpoints kept on disk", ge=1)
+
+
+@dataclass(frozen=True)
+class OutputSpec(Section):
+    root: str = opt("results", "runs go to <root>/<name>/<run_id>/", pattern=(r".+", "a non-empty path"),
+                    path=True)
+
+
+@dataclass(frozen=True)
+class DebugSpec(Section):
+    """Test hooks: stop or fail on purpose to exercise resume and failure handling."""
+
+    exit_after_epoch: Optional[int] = opt(None, "exit (as if preempted) after this epoch's checkpoint", ge=1)
+    fail_at_epoch: Optional[int] = opt(None, "raise on fail_rank at the start of this epoch", ge=1)
+    fail_rank: int = opt(0, "which rank raises for fail_at_epoch", ge=0)
+    deterministic: bool = opt(False, "deterministic kernels (slower): exact resume checks on GPU")
+
+
+@dataclass(frozen=True)
+class EntrypointSpec(Section):
+    """Your own training code, run on every task instead of the built-in trainer."""
+
+    script: Optional[str] = opt(None, "a Python script, relative to the folder `submit` runs in", path=True)
+    module: Optional[str] = opt(None, "a module run as `python -m`, e.g. mypkg.train", pattern=_MODULE)
+    function: Optional[str] = opt(None, "module:function, called with no arguments", pattern=_FUNCTION)
+    args: tuple[str, ...] = opt((), "the code's arguments; {params.NAME} becomes the run's value")
+    metrics: dict = opt({}, "metric name -> regex with one group, matched on rank 0's output")
+    local_rank_arg: bool = opt(False, "append --local_rank=N, as torch.distributed.launch did")
+    snapshot: bool = opt(False, "copy the code into <run>/code/ at submit and run that copy")
+
+    def check(self) -> None:
+        given = [k for k in ("script", "module", "function") if getattr(self, k) is not None]
+        if len(given) != 1:
+            which = " and ".join(given) if given else "none"
+            raise SpecError("", f"set exactly one of script, module or function (got {which}), "
+                                "e.g. script: train.py")
+        for name, regex in self.metrics.items():
+            _check_metric_regex(name, regex)
+        if self.script is not None:
+            object.__setattr__(self, "script", _existing_script(self.script))
+        elif not _module_exists((self.module or self.function).split(":")[0]):
+            key = "module" if self.module else "function"
+            raise SpecError(key, f"{getattr(self, key)!r}: no such module from {os.getcwd()!r} or the Python path; "
+                                 "run submit in the folder that holds the package, or install it")
+
+
+def _check_metric_regex(name: Any, regex: Any) -> None:
+    if not isinstance(name, str) or not _METRIC.fullmatch(name):
+        raise SpecError(f"metrics.{key_text(name)}", "a metric name is letters, digits, '_' and '.', "
+                                                     "starting with a letter, e.g. val_acc")
+    where = f"metrics.{name}"
+    if name == "step":
+        raise SpecError(where, "step is the line's position (the k-th match is step k); name the metric otherwise")
+    if not isinstance(regex, str):
+        raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
+    _check_text(where, regex)
+    try:
+        groups = re.compile(regex).groups
+    except re.error as err:
+        raise SpecError(where, f"{brief(regex)} is not a regex ({err}); e.g. 'Accuracy is ([0-9.]+)'") from None
+    if groups != 1:
+        raise SpecError(where, f"{brief(regex)} has {groups} groups; it needs exactly one, around the number, "
+                               "e.g. 'Accuracy is ([0-9.]+)' (write (?:...) for other groups)")
+
+
+def _existing_script(path: str) -> str:
+    """The script as an absolute path (relative to the working directory: the folder
+    `submit` runs in), which must be a file."""
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        raise SpecError("script", f"{path!r}: no such file (looked for {full!r}); give the path of your "
+                                  "training script relative to the folder you submit from")
+    return full
+
+
+def _module_exists(name: str) -> bool:
+    """Whether module ``name`` can be found, without running any of its code (and so
+    without torch): importlib's find_spec on a dotted name would import the parent
+    packages, so the path finder is asked one level at a time instead. The working
+    directory comes first, as with ``python -m``."""
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    top, *rest = name.split(".")
+    found = PathFinder.find_spec(top, [os.getcwd()]) or find_spec(top)  # a top-level lookup runs no code
+    for part in rest:
+        locations = list(found.submodule_search_locations or []) if found else []
+        found = PathFinder.find_spec(part, locations) if locations else None
+    return found is not None
+
+
+@dataclass(frozen=True)
+class Spec(Section):
+    name: str = opt(MISSING, "run name: results go to <output.root>/<name>/", pattern=_NAME,
+                    max_len=MAX_NAME_LENGTH)
+    data: DataSpec = opt(DataSpec)
+    model: ModelSpec = opt(ModelSpec)
+    train: TrainSpec = opt(TrainSpec)
+    dist: DistSpec = opt(DistSpec)
+    resources: ResourcesSpec = opt(ResourcesSpec)
+    checkpoint: CheckpointSpec = opt(CheckpointSpec)
+    sweep: dict = opt({}, "dotted key -> list of values; the grid of all lists, one run per point")
+    output: OutputSpec = opt(OutputSpec)
+    debug: DebugSpec = opt(DebugSpec)
+    entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
+    params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
+
+    def check(self) -> None:
+        if self.dist.backend in ("nccl", "cuda:gloo") and self.resources.gpus_per_node == 0:
+            # gpus_per_node 0 means CPU: the runner hides every GPU from the ranks
+            raise SpecError("dist.backend", f"{self.dist.backend} needs GPUs but resources.gpus_per_node is 0; "
+                            "request GPUs or use backend: auto (gloo on CPU)")
+        if self.name in (".", ".."):
+            raise SpecError("name", f"{self.name!r} is not a folder name; use letters, digits, '.', '_', '-'")
+        if self.name.startswith("."):
+            raise SpecError("name", f"{self.name!r} starts with '.', which hides its results folder; "
+                            "start it with a letter or digit")
+        _check_sweep(self.sweep, self.entrypoint is not None)
+        _check_params(self)
+        if self.entrypoint is None:
+            _check_full_batches(self)
+            _check_num_workers(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.tasks_per_node
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_value(key: str, value: Any, meta: Any) -> None:
+    """Raise SpecError if ``value`` breaks the field's choices, bounds or pattern."""
+    if value is None or value is MISSING:
+        return
+    if isinstance(value, tuple):
+        for index, item in enumerate(value):
+            if isinstance(item, str):
+                _check_text(f"{key}[{index}]", item)
+        return
+    _check_kind(key, value, meta)
+    choices = meta.get("choices")
+    if choices is not None and not any(value is c or (type(value) is type(c) and value == c) for c in choices):
+        raise SpecError(key, f"{brief(value)} is not allowed; choose one of {_words(choices)}"
+                             f"{_close(value, choices)}")
+    for name, ok, words in _BOUNDS:
+        bound = meta.get(name)
+        if bound is not None and not ok(value, bound):
+            raise SpecError(key, f"{value!r} is out of range; it must be {words} {bound}")
+    pattern = meta.get("pattern")
+    if pattern is not None and not re.fullmatch(pattern[0], value):
+        raise SpecError(key, f"{brief(value)} is not allowed; use {pattern[1]}")
+
+
+_BOUNDS = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<"))
+
+
+def _check_kind(key: str, value: Any, meta: Any) -> None:
+    """Checks every value of its kind gets: one line of text, finite floats, ints in range."""
+    if isinstance(value, str):
+        _check_text(key, value, meta.get("max_len", MAX_TEXT_LENGTH))
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(key, f"{value!r} must be a finite number; write a number such as 0.1")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise SpecError(key, f"{brief(value)} is too large; it must be at most {MAX_INT}")
+
+
+def _check_text(key: str, value: str, max_len: int = MAX_TEXT_LENGTH) -> None:
+    """A string must be one line without control characters (it may land in a shell script)."""
+    bad = CONTROL_CHARS.search(value)
+    if bad:
+        fix = "put each line in its own list entry" if key.startswith("setup[") else "remove it"
+        raise SpecError(key, f"{brief(value)} contains the control character {bad.group()!r} at position "
+                             f"{bad.start()}; a value must be one line of printable text: {fix}")
+    if len(value) > max_len:
+        raise SpecError(key, f"{brief(value)} is {len(value)} characters long; use at most {max_len}")
+
+
+def _checked_path(key: str, value: str) -> str:
+    """``value`` with ``~``/``~user`` expanded, checked against file system length limits."""
+    path = os.path.expanduser(value) if value.startswith("~") else value
+    if path.startswith("~"):
+        user = value[1:].split("/", 1)[0]
+        raise SpecError(key, f"{value!r} starts with ~{user}, but there is no user {user!r} here; "
+                             "write the path out")
+    size = len(path.encode())
+    if size > MAX_PATH_BYTES:
+        raise SpecError(key, f"{brief(path)} is {size} bytes long; a path may have at most {MAX_PATH_BYTES}")
+    for part in path.split("/"):
+        if len(part.encode()) > MAX_PATH_PART_BYTES:
+            raise SpecError(key, f"{brief(path)} has a folder name {brief(part)} longer than "
+                                 f"{MAX_PATH_PART_BYTES} bytes; shorten it")
+    return path
+
+
+def _check_sweep(sweep: dict, own_code: bool = False) -> None:
+    """Sweep keys must be existing leaf keys (or params.NAME), their values non-empty
+    lists, the grid bounded."""
+    leaves = _leaf_keys(Spec)
+    for key, values in sweep.items():
+        where = f"sweep.{key_text(key)}"
+        if isinstance(key, str) and key.startswith("params."):
+            if not re.fullmatch(_IDENT, key[len("params."):]):
+                raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
+        elif key not in leaves:
+            raise SpecError(where, f"{brief(key)} is not a spec key{_close(key, leaves)}")
+        if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.")):
+            raise SpecError(where, "name, resources, output and entrypoint are per submission, not per sweep "
+                            "point; submit a spec per value instead")
+        if own_code and key.split(".")[0] in TRAINER_SECTIONS:
+            raise SpecError(where, _trainer_key_message(key))
+        if not isinstance(values, (list, tuple)):
+            raise SpecError(where, f"{brief(values)} is not a list; write the values to try as a list, "
+                            f"e.g. {key}: [{brief(values)}]")
+        if not values:
+            example = 0.1 if key.startswith("params.") else spec_to_dict(_leaf_default(key))
+            raise SpecError(where, f"[] gives no runs; give at least one value to try, "
+                                   f"e.g. {key}: [{json.dumps(example)}]")
+    _check_sweep_size(sweep)
+
+
+def _trainer_key_message(key: str) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return (f"has no effect with an entrypoint: data, model and train are the built-in trainer's; "
+            f"put your code's settings in params and read them there, e.g. params.{leaf}")
+
+
+def _check_params(spec: "Spec") -> None:
+    """Params are names with plain values, for an entrypoint only; every {params.NAME} of
+    its args names one (given directly or by the sweep)."""
+    if spec.entrypoint is None:
+        if spec.params:
+            raise SpecError("params", "params go to your own code (entrypoint: script, module or function); "
+                                      "the built-in trainer reads data, model and train")
+        return
+    for name, value in spec.params.items():
+        if not isinstance(name, str) or not re.fullmatch(_IDENT, name):
+            raise SpecError(f"params.{key_text(name)}", "a params key is a name (letters, digits, '_'), e.g. lr")
+        _check_plain(f"params.{name}", value)
+    known = set(spec.params) | {k[len("params."):] for k in spec.sweep if k.startswith("params.")}
+    for index, arg in enumerate(spec.entrypoint.args):
+        for name in _PLACEHOLDER.findall(arg):
+            if name not in known:
+                raise SpecError(f"entrypoint.args[{index}]", f"{{params.{name}}} names no params key (params has: "
+                                f"{', '.join(sorted(known)) or 'none'}); add {name} to params or fix the name")
+
+
+def _check_plain(key: str, value: Any) -> None:
+    """A params value: text, numbers, booleans, null, and lists or mappings of them."""
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            if not isinstance(name, str):
+                raise SpecError(f"{key}.{key_text(name)}", "keys are names (strings)")
+            _check_plain(f"{key}.{name}", inner)
+    elif isinstance(value, (list, tuple)):
+        for index, inner in enumerate(value):
+            _check_plain(f"{key}[{index}]", inner)
+    elif value is not None and not isinstance(value, (str, int, float, bool)):
+        raise SpecError(key, f"{shown(value)} is not plain data; use text, numbers, true/false or lists")
+    else:
+        _check_kind(key, value, {})
+
+
+def entrypoint_args(spec: "Spec") -> tuple[str, ...]:
+    """The entrypoint's args with each {params.NAME} replaced by the run's value (text as
+    is, other values as JSON: 0.01, true, [1, 2])."""
+    def value(match: "re.Match") -> str:
+        found = spec.params[match.group(1)]
+        return found if isinstance(found, str) else json.dumps(found)
+
+    return tuple(_PLACEHOLDER.sub(value, arg) for arg in spec.entrypoint.args)
+
+
+def _check_sweep_size(sweep: dict) -> None:
+    """The grid's size from the list lengths alone, before anything is expanded."""
+    points = math.prod(len(values) for values in sweep.values())
+    if points > MAX_SWEEP_POINTS:
+        sizes = " x ".join(f"{len(v)} ({k})" for k, v in sweep.items())
+        raise SpecError("sweep", f"{sizes} = {points} runs is more than {MAX_SWEEP_POINTS}; "
+                                 "split the sweep into several specs or try fewer values")
+
+
+def _check_full_batches(spec: "Spec") -> None:
+    """With drop_last, a rank with less than one batch would train on nothing: refuse early."""
+    data, batch, world = spec.data, spec.train.batch_size, spec.world_size
+    if not data.drop_last:
+        return
+    known = DATASETS[data.dataset].train_size
+    # Synthetic data is made to size; a real split is only cut.
+    limited = data.limit_train is not None and (DATASETS[data.dataset].made or data.limit_train < known)
+    samples = data.limit_train if limited else known
+    if samples >= world * batch:
+        return
+    key, source = ("data.limit_train", f"limit_train is {samples}") if limited else (
+        "train.batch_size", f"{data.dataset} has only {samples}")
+    fixes = [f"set data.limit_train to at least {world * batch}"] if (
+        DATASETS[data.dataset].made or world * batch <= known) else []
+    fixes += [f"lower train.batch_size to at most {samples // world}"] if samples >= world else []
+    raise SpecError(key, f"with drop_last, {world} ranks x batch_size {batch} need {world * batch} training "
+                         f"samples, but {source}; {' or '.join(fixes + ['set data.drop_last: false'])}")
+
+
+def _check_num_workers(spec: "Spec") -> None:
+    """Each DataLoader worker is a process that wants a CPU of its own, beside the training
+    process: more than cpus_per_task - 1 of them thrash. Only the torchvision loader has any."""
+    workers, cpus = spec.data.num_workers, spec.resources.cpus_per_task
+    if workers == "auto" or spec.data.loader_kind != "torchvision" or workers <= cpus - 1:
+        return
+    raise SpecError("data.num_workers", f"{workers} worker processes and the training process need {workers + 1} "
+                    f"CPUs, but resources.cpus_per_task is {cpus}; set data.num_workers: auto (or at most {cpus - 1}), "
+                    f"or resources.cpus_per_task: {workers + 1}")
+
+
+def _leaf_default(key: str) -> Any:
+    """The default value of a dotted leaf key such as ``train.lr``."""
+    cls, *sections, name = [Spec, *key.split(".")]
+    for section in sections:
+        cls = _hints(cls)[section]
+    default = next(f for f in _fields(cls) if f.name == name)
+    return default.default if default.default is not MISSING else default.default_factory()
+
+
+def _words(choices: Any) -> str:
+    return ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+
+
+def _close(value: Any, choices: Any) -> str:
+    """A did-you-mean suffix for a misspelled choice or key."""
+    text = str(value)
+    if len(text) > 200:  # difflib is quadratic; nothing that long is a near miss
+        return ""
+    found = difflib.get_close_matches(text, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+@functools.cache
+@functools.cache
+def _field_checks(cls: type, f: Any) -> dict:
+    """A field's checks: its metadata, plus the choices its type allows (a ``Literal``)."""
+    choices = choices_of(_hints(cls)[f.name])
+    return {**f.metadata, "choices": choices} if choices else dict(f.metadata)
+
+
+def choices_of(hint: Any) -> Optional[tuple]:
+    """The values a ``Literal`` type allows (inside Optional or beside bool too: bool adds
+    true and false); None when the type allows more than a fixed set."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return args
+    if origin is not Union:
+        return None
+    allowed: list = []
+    for arg in (a for a in args if a is not type(None)):
+        inner = (True, False) if arg is bool else choices_of(arg)
+        if inner is None:
+            return None
+        allowed += inner
+    return tuple(allowed)
+
+
+def _fields(cls: type) -> tuple:
+    return fields(cls)
+
+
+@functools.cache
+def _hints(cls: type) -> dict:
+    """The resolved type hints of a section (the same for every spec; read-only)."""
+    return get_type_hints(cls)
+
+
+@functools.cache
+def _leaf_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
+    """Dotted names of every scalar/list key below ``cls`` (sections excluded)."""
+    keys: list[str] = []
+    for f in _fields(cls):
+        hint = _hints(cls)[f.name]
+        if is_dataclass(hint):
+            keys += _leaf_keys(hint, f"{prefix}{f.name}.")
+        else:
+            keys.append(prefix + f.name)
+    return tuple(keys)
+
+
+# ----------------------------------------------------------------------------- from plain data
+
+
+def spec_from_dict(raw: Any) -> Spec:
+    """Build and validate a Spec from plain data (a parsed YAML mapping)."""
+    if isinstance(raw, dict) and raw.get("entrypoint") is not None:
+        for section in TRAINER_SECTIONS:
+            if section in raw:
+                inner = raw[section]
+                first = next(iter(inner), None) if isinstance(inner, dict) else None
+                key = f"{section}.{key_text(first)}" if first is not None else section
+                raise SpecError(key, _trainer_key_message(key))
+    return _build(Spec, raw, "")
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        raise SpecError(path, f"expected a mapping of keys, got {shown(raw)}")
+    hints = _hints(cls)
+    names = [f.name for f in _fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise SpecError(_join(path, key_text(key)), "unknown key" + _where_else(str(key), names, path))
+    kwargs = {}
+    for f in _fields(cls):
+        if f.name in raw:
+            kwargs[f.name] = _convert(hints[f.name], raw[f.name], _join(path, f.name))
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise SpecError(_join(path, f.name), "required; add it to the spec")
+    try:
+        return cls(**kwargs)
+    except SpecError as err:
+        raise (err.under(path) if path else err) from None
+
+
+def _where_else(key: str, names: list[str], path: str) -> str:
+    """Did-you-mean for an unknown key: a close name here, or the same name in another section."""
+    near = _close(key, names)
+    if near:
+        return near
+    elsewhere = [k for k in _leaf_keys(Spec) if k.rsplit(".", 1)[-1] == key]
+    if elsewhere:
+        return f" (did you mean {elsewhere[0]!r}?)"
+    return f"; allowed keys{' in ' + path if path else ''}: {', '.join(names)}"
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against the type hint, converting lists to tuples and YAML number strings."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, key)
+        if any(_is_instance(value, a) for a in inner):
+            return value
+        return _type_error(key, value, " or ".join(_type_word(a) for a in inner))
+    if origin is tuple:
+        if not isinstance(value, list):
+            return _type_error(key, value, "a list")
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if is_dataclass(hint):
+        return _build(hint, value, key)
+    if hint is float and isinstance(value, str):
+        return _float_string(key, value)
+    if hint is float and _is_instance(value, int):
+        return _int_to_float(key, value)
+    return value if _is_instance(value, hint) else _type_error(key, value, _type_word(hint))
+
+
+def _int_to_float(key: str, value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise SpecError(key, f"{brief(value)} must be a finite number; write a number such as 0.1") from None
+
+
+def _float_string(key: str, value: str) -> float:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; accept it for float keys."""
+    try:
+        return float(value)
+    except ValueError:
+        return _type_error(key, value, "a number")
+
+
+def _is_instance(value: Any, hint: Any) -> bool:
+    if get_origin(hint) is Literal:  # its kind here; which value is checked with the field's choices
+        return _is_instance(value, type(get_args(hint)[0]))
+    if hint is dict:
+        return isinstance(value, dict)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_word(hint: Any) -> str:
+    if get_origin(hint) is Literal:
+        return _type_word(type(get_args(hint)[0]))
+    return {int: "a whole number", float: "a number", bool: "true or false", str: "a string",
+            dict: "a mapping"}.get(hint, str(hint))
+
+
+def _type_error(key: str, value: Any, expected: str) -> Any:
+    raise SpecError(key, f"expected {expected}, got {shown(value)}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def spec_to_dict(spec: Any) -> Any:
+    """Plain data (dicts, lists, scalars) for a spec or section; ``spec_from_dict`` inverts it."""
+    if isinstance(spec, Spec):
+        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in _fields(Spec) if _written(spec, f.name)}
+    if is_dataclass(spec):
+        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in _fields(type(spec))}
+    if isinstance(spec, (tuple, list)):
+        return [spec_to_dict(v) for v in spec]
+    if isinstance(spec, dict):
+        return {k: spec_to_dict(v) for k, v in spec.items()}
+    return spec
+
+
+def _written(spec: Spec, name: str) -> bool:
+    """Whether a resolved spec writes section ``name``: not the trainer's sections beside an
+    entrypoint (they would be refused on reading), no empty entrypoint or params."""
+    if spec.entrypoint is not None:
+        return name not in TRAINER_SECTIONS
+    return name not in ("entrypoint", "params")
+
+
+def dump_spec(spec: Spec) -> str:
+    """The spec as YAML, every key written out (the resolved spec of a run).
+
+    libyaml's emitter when present: the same text, four times faster (a sweep writes one
+    spec per point)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(spec_to_dict(spec), Dumper=dumper, sort_keys=False, default_flow_style=False)
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    """Read, override and validate a spec file. Raises SpecError (exit 2) on bad input."""
+    return spec_from_dict(apply_overrides(read_spec_file(path), overrides))
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of a sweep: the values it sets (dotted keys) and its resolved spec."""
+
+    index: int
+    params: dict
+    spec: Spec
+
+
+def expand_sweep(spec: Spec) -> list[SweepPoint]:
+    """The grid of the sweep's lists, in the order written; a spec without sweep is one point.
+
+    Every point is validated: its values are converted and checked, and the sections it
+    changes and the spec itself run their checks again. Sections it leaves alone were
+    checked with the spec already and are shared, not rebuilt.
+    """
+    keys = list(spec.sweep)
+    if not keys:
+        return [SweepPoint(0, {}, spec)]
+    base = replace(spec, sweep={})
+    points = []
+    for index, values in enumerate(itertools.product(*(spec.sweep[k] for k in keys))):
+        params = dict(zip(keys, values))
+        points.append(SweepPoint(index, params, _apply_point(base, index, params)))
+    return points
+
+
+def _apply_point(base: Spec, index: int, params: dict) -> Spec:
+    try:
+        return _with_values(base, params, "")
+    except SpecError as err:
+        swept = any(err.key == k or err.key.startswith((f"{k}.", f"{k}[")) for k in params)
+        where = f"(sweep point {index}: {brief(params)})"
+        raise SpecError(f"sweep.{err.key}" if swept else err.key, f"{err.detail} {where}") from None
+
+
+def _with_values(section: Any, values: dict, path: str) -> Any:
+    """``section`` with the dotted keys of ``values`` set, converted and validated."""
+    hints, changes, nested = _hints(type(section)), {}, {}
+    for key, value in values.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            changes[head] = _convert(hints[head], value, _join(path, head))
+    for head, inner in nested.items():
+        if isinstance(section, Spec) and head == "params":  # a free mapping, not a section
+            changes[head] = {**section.params, **inner}
+            continue
+        changes[head] = _with_values(getattr(section, head), inner, _join(path, head))
+    try:
+        return replace(section, **changes)
+    except SpecError as err:
+        raise (err.under(path) if path else err) from None
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def check_paths(spec: Spec) -> None:
+    """Raise SpecError when the run folders or the rendezvous file cannot be made here:
+    ``<output.root>/<name>`` exists and is not a folder, or it (or its nearest existing
+    parent) is not writable (no permission, read-only file system); the folder of a
+    ``file://`` init method is missing or not writable. Creates nothing.
+    """
+    _check_can_make("output.root", Path(spec.output.root) / spec.name)
+    if spec.dist.init_method.startswith("file://"):
+        check_rendezvous_file(spec.dist.init_method)
+
+
+def _check_can_make(key: str, target: Path) -> None:
+    """``target`` is a writable folder, or its nearest existing parent is one."""
+    target = Path(os.path.abspath(target))
+    existing = next(p for p in (target, *target.parents) if _exists(p))
+    if not existing.is_dir():
+        raise SpecError(key, f"{str(existing)!r} is a file, not a folder, so {str(target)!r} cannot be made; "
+                             f"move the file or choose another {key}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SpecError(key, f"{str(existing)!r} is not writable (no permission or a read-only file system), "
+                             f"so {str(target)!r} cannot be made; choose a writable {key}")
+
+
+def check_rendezvous_file(init_method: str) -> None:
+    """SpecError unless the folder of a ``file://`` init method exists and is writable."""
+    path = Path(init_method[len("file://"):])
+    folder = path.parent
+    if not (_exists(folder) and folder.is_dir()):
+        raise SpecError("dist.init_method", f"{init_method!r}: folder {str(folder)!r} does not exist; create it "
+                                            "on a file system every node shares, or use init_method: env")
+    if _exists(path) and path.is_dir():
+        raise SpecError("dist.init_method", f"{init_method!r} is a folder; name a file inside it, "
+                                            f"e.g. {init_method.rstrip('/')}/rendezvous")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError("dist.init_method", f"{init_method!r}: folder {str(folder)!r} is not writable (no "
+                                            "permission or a read-only file system); choose a writable folder")
+
+
+def _exists(path: Path) -> bool:
+    """True when ``path`` can be stat'ed (a folder without search permission counts as absent)."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True

@@ -1,0 +1,195 @@
+"""One device check decides device, backend, AMP dtype, pinning and SyncBatchNorm.
+
+``plan_device`` is pure (the CUDA facts are arguments) so the CUDA/NCCL choices are unit
+tested on machines without a GPU; ``detect_plan`` feeds it this machine's facts, and
+``plan_for_job`` checks it against every rank's, exchanged through the rendezvous store
+before the process group exists (NCCL would fail on a shared GPU before any check spoke).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+from clusterjob.core.errors import BadInput
+
+# Compute capability (major * 10 + minor) from which bf16 runs natively (Ampere, 8.0);
+# below it torch emulates bf16, slower than fp16 with a GradScaler.
+BF16_CAPABILITY = 80
+# Backends whose collectives need CUDA tensors; "cuda:gloo" is gloo restricted to CUDA,
+# the same device rule as NCCL, and lets two ranks share one GPU (scripts/gpu-check).
+CUDA_BACKENDS = ("nccl", "cuda:gloo")
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "off": None}
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: str                 # "cpu" or "cuda:N"
+    backend: str                # "nccl", "gloo" or "cuda:gloo"
+    amp_dtype: Optional[str]    # "float16", "bfloat16" or None (AMP off)
+    pin_memory: bool
+    sync_bn: bool
+    capability: Optional[int] = None  # the job's lowest GPU compute capability, e.g. 80
+    notes: tuple[str, ...] = ()       # settings of the spec the plan overrode, for rank 0's log
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def use_scaler(self) -> bool:
+        """fp16 needs loss scaling; bf16 has fp32's range and does not."""
+        return self.amp_dtype == "float16"
+
+    @property
+    def amp_name(self) -> str:
+        return {"float16": "fp16", "bfloat16": "bf16", None: "off"}[self.amp_dtype]
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What one rank tells the others about its plan (JSON through the store)."""
+    host: str
+    gpu: str                # the GPU's UUID, "" on CPU
+    capability: int         # 0 on CPU
+    backend: str
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.gpu else "cpu"
+
+
+def plan_device(spec, local_rank: int, local_world_size: int, world_size: int, cuda_count: int,
+                capability: Optional[int] = None) -> DevicePlan:
+    """Decide where and how to train. ``cuda_count`` is the number of CUDA devices this
+    process sees, ``capability`` the lowest compute capability of the job's GPUs.
+    ``resources.gpus_per_node: 0`` means CPU even where CUDA shows GPUs (code that plans
+    without the runner, which hides them)."""
+    on_gpu = cuda_count > 0 and spec.resources.gpus_per_node > 0
+    device = f"cuda:{cuda_index(local_rank, local_world_size, cuda_count)}" if on_gpu else "cpu"
+    backend = spec.dist.backend if spec.dist.backend != "auto" else ("nccl" if on_gpu else "gloo")
+    if backend in CUDA_BACKENDS and not on_gpu:
+        raise BadInput(f"dist.backend: {backend} needs a CUDA device and none is visible on this node; "
+                       "use backend: auto or gloo")
+    pin = spec.data.pin_memory if isinstance(spec.data.pin_memory, bool) else on_gpu
+    sync_bn, notes = sync_bn_choice(spec.model.sync_bn, on_gpu and world_size > 1, backend)
+    return DevicePlan(
+        device=device,
+        backend=backend,
+        amp_dtype=_DTYPES[amp_mode(spec.train.amp, on_gpu, capability)],
+        pin_memory=bool(pin and on_gpu),
+        sync_bn=sync_bn,
+        capability=capability,
+        notes=notes,
+    )
+
+
+def sync_bn_choice(wanted: bool, several_gpus: bool, backend: str) -> tuple[bool, tuple[str, ...]]:
+    """(SyncBatchNorm on, the log line when ``model.sync_bn`` is overridden). It needs
+    CUDA tensors (it raises on CPU) and NCCL: over gloo its all-gather gets one tensor
+    where it needs one per rank and fails in the first step."""
+    if not (wanted and several_gpus):
+        return False, ()
+    if backend != "nccl":
+        return False, (f"model.sync_bn: off under {backend} (SyncBatchNorm needs NCCL); plain BatchNorm per rank",)
+    return True, ()
+
+
+def amp_mode(amp: str, on_gpu: bool, capability: Optional[int]) -> str:
+    """``train.amp`` resolved: auto is bf16 on CPU and on GPUs that run it natively (no
+    GradScaler, no overflow), fp16 + GradScaler on older GPUs."""
+    if amp != "auto":
+        return amp
+    if not on_gpu or (capability is not None and capability >= BF16_CAPABILITY):
+        return "bf16"
+    return "fp16"
+
+
+def cuda_index(local_rank: int, local_world_size: int, cuda_count: int) -> int:
+    """The GPU of this rank among the ones it sees.
+
+    As many GPUs as ranks on the node (or more): LOCAL_RANK picks. One GPU: Slurm gave
+    each task its own (``--gpus-per-task``, MIG), or the ranks share it, which
+    ``check_unique_gpus`` refuses after the rendezvous. Fewer than the ranks, but
+    several: no rule maps ranks to GPUs without sharing."""
+    if local_rank < cuda_count and local_world_size <= cuda_count:
+        return local_rank
+    if cuda_count == 1:
+        return 0
+    raise BadInput(f"LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world_size} ranks on this node, but "
+                   f"{cuda_count} GPUs are visible; run one task per GPU "
+                   "(resources.tasks_per_node <= gpus_per_node, or --gpus-per-task=1)")
+
+
+def check_unique_gpus(identities: Sequence[tuple[str, str]], backend: str) -> None:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected") deep in its first
+    collective; say which ranks and why before that. ``identities`` is (host, GPU UUID)
+    per rank."""
+    if backend != "nccl":
+        return
+    first: dict[tuple[str, str], int] = {}
+    for rank, ident in enumerate(identities):
+        if ident in first:
+            raise BadInput(f"ranks {first[ident]} and {rank} both run on GPU {ident[1]} of {ident[0]}; NCCL needs "
+                           "one GPU per rank: request one GPU per task (resources.gpus_per_node = tasks_per_node), "
+                           "or set dist.backend: gloo")
+        first[ident] = rank
+
+
+def check_same_backend(facts: Sequence[RankFacts]) -> None:
+    """Every rank must plan the same backend: a node whose GPUs are hidden plans gloo on
+    CPU while the others plan NCCL, and the process group would hang or fail obscurely."""
+    for rank, fact in enumerate(facts):
+        if fact.backend != facts[0].backend:
+            raise BadInput(f"rank {rank} on {fact.host} plans dist.backend {fact.backend} on "
+                           f"{fact.device_type} but rank 0 on {facts[0].host} plans {facts[0].backend} on "
+                           f"{facts[0].device_type}; every node must show the GPUs of resources.gpus_per_node, "
+                           "or set dist.backend: gloo")
+
+
+def detect_plan(spec, env) -> DevicePlan:
+    """``plan_device`` with this machine's CUDA facts; selects the plan's GPU for this
+    process. ``env`` is a clusterjob.core.env.DistEnv."""
+    import torch
+
+    wants_gpu = spec.resources.gpus_per_node > 0  # else CPU: CUDA is not even asked
+    count = torch.cuda.device_count() if wants_gpu and torch.cuda.is_available() else 0
+    plan = plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count)
+    if plan.device_type != "cuda":
+        return plan
+    torch.cuda.set_device(plan.device)
+    major, minor = torch.cuda.get_device_capability(plan.device)
+    return plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count, major * 10 + minor)
+
+
+def plan_for_job(plan: DevicePlan, spec) -> DevicePlan:
+    """After the rendezvous, before the process group: refuse mixed backends and shared
+    GPUs under NCCL (whose first call would fail on them with its own words), and let
+    every rank take the AMP mode of the job's oldest GPU (nodes of several GPU types may
+    share a job). The facts go through the rendezvous store. All ranks must call this."""
+    from clusterjob.runner import dist
+
+    facts = [RankFacts(*values) for values in dist.exchange("device-plan", list(rank_facts(plan)))]
+    return job_plan(plan, spec, facts)
+
+
+def job_plan(plan: DevicePlan, spec, facts: Sequence[RankFacts]) -> DevicePlan:
+    """``plan`` checked against every rank's ``facts`` (in rank order)."""
+    check_same_backend(facts)
+    if plan.device_type != "cuda":
+        return plan
+    check_unique_gpus([(fact.host, fact.gpu) for fact in facts], plan.backend)
+    lowest = min(fact.capability for fact in facts)
+    return replace(plan, capability=lowest, amp_dtype=_DTYPES[amp_mode(spec.train.amp, True, lowest)])
+
+
+def rank_facts(plan: DevicePlan) -> tuple[str, str, int, str]:
+    """This rank's (host, GPU UUID, compute capability, backend); MIG slices and Slurm's
+    renumbering give each GPU its own UUID, whatever index the process sees."""
+    if plan.device_type != "cuda":
+        return socket.gethostname(), "", 0, plan.backend
+    import torch
+
+    uuid = str(torch.cuda.get_device_properties(plan.device).uuid)
+    return socket.gethostname(), uuid, plan.capability or 0, plan.backend

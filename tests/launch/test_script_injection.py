@@ -1,0 +1,106 @@
+"""Hostile strings through every writer of a shell script: submitit's job script (what
+`submit` sends and `submit --dry-run` prints), its teardown line, and `clusterjob sbatch`.
+Each value must reach its command as one intact argument, and nothing in it may run."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterjob.launch import sbatch, slurm
+from clusterjob.spec.schema import spec_from_dict
+
+HOSTILE = ["x $(touch {canary}) ;", "a b", "it's", 'q"uote', "`touch {canary}`", "$HOME and ${{HOME}}",
+           "semi;colon && touch {canary}", "back\\slash", "*glob?[x]", "-dash", "--output=x"]
+PRINT_ARGS = "printf '<%s>\\n'"
+
+
+def hostile(tmp_path: Path, template: str) -> str:
+    return template.format(canary=tmp_path / "CANARY")
+
+
+def run_bash(script: str, cwd: Path, env: dict = None) -> list:
+    done = subprocess.run(["bash", "-c", script], cwd=cwd, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], **(env or {})}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return [line[1:-1] for line in done.stdout.splitlines() if line.startswith("<")]
+
+
+@pytest.mark.parametrize("template", HOSTILE)
+def test_teardown_passes_the_runs_file_as_one_argument(tmp_path, template):
+    runs_file = tmp_path / hostile(tmp_path, template) / "name" / ".slurm" / "20261122.runs.json"
+    (line,) = slurm._teardown(runs_file)
+    python = shlex.quote(sys.executable)
+    assert line.startswith(python + " ")
+    args = run_bash(PRINT_ARGS + line[len(python):], tmp_path, {"SLURM_ARRAY_TASK_ID": "3"})
+    assert args == ["-m", "clusterjob.launch.slurm", "finalize", str(runs_file), "3", "0"]
+    assert not (tmp_path / "CANARY").exists()
+
+
+@pytest.mark.parametrize("template", HOSTILE)
+def test_submitit_job_script_keeps_paths_whole(tmp_path, template):
+    root = tmp_path / hostile(tmp_path, template)
+    spec = spec_from_dict({"name": "n", "output": {"root": str(root)},
+                           "resources": {"setup": ["export CLUSTERJOB_SETUP_RAN=1"]}})
+    folder = root / "n" / ".slurm"
+    (script,) = slurm.scripts(spec, 1, folder)
+    headers = {k: v for k, v in (shlex.split(line[len("#SBATCH "):])[0].split("=", 1)
+                                 for line in script.splitlines() if line.startswith("#SBATCH --") and "=" in line)}
+    assert headers["--output"] == f"{folder}/%j_0_log.out" and headers["--job-name"] == "n"
+    python = shlex.quote(sys.executable)
+    shimmed = script.replace(python + " ", PRINT_ARGS + " ").replace("\nsrun ", f"\n{PRINT_ARGS} srun ")
+    args = run_bash(shimmed, tmp_path, {"SLURM_ARRAY_TASK_ID": "0"})
+    srun_at = args.index("srun")
+    assert args[srun_at:srun_at + 5] == ["srun", "--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error"]
+    assert args[args.index("submitit.core._submit") + 1] == str(folder)
+    assert args[args.index("finalize") + 1] == str(folder / "<stamp>.runs.json")
+    assert not (tmp_path / "CANARY").exists()
+
+
+def test_submit_dry_run_through_the_cli_prints_the_same_quoted_script(tmp_path):
+    root = tmp_path / hostile(tmp_path, "x $(touch {canary}) ;")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: n\noutput: {{root: {shlex.quote(str(root))}}}\n")
+    sbatch_shim = tmp_path / "bin"
+    sbatch_shim.mkdir()
+    for name in ("sbatch", "sinfo", "scontrol"):  # "Slurm is reachable": the slurm path is taken
+        (sbatch_shim / name).write_text("#!/bin/sh\nexit 0\n")
+        (sbatch_shim / name).chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "slurm",
+                           "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{sbatch_shim}:{os.environ['PATH']}"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert shlex.quote(str(root / "n" / ".slurm")) in done.stdout
+    assert not root.exists() and not (tmp_path / "CANARY").exists()  # a dry run writes nothing
+
+
+FAKE_SRUN = "#!/bin/bash\nwhile [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done\nexec \"$@\"\n"
+FAKE_PYTHON = "#!/bin/bash\nprintf '%s\\0' \"$@\"\n"  # NUL-separated: an argument may hold a newline
+
+
+@pytest.mark.parametrize("template", HOSTILE + ["new\nline"])
+def test_clusterjob_sbatch_passes_the_spec_path_as_one_argument(tmp_path, template):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    spec_path = str(tmp_path / hostile(tmp_path, template) / "spec.yaml")
+    spec = spec_from_dict({"name": "n", "resources": {"cpus_per_task": 1}})
+    text = sbatch.render(spec, spec_path, "srun", ["train.lr=0.2"])
+    assert "\n" not in text.splitlines()[1] and text.splitlines()[1].startswith("# Rendered by")
+    assert "#SBATCH --job-name=n" in text  # the #SBATCH block is still on
+    script = tmp_path / "run.sbatch"
+    script.write_text(text)
+    done = subprocess.run([shutil.which("bash"), str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
+                               "SLURM_CPUS_PER_TASK": "1"}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\0")[:-1] == ["-m", "clusterjob.run", spec_path, "--set", "train.lr=0.2"]
+    assert not (tmp_path / "CANARY").exists()
