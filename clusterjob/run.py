@@ -123,7 +123,7 @@ def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, di
     if len(points) == 1:
         return points[0].spec, points[0].params
     job = envmod.slurm_job()
-    index = args.point if args.point is not None else (job and job.array_task_id)
+    index = args.point if args.point is not None else (job.array_task_id if job else None)
     if index is None or not str(index).isdigit() or not 0 <= int(index) < len(points):
         raise BadInput(f"{args.spec} is a sweep of {len(points)} runs; pass --point 0..{len(points) - 1}, "
                        "run it as a Slurm array, or use `clusterjob submit`")
@@ -134,17 +134,20 @@ def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, di
 def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
     """--run-dir, else the run folder holding SPEC, else a new one (named after the Slurm job,
     so a requeued raw sbatch job finds its folder again and resumes)."""
-    if args.run_dir:
-        run = RunDir(Path(args.run_dir))
-    else:
-        run = run_dir_of_spec(Path(args.spec))
-        if run is None:
-            job = envmod.slurm_job()
-            run_id = f"slurm-{job.run_key}" if job else new_run_id()
-            run = RunDir(Path(spec.output.root) / spec.name / run_id)
+    run = RunDir(Path(args.run_dir)) if args.run_dir else _run_of_spec(Path(args.spec), spec)
     if not run.exists():
         run = create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params)
     return run
+
+
+def _run_of_spec(spec_path: Path, spec: Spec) -> RunDir:
+    """The run folder holding the spec file, else a new one's place (not made yet)."""
+    found = run_dir_of_spec(spec_path)
+    if found is not None:
+        return found
+    job = envmod.slurm_job()
+    run_id = f"slurm-{job.run_key}" if job else new_run_id()
+    return RunDir(Path(spec.output.root) / spec.name / run_id)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def read_matrix(path: str) -> tuple[list, np.ndarray, list]:
         return [], np.empty((0, 0)), [] if why == "is missing" else [f"{METRICS_FILE} {why}; ignored it"]
     try:
         names, matrix = _fast_matrix(text)
-        problems = []
+        problems: list[str] = []
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError):
         rows, lines, problems = _parse_lines_slowly(text)
         names, matrix, more = _rows_to_matrix(rows, lines)

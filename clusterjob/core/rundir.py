@@ -391,7 +391,7 @@ def _job_field(raw: dict, problems: list) -> Optional[str]:
 
 def is_job_id(text: Optional[str]) -> bool:
     """A Slurm job id that can be handed to squeue/sacct: 123, array task 123_4, het job 123+1."""
-    return bool(text) and _JOB_ID.fullmatch(text) is not None
+    return text is not None and _JOB_ID.fullmatch(text) is not None  # the pattern matches no ""
 
 
 def _depth(value: Any) -> int:
@@ -442,7 +442,8 @@ def _error_field(raw: dict, problems: list) -> Optional[dict]:
     if not isinstance(value, dict):
         problems.append(_bad("error", value, "a mapping (rank, message, traceback)"))
         return None
-    error, inner = {}, []
+    error: dict[str, Any] = {}
+    inner: list[str] = []
     error["rank"] = _int_field(value, "rank", inner)
     for key in ("message", "traceback", "at"):
         error[key] = _text_field(value, key, inner)

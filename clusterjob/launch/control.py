@@ -84,7 +84,7 @@ def _reconcile_local(run: RunDir, info: dict, write_back: bool) -> dict:
     ends nothing by itself: its ranks got SIGTERM from the kernel and record their stop.
     Until they do, the view says so; with ``write_back`` it records the run failed."""
     ref = info["launcher"]
-    if ref is None or procs.check(ref) is None or procs.check(ref).kind == "elsewhere":
+    if ref is None or (mismatch := procs.check(ref)) is None or mismatch.kind == "elsewhere":
         return info
     if not write_back:
         return {**info, "note": SUPERVISOR_GONE}

@@ -96,8 +96,8 @@ def render(spec: Spec, spec_path: str, style: str = "srun", overrides: Sequence[
 
 def parse_headers(lines: Sequence[str]) -> tuple[int, int, list[Header]]:
     """(first, last + 1, headers) of the template's one contiguous block of #SBATCH lines."""
-    found = [(i, _HEADER.fullmatch(line.rstrip())) for i, line in enumerate(lines)]
-    found = [(i, m) for i, m in found if m]
+    matches = [(i, _HEADER.fullmatch(line.rstrip())) for i, line in enumerate(lines)]
+    found = [(i, m) for i, m in matches if m]
     if not found:
         raise ValueError("the template has no #SBATCH lines")
     start, end = found[0][0], found[-1][0] + 1
@@ -117,8 +117,8 @@ def _render_headers(lines: list[str], values: dict[str, Optional[str]]) -> list[
     for h in headers:
         if h.option not in values:
             block.append(h.text)
-        elif values[h.option] is not None:
-            block.append(_header_line(h, values[h.option]))
+        elif (value := values[h.option]) is not None:
+            block.append(_header_line(h, value))
     return lines[:start] + block + lines[end:]
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import RunDir, write_atomic
-from clusterjob.spec.schema import Spec, SweepPoint, dump_spec
+from clusterjob.spec.schema import EntrypointSpec, Spec, SweepPoint, dump_spec
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,16 @@ class Plan:
 
 def plan(spec: Spec) -> Plan:
     """The files to copy, decided before anything is written (bad input writes nothing)."""
+    ep = spec.entrypoint
+    assert ep is not None  # a snapshot is an entrypoint's option
     repo = _git_root()
     if repo is not None:
         source, files = repo, _tracked(repo)
     else:
-        source = _code_folder(spec)
+        source = _code_folder(ep)
         files = tuple(str(p.relative_to(source)) for p in sorted(source.rglob("*"))
                       if p.is_file() and "__pycache__" not in p.parts)
-    script = spec.entrypoint.script
+    script = ep.script
     if script and os.path.relpath(script, source) not in files:
         raise BadInput(f"entrypoint.snapshot: the script {script!r} is not among the files copied from "
                        f"{str(source)!r} (not tracked by git?); `git add` it, or set snapshot: false")
@@ -61,12 +63,13 @@ def _tracked(repo: Path) -> tuple[str, ...]:
                  if name and (repo / name).is_file())
 
 
-def _code_folder(spec: Spec) -> Path:
+def _code_folder(ep: EntrypointSpec) -> Path:
     """Outside a repository: the script's folder, or the module's top-level package."""
-    ep = spec.entrypoint
     if ep.script:
         return Path(ep.script).parent
-    top = (ep.module or ep.function.split(":")[0]).split(".")[0]
+    target = ep.module or ep.function
+    assert target is not None  # exactly one of script, module and function is set (EntrypointSpec.check)
+    top = target.split(":")[0].split(".")[0]  # a module name has no ":"
     package = Path.cwd() / top
     return package.parent if package.is_dir() else Path.cwd()
 
@@ -96,6 +99,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def _repoint(snap: Plan, spec: Spec, run: RunDir, code: Path) -> None:
     ep = spec.entrypoint
+    assert ep is not None  # only an entrypoint's runs get a snapshot
     code_dir = code / snap.cwd if snap.cwd is not None else code
     if ep.script:
         copied = code / os.path.relpath(ep.script, snap.source)

@@ -193,7 +193,9 @@ class LiveLine:
 
 def summary_line(info: dict, run: RunDir) -> str:
     """`<run_id> completed val_acc 0.9512 val_loss 0.1633 epoch 5 -> <path>`, or the error."""
-    final = info.get("final") if isinstance(info.get("final"), dict) else {}
+    final = info.get("final")
+    if not isinstance(final, dict):
+        final = {}
     parts = [run.run_id, str(info.get("status"))]
     for key in ("val_acc", "val_loss"):
         if isinstance(final.get(key), (int, float)):

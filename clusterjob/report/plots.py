@@ -10,7 +10,7 @@ the report's primary metric (and train_loss, or another loss, beside it) over
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -32,8 +32,8 @@ def group_labels(frame: pd.DataFrame, keys: list) -> list:
     return [", ".join(row) for row in zip(*parts)]
 
 
-def _text(value: object) -> str:
-    """A key value as the tables show it."""
+def _text(value: Any) -> str:
+    """A key value as the tables show it (a frame's cell: any type)."""
     if value is None or (not isinstance(value, str) and pd.isna(value)):
         return "-"
     return f"{value:g}" if isinstance(value, float) else str(value)

@@ -248,12 +248,12 @@ def _parse_all(runs: list, cached: dict) -> tuple:
     return parsed, fresh
 
 
-def _runs_of(root: "str | os.PathLike | Sequence") -> tuple:
+def _runs_of(root: "str | os.PathLike | Sequence") -> tuple[Path, list[FoundRun], bool]:
     """(folder, runs, whether to cache) of a root folder or a list of run folders."""
-    if isinstance(root, (list, tuple)):
-        runs = [found_run(os.fspath(p), Path(p).name) for p in root]
+    if not isinstance(root, (str, os.PathLike)):  # a list of run folders
+        found = [found_run(os.fspath(p), Path(p).name) for p in root]
         base = os.path.commonpath([os.path.abspath(p) for p in root]) if root else "."
-        return Path(base), [run for run in runs if run is not None], False
+        return Path(base), [run for run in found if run is not None], False
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no such results folder: {root}")
@@ -277,6 +277,7 @@ def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results
     parsed, fresh = _parse_all(runs, cached)
     unchanged = saved is not None and not fresh and list(cached) == [run.key for run in runs]
     if unchanged:  # the cached matrix is exactly what _stack would build
+        assert saved is not None  # unchanged says so
         names, matrix = saved.names, saved.matrix
     else:
         names = _union_names(parsed)

@@ -196,7 +196,7 @@ def _status_column(statuses: list) -> pd.Categorical:
     return pd.Categorical(statuses, categories=[*STATUSES, UNKNOWN, *extra])
 
 
-def _int_column(values: Iterable) -> pd.array:
+def _int_column(values: Iterable) -> pd.arrays.IntegerArray:
     """Whole numbers with <NA> for missing (or beyond int64), as pandas' nullable Int64."""
     return pd.array([None if v is None or v != v or abs(v) >= 2**63 else int(v) for v in values], dtype="Int64")
 
@@ -219,7 +219,7 @@ def _field(results: Results, key: str) -> list:
 def _run_fields(results: Results) -> dict:
     """The run.json columns of the runs table."""
     text = ("slurm_job_id", "backend", "amp", "git_sha", "error", "path")
-    data = {key: _text_column(_field(results, key)) for key in text}
+    data: dict[str, "pd.Series | pd.arrays.IntegerArray"] = {key: _text_column(_field(results, key)) for key in text}
     for key in ("world_size", "requeues", "error_rank"):
         data[key] = _int_column(_field(results, key))
     for key in ("started_at", "finished_at"):

@@ -121,7 +121,8 @@ def init(env, backend: str, training_device: str, timeout_s: float) -> None:
     if env.world_size == 1:
         return
     _device = group_device(backend, training_device)
-    extra = {"device_id": _device} if backend == "nccl" else {}  # eager NCCL init: errors show here
+    extra: dict[str, Any] = {"device_id": _device} if backend == "nccl" else {}  # eager NCCL init: errors show here
+    assert _store is not None  # rendezvous made it: more than one process
     with _signals_end_the_wait():
         tdist.init_process_group(backend=backend, store=tdist.PrefixStore("clusterjob/pg", _store),
                                  rank=env.rank, world_size=env.world_size,
@@ -202,11 +203,16 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 # ----------------------------------------------------------------------------- before the group
 
 
-def _store_barrier(key: str, timeout_s: float) -> None:
-    """Wait on the rendezvous store until all ``_store_world`` ranks arrived at ``key``."""
-    if _store.add(f"clusterjob/{key}", 1) == _store_world:
-        _store.set(f"clusterjob/{key}/done", b"1")
-    _store.wait([f"clusterjob/{key}/done"], datetime.timedelta(seconds=timeout_s))
+def _store_barrier(store: tdist.Store, key: str, timeout_s: float) -> None:
+    """Wait on the rendezvous ``store`` until all ``_store_world`` ranks arrived at ``key``."""
+    if store.add(f"clusterjob/{key}", 1) == _store_world:
+        store.set(f"clusterjob/{key}/done", "1")  # the same bytes as b"1"
+    store.wait([f"clusterjob/{key}/done"], datetime.timedelta(seconds=timeout_s))
+
+
+def _timeout_s(store: tdist.Store) -> float:
+    """The store's own timeout (rendezvous set it)."""
+    return store.timeout.total_seconds()  # type: ignore[attr-defined]  # a property the torch stubs lack
 
 
 @contextlib.contextmanager
@@ -225,7 +231,7 @@ def rank0_first(env) -> Iterator[None]:
             except Exception as exc:  # re-raised below, after the other turns
                 error = exc
         if _store is not None:
-            _store_barrier(f"rank0-first/{turn}", DOWNLOAD_WAIT_S)
+            _store_barrier(_store, f"rank0-first/{turn}", DOWNLOAD_WAIT_S)
     if error is not None:
         raise error
 
@@ -260,7 +266,14 @@ def exchange(key: str, value: Any) -> list:
         return [json.loads(json.dumps(value))]
     prefix = f"clusterjob/exchange/{key}"
     _store.set(f"{prefix}/{_store_rank}", json.dumps(value))
-    return [json.loads(_store.get(f"{prefix}/{rank}")) for rank in range(_store_world)]  # get waits for the key
+    values = [json.loads(_store.get(f"{prefix}/{rank}")) for rank in range(_store_world)]  # get waits for the key
+    # Rank 0 serves the store: it stays until every rank has read, since a rank that leaves
+    # at once (bad input found in the values) would cut the others off mid-read. The others
+    # leave after their last write, which the store has taken once rank 0 sees it.
+    _store.set(f"{prefix}/read/{_store_rank}", "1")
+    if _store_rank == 0:
+        _store.wait([f"{prefix}/read/{rank}" for rank in range(_store_world)])
+    return values
 
 
 # ----------------------------------------------------------------------------- with or without a group
@@ -278,7 +291,7 @@ def any_rank_anywhere(flag: bool) -> bool:
     _agreements += 1
     key = f"clusterjob/any/{_agreements}"
     _store.add(key, int(flag))
-    _store_barrier(f"any/{_agreements}", _store.timeout.total_seconds())
+    _store_barrier(_store, f"any/{_agreements}", _timeout_s(_store))
     return int(_store.get(key)) > 0
 
 
@@ -290,4 +303,4 @@ def barrier_anywhere() -> None:
         barrier()
         return
     _agreements += 1
-    _store_barrier(f"barrier/{_agreements}", _store.timeout.total_seconds())
+    _store_barrier(_store, f"barrier/{_agreements}", _timeout_s(_store))

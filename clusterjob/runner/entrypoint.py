@@ -49,6 +49,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     """Run the entrypoint on this rank: "completed", or "stopped" after
     ``clusterjob.requeue()``. All ranks must call this."""
     ep, (info, _) = spec.entrypoint, read_checked(run)
+    assert ep is not None  # this runner is chosen only for a spec with an entrypoint
     args = list(entrypoint_args(spec)) + ([f"--local_rank={env.local_rank}"] if ep.local_rank_arg else [])
     _export(env, run, spec, info)
     if env.rank == 0:
@@ -57,11 +58,12 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
     api._start(_session(spec, env, run, stop, writer))
     try:
-        with _Tee(spec.entrypoint.metrics, writer):
+        with _Tee(ep.metrics, writer):
             result = _call(spec, args, Path(info.get("code_dir") or info.get("submit_dir") or os.getcwd()))
     except api.Requeue:
         return _requeued(run, spec, env, stop)
     if env.rank == 0:
+        assert writer is not None  # rank 0 made one above
         final = _final(writer, result)
         runrecord.finish(run, **({"final": final} if final else {}))
     return "completed"
@@ -80,6 +82,7 @@ def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: dict) -> None:
 def _describe(spec: Spec, args: list[str]) -> dict:
     """run.json's record of the code: what ran, with which arguments and params."""
     ep = spec.entrypoint
+    assert ep is not None  # only an entrypoint is described
     kind = "script" if ep.script else "module" if ep.module else "function"
     return {kind: getattr(ep, kind), "args": args, "params": spec.params, "snapshot": ep.snapshot}
 
@@ -95,6 +98,7 @@ def _session(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal,
 def _call(spec: Spec, args: list[str], code_dir: Path) -> Any:
     """Run the script (as __main__), the module (as ``python -m``) or call the function."""
     ep = spec.entrypoint
+    assert ep is not None  # only an entrypoint is called
     if ep.script:
         sys.argv = [ep.script, *args]
         sys.path.insert(0, str(Path(ep.script).parent))
@@ -103,6 +107,7 @@ def _call(spec: Spec, args: list[str], code_dir: Path) -> Any:
     if ep.module:
         sys.argv = [ep.module, *args]
         return _main(lambda: runpy.run_module(ep.module, run_name="__main__", alter_sys=True))
+    assert ep.function is not None  # neither script nor module: the function (EntrypointSpec.check)
     module, _, name = ep.function.partition(":")
     sys.argv = [ep.function, *args]
     return _main(getattr(importlib.import_module(module), name))
@@ -181,6 +186,7 @@ class _Tee:
         self._match(pending.decode(errors="replace"))
 
     def _match(self, line: str) -> None:
+        assert self.writer is not None  # only a writer gets patterns, and only patterns a pump
         line = line[:MAX_MATCHED_LINE]  # a regex that backtracks badly must not stall the output
         for name, pattern in self.patterns.items():
             for found in pattern.finditer(line):

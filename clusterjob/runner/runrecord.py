@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics, slurmctl
@@ -72,6 +72,7 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
         run.update(status=outcome.status, requeues=requeues + 1)
+        assert job is not None  # only a Slurm job's run is told to requeue (stop_outcome)
         ok = slurmctl.requeue(job.run_key)
         print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
     else:
@@ -104,7 +105,7 @@ def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
           f"{record['samples_per_s']:.0f} img/s", flush=True)
 
 
-def finish(run: RunDir, **fields: object) -> None:
+def finish(run: RunDir, **fields: Any) -> None:
     info = run.update(status="completed", finished_at=now_iso(), **fields)
     print(f"completed {run.path}: {json.dumps(info.get('final'))}", flush=True)
 

@@ -70,9 +70,10 @@ class Section:
     """Base of every spec section: checks each field against its metadata, then ``check()``."""
 
     def __post_init__(self) -> None:
-        for f in _fields(type(self)):
+        cls: type = type(self)  # plain type: mypy finds type[Section] not Hashable for the cache
+        for f in _fields(cls):
             value = getattr(self, f.name)
-            _check_value(f.name, value, _field_checks(type(self), f))
+            _check_value(f.name, value, _field_checks(cls, f))
             if f.metadata.get("path") and isinstance(value, str):
                 object.__setattr__(self, f.name, _checked_path(f.name, value))
         self.check()
@@ -244,7 +245,10 @@ class EntrypointSpec(Section):
             _check_metric_regex(name, regex)
         if self.script is not None:
             object.__setattr__(self, "script", _existing_script(self.script))
-        elif not _module_exists((self.module or self.function).split(":")[0]):
+            return
+        target = self.module or self.function
+        assert target is not None  # exactly one of script, module and function is set (above)
+        if not _module_exists(target.split(":")[0]):
             key = "module" if self.module else "function"
             raise SpecError(key, f"{getattr(self, key)!r}: no such module from {os.getcwd()!r} or the Python path; "
                                  "run submit in the folder that holds the package, or install it")
@@ -474,6 +478,7 @@ def entrypoint_args(spec: "Spec") -> tuple[str, ...]:
         found = spec.params[match.group(1)]
         return found if isinstance(found, str) else json.dumps(found)
 
+    assert spec.entrypoint is not None  # only a spec with an entrypoint has args
     return tuple(_PLACEHOLDER.sub(value, arg) for arg in spec.entrypoint.args)
 
 
@@ -494,7 +499,7 @@ def _check_full_batches(spec: "Spec") -> None:
     known = DATASETS[data.dataset].train_size
     # Synthetic data is made to size; a real split is only cut.
     limited = data.limit_train is not None and (DATASETS[data.dataset].made or data.limit_train < known)
-    samples = data.limit_train if limited else known
+    samples = data.limit_train if limited and data.limit_train is not None else known
     if samples >= world * batch:
         return
     key, source = ("data.limit_train", f"limit_train is {samples}") if limited else (
@@ -510,7 +515,7 @@ def _check_num_workers(spec: "Spec") -> None:
     """Each DataLoader worker is a process that wants a CPU of its own, beside the training
     process: more than cpus_per_task - 1 of them thrash. Only the torchvision loader has any."""
     workers, cpus = spec.data.num_workers, spec.resources.cpus_per_task
-    if workers == "auto" or spec.data.loader_kind != "torchvision" or workers <= cpus - 1:
+    if isinstance(workers, str) or spec.data.loader_kind != "torchvision" or workers <= cpus - 1:  # str: "auto" (check)
         return
     raise SpecError("data.num_workers", f"{workers} worker processes and the training process need {workers + 1} "
                     f"CPUs, but resources.cpus_per_task is {cpus}; set data.num_workers: auto (or at most {cpus - 1}), "
@@ -539,7 +544,6 @@ def _close(value: Any, choices: Any) -> str:
     return f" (did you mean {found[0]!r}?)" if found else ""
 
 
-@functools.cache
 @functools.cache
 def _field_checks(cls: type, f: Any) -> dict:
     """A field's checks: its metadata, plus the choices its type allows (a ``Literal``)."""
@@ -580,7 +584,7 @@ def _leaf_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
     keys: list[str] = []
     for f in _fields(cls):
         hint = _hints(cls)[f.name]
-        if is_dataclass(hint):
+        if isinstance(hint, type) and is_dataclass(hint):
             keys += _leaf_keys(hint, f"{prefix}{f.name}.")
         else:
             keys.append(prefix + f.name)
@@ -649,7 +653,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, list):
             return _type_error(key, value, "a list")
         return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-    if is_dataclass(hint):
+    if isinstance(hint, type) and is_dataclass(hint):
         return _build(hint, value, key)
     if hint is float and isinstance(value, str):
         return _float_string(key, value)
@@ -774,7 +778,9 @@ def _apply_point(base: Spec, index: int, params: dict) -> Spec:
 
 def _with_values(section: Any, values: dict, path: str) -> Any:
     """``section`` with the dotted keys of ``values`` set, converted and validated."""
-    hints, changes, nested = _hints(type(section)), {}, {}
+    cls: type = type(section)  # plain type: mypy finds type[Any] not Hashable for the cache
+    hints, changes = _hints(cls), {}
+    nested: dict[str, dict] = {}
     for key, value in values.items():
         head, dot, rest = key.partition(".")
         if dot:

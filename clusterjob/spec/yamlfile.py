@@ -13,7 +13,7 @@ import select
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import yaml
 
@@ -30,14 +30,20 @@ _READ_TIMEOUT_S = 5.0
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 # libyaml's parser is iterative and fast; its composer recurses in C (a deeply nested
 # file crashes the process), so nodes are composed in Python below, with limits.
-try:
-    from yaml.cyaml import CParser as _CParser
-except ImportError:  # PyYAML built without libyaml: the same, in pure Python
-    _CParser = None
-_PARSER = (_CParser,) if _CParser else (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+if TYPE_CHECKING:  # one static base for the checker; at run time it depends on the build
+    from yaml._yaml import CParser as _Parser
+else:
+    try:
+        from yaml._yaml import CParser as _Parser
+    except ImportError:  # PyYAML built without libyaml: the same, in pure Python
+        class _Parser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+            def __init__(self, text):
+                yaml.reader.Reader.__init__(self, text)
+                yaml.scanner.Scanner.__init__(self)
+                yaml.parser.Parser.__init__(self)
 
 
-class _SpecLoader(yaml.composer.Composer, *_PARSER, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+class _SpecLoader(yaml.composer.Composer, _Parser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
     """SafeLoader with bounds: nesting depth, alias count, values after alias expansion.
 
     Aliases (``*name``) are shared while composing; a "billion laughs" file only grows
@@ -47,12 +53,7 @@ class _SpecLoader(yaml.composer.Composer, *_PARSER, yaml.constructor.SafeConstru
     """
 
     def __init__(self, text: str, source: str) -> None:
-        if _CParser:
-            _CParser.__init__(self, text)
-        else:
-            yaml.reader.Reader.__init__(self, text)
-            yaml.scanner.Scanner.__init__(self)
-            yaml.parser.Parser.__init__(self)
+        _Parser.__init__(self, text)
         yaml.composer.Composer.__init__(self)
         yaml.constructor.SafeConstructor.__init__(self)
         yaml.resolver.Resolver.__init__(self)
@@ -60,13 +61,15 @@ class _SpecLoader(yaml.composer.Composer, *_PARSER, yaml.constructor.SafeConstru
         self.depth, self.values, self.aliases = 0, 0, 0
         self.sizes: dict[int, int] = {}  # id(node) -> its value count after expansion
 
-    def fail(self, mark: Any, message: str) -> None:
+    def fail(self, mark: Any, message: str) -> NoReturn:
         raise SpecError("", f"{self.source}{_at(mark)}: {message}")
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            return self._compose_alias()
-        mark = self.peek_event().start_mark
+            return self._compose_alias(parent, index)
+        event = self.peek_event()
+        assert event is not None  # the composer asks for a node only where the parser has one
+        mark = event.start_mark
         self.depth += 1
         if self.depth > MAX_YAML_DEPTH:
             self.fail(mark, f"values nested more than {MAX_YAML_DEPTH} levels deep; a spec needs 4 at most")
@@ -76,9 +79,10 @@ class _SpecLoader(yaml.composer.Composer, *_PARSER, yaml.constructor.SafeConstru
         self.sizes[id(node)] = self.values - start
         return node
 
-    def _compose_alias(self) -> Any:
+    def _compose_alias(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
-        node = super().compose_node(None, None)
+        assert isinstance(event, yaml.AliasEvent)  # compose_node checked it
+        node = super().compose_node(parent, index)  # an alias ignores both
         self.aliases += 1
         if self.aliases > MAX_YAML_ALIASES:
             self.fail(event.start_mark, f"more than {MAX_YAML_ALIASES} aliases (*name); write the values out")
@@ -134,8 +138,10 @@ class _SpecLoader(yaml.composer.Composer, *_PARSER, yaml.constructor.SafeConstru
         return key
 
 
-_SpecLoader.add_constructor("tag:yaml.org,2002:int", _SpecLoader.construct_yaml_int)
-_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _SpecLoader.construct_strict_mapping)
+# cast: the stubs accept only PyYAML's own loader classes here, not one built from the same parts
+_SpecLoader.add_constructor("tag:yaml.org,2002:int", cast(Any, _SpecLoader.construct_yaml_int))
+_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                            cast(Any, _SpecLoader.construct_strict_mapping))
 
 
 def _at(mark: Any) -> str:
@@ -196,7 +202,8 @@ def _read_bounded(path: Path) -> bytes:
 def _read_fd(fd: int, path: Path) -> bytes:
     """Read to end of file, at most MAX_SPEC_BYTES + 1 bytes, for at most _READ_TIMEOUT_S
     (a FIFO nobody writes to reads as empty at once)."""
-    chunks, size, deadline = [], 0, time.monotonic() + _READ_TIMEOUT_S
+    chunks: list[bytes] = []
+    size, deadline = 0, time.monotonic() + _READ_TIMEOUT_S
     while True:
         try:
             chunk = os.read(fd, MAX_SPEC_BYTES + 1 - size)

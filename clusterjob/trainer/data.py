@@ -98,8 +98,8 @@ def build_datasets(data, seed: int) -> Datasets:
     the download fails.
     """
     if data.dataset == "synthetic":
-        train = SyntheticImages(data.limit_train or SYNTHETIC.train_size, seed, "train", data.augment)
-        val = SyntheticImages(data.limit_val or SYNTHETIC.val_size, seed, "val", augment=False)
+        train: Dataset = SyntheticImages(data.limit_train or SYNTHETIC.train_size, seed, "train", data.augment)
+        val: Dataset = SyntheticImages(data.limit_val or SYNTHETIC.val_size, seed, "val", augment=False)
     else:
         train, val = _torchvision_split(data, train=True), _torchvision_split(data, train=False)
         train, val = _first(train, data.limit_train), _first(val, data.limit_val)
@@ -108,7 +108,7 @@ def build_datasets(data, seed: int) -> Datasets:
 
 def _first(ds: Dataset, limit: Optional[int]) -> Dataset:
     """The first ``limit`` samples of ``ds`` (all of them when ``limit`` is None or larger)."""
-    if limit is None or limit >= len(ds):
+    if limit is None or limit >= len(ds):  # type: ignore[arg-type]  # torch's Dataset declares no __len__
         return ds
     return Subset(ds, range(limit))
 
@@ -287,7 +287,7 @@ class SeededSamples(Dataset):
         self.base = base
 
     def __len__(self) -> int:
-        return len(self.base)
+        return len(self.base)  # type: ignore[arg-type]  # torch's Dataset declares no __len__ (map-style ones have it)
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         index, seed = key
@@ -332,10 +332,10 @@ def build_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: in
     The validation sampler pads (no sample is lost); see ``val_valid_count``."""
     train_sampler = SeededShardSampler(ds.train, num_replicas=world_size, rank=rank, shuffle=True,
                                        seed=seed, drop_last=data.drop_last)
-    val_sampler = DistributedSampler(ds.val, num_replicas=world_size, rank=rank, shuffle=False,
-                                     drop_last=False)
+    val_sampler: DistributedSampler[int] = DistributedSampler(ds.val, num_replicas=world_size, rank=rank,
+                                                              shuffle=False, drop_last=False)
     workers = worker_count(data.num_workers, cpus_per_task)
-    common = dict(batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
+    common: dict[str, Any] = dict(batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
                   persistent_workers=workers > 0)
     generator = torch.Generator().manual_seed(loader_seed(seed, rank, 0))
     train_loader = DataLoader(SeededSamples(ds.train), sampler=train_sampler, drop_last=data.drop_last,
@@ -351,7 +351,9 @@ def set_epoch(loaders: Loaders, epoch: int, skip_batches: int = 0) -> None:
     Call it on every rank before iterating ``loaders.train_loader`` in ``epoch``."""
     sampler = loaders.train_sampler
     sampler.set_epoch(epoch)
-    sampler.skip = skip_batches * loaders.train_loader.batch_size
+    batch_size = loaders.train_loader.batch_size
+    assert batch_size is not None  # build_loaders gives each loader one
+    sampler.skip = skip_batches * batch_size
     loaders.train_loader.generator.manual_seed(loader_seed(sampler.seed, sampler.rank, epoch))
 
 

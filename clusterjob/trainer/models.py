@@ -25,7 +25,8 @@ def build_model(arch: str, num_classes: int, in_shape: tuple[int, int, int]) -> 
         "resnet18": cifar_resnet18, "convnet": ConvNet, "mlp": mlp}
     if arch not in builders:
         raise ValueError(f"model.arch: unknown architecture {arch!r}; allowed: {', '.join(ARCHS)}")
-    return builders[arch](num_classes, tuple(in_shape))
+    c, h, w = in_shape  # a plain tuple, whatever sequence came in
+    return builders[arch](num_classes, (c, h, w))
 
 
 def cifar_resnet18(num_classes: int, in_shape: tuple[int, int, int]) -> nn.Module:
@@ -71,7 +72,7 @@ class ResNet18(nn.Module):
         self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.maxpool: nn.Module = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)  # the CIFAR stem: Identity
         self.layer1 = _stage(64, 64, stride=1)
         self.layer2 = _stage(64, 128, stride=2)
         self.layer3 = _stage(128, 256, stride=2)

@@ -200,7 +200,8 @@ class TensorLoader:
         self.normalize, self.augment, self.seed = normalize, augment, seed
         self.channels_last = memory_format == torch.channels_last
         self.device, self.targets = split.images.device, split.targets
-        self.shape = tuple(split.images.shape[2:])  # (H, W)
+        h, w = split.images.shape[2:]
+        self.shape = (h, w)
         images = F.pad(split.images, (PAD,) * 4) if augment else split.images
         self.pixels = to_layout(images, self.channels_last)
         if augment:
@@ -263,10 +264,12 @@ def build_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: 
     drop_last as ``clusterjob.trainer.data.build_loaders`` has them. Batches come in
     ``memory_format``, the model's (``train.memory_format_for``)."""
     train, val = td.train.to(device), td.val.to(device)
-    train_sampler = DistributedSampler(range(len(train)), num_replicas=world_size, rank=rank, shuffle=True,
-                                       seed=seed, drop_last=data.drop_last)
-    val_sampler = DistributedSampler(range(len(val)), num_replicas=world_size, rank=rank, shuffle=False,
-                                     drop_last=False)
+    # ignore: the stubs want a Dataset, but the sampler only takes its len(); a range has one
+    train_sampler: DistributedSampler[int] = DistributedSampler(
+        range(len(train)), num_replicas=world_size, rank=rank, shuffle=True,  # type: ignore[arg-type]
+        seed=seed, drop_last=data.drop_last)
+    val_sampler: DistributedSampler[int] = DistributedSampler(
+        range(len(val)), num_replicas=world_size, rank=rank, shuffle=False, drop_last=False)  # type: ignore[arg-type]
     normalize = Normalizer(td.dataset, device)
     augment = data.augment and td.in_shape == (3, 32, 32)  # a flipped digit is another digit
     return TensorLoaders(

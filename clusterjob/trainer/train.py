@@ -142,7 +142,8 @@ def build_trainer(spec: Spec, plan: DevicePlan, model: torch.nn.Module, num_batc
     """Move, convert and wrap the model; make optimizer, schedule, scaler and EMA.
     ``train.compile`` was checked already (worker.prepare, before any download)."""
     fmt = memory_format_for(spec, plan)
-    model = model.to(plan.device, memory_format=fmt)
+    # ignore: Module.to takes memory_format beside a device (one pass); its overloads do not say so
+    model = model.to(plan.device, memory_format=fmt)  # type: ignore[call-overload]
     if plan.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if plan.device_type == "cuda":
