@@ -290,3 +290,52 @@ def test_the_cycle_check_sees_a_type_checking_import():
     trees = {"clusterjob.a": ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clusterjob.b import X"),
              "clusterjob.b": ast.parse("from clusterjob import a")}
     assert import_graph(trees) == {"clusterjob.a": {"clusterjob.b"}, "clusterjob.b": {"clusterjob.a"}}
+
+
+def _names_run_json(node: ast.AST) -> bool:
+    """``node`` is run.json's file name: the INFO_FILE constant or the literal."""
+    if isinstance(node, ast.Constant):
+        return node.value == "run.json"
+    return (isinstance(node, ast.Name) and node.id == "INFO_FILE") or (
+        isinstance(node, ast.Attribute) and node.attr == "INFO_FILE")
+
+
+def _run_json_uses(tree: ast.Module) -> list[int]:
+    """Lines where run.json's name is made into a path or handed to a call (open, join,
+    read, loads), and calls of the raw reader ``read_info`` (kept for tests)."""
+    lines = []
+    for node in ast.walk(tree):
+        operands = []
+        if isinstance(node, ast.Call):
+            operands = [*node.args, *(k.value for k in node.keywords)]
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "read_info":
+                lines.append(node.lineno)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            operands = [node.left, node.right]
+        lines += [node.lineno for operand in operands if _names_run_json(operand)]
+    return lines
+
+
+def test_only_the_record_module_reads_or_writes_run_json():
+    """run.json is read and written through clusterjob.core.record (RunRecord) alone; the
+    others get the record (RunDir.read, RunDir.update), never the file or its JSON."""
+    offenders = [f"{name}:{line}" for name, tree in modules().items() if name != "clusterjob.core.record"
+                 for line in _run_json_uses(tree)]
+    assert offenders == [], "read or write run.json through clusterjob.core.record in: " + ", ".join(offenders)
+
+
+def test_no_module_indexes_the_run_record_by_string_keys():
+    """Code gets run.json's fields as attributes of RunRecord: no module but the record's
+    reads them back from a dict by a field name with ``.get``."""
+    from clusterjob.core.record import FIELDS
+
+    offenders = []
+    for name, tree in modules().items():
+        if name == "clusterjob.core.record":
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("info", "record", "view")
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in FIELDS):
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == [], "use the RunRecord's attributes in: " + ", ".join(offenders)

@@ -2,11 +2,9 @@
 "Results layout").
 
 This module is the one owner of what a results folder holds: the file names, the
-run states, which folders are runs (and in what order), and how run.json is read.
-run.json is the run's own record of its state (written by the run, not derived from
-Slurm accounting), so every update is an atomic read-modify-write. Readers get
-run.json through ``read_run_json`` (never raises) and ``checked_info`` (every field
-the tools read, with its type checked).
+run states, and which folders are runs (and in what order). run.json itself, the
+run's own record, is read and written only through clusterjob.core.record
+(``RunDir.read``, ``RunDir.update``).
 """
 
 from __future__ import annotations
@@ -15,23 +13,34 @@ import contextlib
 import json
 import os
 import re
-import reprlib
 import secrets
 import shutil
 import stat
-import tempfile
 import time
-import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional
+from typing import Any, Optional
 
+from clusterjob.core import record
 from clusterjob.core.errors import BadInput
-from clusterjob.core.procs import ProcessRef
+from clusterjob.core.files import (  # noqa: F401  (re-exported: where callers have always found them)
+    atomic_open,
+    is_number,
+    loads,
+    now_iso,
+    read_text,
+    shown,
+    write_atomic,
+)
+from clusterjob.core.record import (  # noqa: F401  (re-exported, as above)
+    INFO_FILE,
+    MAX_INFO_BYTES,
+    RunError,
+    RunRecord,
+    is_job_id,
+)
 
 SPEC_FILE = "spec.yaml"
-INFO_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
@@ -39,45 +48,6 @@ LOGS = "logs"
 STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled")
 FINAL_STATUSES = ("completed", "failed", "cancelled")
 UNKNOWN = "unknown"  # the state shown for a run whose run.json gives none
-
-# A run writes a few KiB of run.json; anything far larger is not one of ours.
-MAX_INFO_BYTES = 16 * 2**20
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-# Read once, at import (umask can only be read by setting it). mkstemp makes its files
-# private (0600); results folders are shared, so the final file gets the usual mode.
-_FILE_MODE = 0o666 & ~_umask()
-
-
-@contextlib.contextmanager
-def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
-    """A file that readers see whole or not at all: temp file beside it, fsync, rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_atomic(path: Path, text: str) -> None:
-    with atomic_open(path) as f:
-        f.write(text)
 
 
 def new_run_id() -> str:
@@ -95,7 +65,7 @@ class RunDir:
 
     @property
     def info_file(self) -> Path:
-        return self.path / INFO_FILE
+        return Path(record.info_path(self.path))
 
     @property
     def metrics_file(self) -> Path:
@@ -116,21 +86,21 @@ class RunDir:
     def exists(self) -> bool:
         return self.info_file.exists()
 
+    def read(self) -> RunRecord:
+        """The run's record (what is readable when damaged; problems dropped)."""
+        return record.read_record(self.path)[0]
+
+    def read_checked(self) -> tuple[RunRecord, list[str]]:
+        """The run's record with every problem found; never raises."""
+        return record.read_record(self.path)
+
     def read_info(self) -> dict:
-        """run.json as a dict ({} when absent; what is readable when damaged)."""
-        return read_run_json(self.info_file)[0]
+        """run.json as JSON holds it ({} when absent): its exact layout, for tests."""
+        return record.read_raw(self.info_file)[0]
 
-    def update(self, reopen: bool = False, **fields: Any) -> dict:
-        """Merge ``fields`` into run.json atomically; returns the new content.
-
-        A cancelled run stays cancelled (its tasks may write for a few seconds after the
-        cancel) unless ``reopen``: the run was started again on purpose."""
-        info = self.read_info()
-        if info.get("status") == "cancelled" and not reopen:
-            fields = {k: v for k, v in fields.items() if k not in ("status", "finished_at", "error")}
-        info.update(fields)
-        write_atomic(self.info_file, json.dumps(info, indent=2, default=str) + "\n")
-        return info
+    def update(self, reopen: bool = False, **fields: Any) -> RunRecord:
+        """Set record ``fields`` in run.json atomically (see clusterjob.core.record.update)."""
+        return record.update(self.path, reopen=reopen, **fields)
 
     def error_file(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.error.json"
@@ -203,7 +173,7 @@ def file_stamp(path: str) -> tuple:
 
 def found_run(path: str, key: str) -> Optional[FoundRun]:
     """The run in folder ``path``, or None when it holds neither run.json nor metrics.jsonl."""
-    stamp = file_stamp(os.path.join(path, INFO_FILE)) + file_stamp(os.path.join(path, METRICS_FILE))
+    stamp = file_stamp(record.info_path(path)) + file_stamp(os.path.join(path, METRICS_FILE))
     return None if stamp == NO_STAMP + NO_STAMP else FoundRun(path, key, stamp)
 
 
@@ -255,251 +225,6 @@ def find_runs(root: "str | os.PathLike") -> list[RunDir]:
     return [RunDir(Path(run.path)) for run in scan_runs(root)]
 
 
-# ----------------------------------------------------------------------------- reading run.json
-
-_SALVAGE_STR = re.compile(
-    r'"(run_id|name|status|slurm_job_id|started_at|finished_at|git_sha)"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_SALVAGE_INT = re.compile(r'"(world_size|requeues)"\s*:\s*(\d{1,18})\b')
-_SALVAGE_PARAMS = re.compile(r'"params"\s*:\s*(\{[^{}]*\})')
-_NOT_JSON = object()
-
-
-def loads(text: str) -> Any:
-    """json.loads, or _NOT_JSON for anything that does not parse (also nesting too deep
-    for the parser, which raises RecursionError)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return _NOT_JSON
-
-
-def read_text(path: "str | os.PathLike", limit: Optional[int] = None) -> tuple:
-    """(text, problem): a regular file's text with bad bytes replaced; text None with the
-    reason when it is absent, not a regular file (a FIFO would block), or over ``limit``."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (FileNotFoundError, NotADirectoryError, ValueError):
-        return None, "is missing"
-    except OSError as err:
-        return None, f"cannot be read ({err.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file"
-        if limit is not None and st.st_size > limit:
-            return None, f"is {st.st_size / 2**20:.0f} MiB, larger than any run writes"
-        chunks = []
-        while chunk := os.read(fd, max(st.st_size + 1, 2**16)):  # one read for a file that does not grow
-            chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace"), None
-    except OSError as err:
-        return None, f"cannot be read ({err.strerror})"
-    finally:
-        os.close(fd)
-
-
-def _salvage(text: str) -> dict:
-    """The fields that can still be read from a cut-off run.json."""
-    raw: dict = {}
-    for key, value in _SALVAGE_STR.findall(text):
-        value = loads(f'"{value}"')
-        if value is not _NOT_JSON:  # a bad escape: the value is as lost as the rest
-            raw.setdefault(key, value)
-    for key, value in _SALVAGE_INT.findall(text):
-        raw.setdefault(key, int(value))
-    match = _SALVAGE_PARAMS.search(text)
-    params = loads(match.group(1)) if match else _NOT_JSON
-    if isinstance(params, dict):
-        raw["params"] = params
-    return raw
-
-
-def read_run_json(path: "str | os.PathLike") -> tuple[dict, list[str]]:
-    """(fields, problems) of a run.json; never raises. A damaged file yields the fields
-    that can still be read, and a problem saying what was wrong."""
-    text, why = read_text(path, MAX_INFO_BYTES)
-    if text is None:
-        suffix = "; status unknown" if why == "is missing" else "; ignored it, status unknown"
-        return {}, [f"{INFO_FILE} {why}{suffix}"]
-    raw = loads(text)
-    if isinstance(raw, dict):
-        return raw, []
-    raw = _salvage(text)
-    got = ", ".join(sorted(raw)) or "nothing"
-    return raw, [f"{INFO_FILE} is cut off or not a JSON object (read: {got})"]
-
-
-# ----------------------------------------------------------------------------- run.json fields
-
-_TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "git_sha", "started_at",
-                "finished_at", "master_addr", "log_dir")
-_INT_FIELDS = ("world_size", "requeues", "restarts", "master_port")
-_JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
-_MAX_DEPTH = 16  # a swept value nested deeper is no sweep point
-_show = reprlib.Repr()
-_show.maxstring, _show.maxother, _show.maxlevel = 40, 40, 3
-
-
-def is_number(value: Any) -> bool:
-    """A JSON number: int or float, not bool (which Python counts as an int)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def shown(value: Any) -> str:
-    """A value for a one-line message: short, whatever its size or depth."""
-    return _show.repr(value)
-
-
-def _kind(value: Any) -> str:
-    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
-
-
-def _bad(field: str, value: Any, wanted: str) -> str:
-    return f"{INFO_FILE}: {field} is {shown(value)} ({_kind(value)}), not {wanted}; ignored"
-
-
-_NUMBER_TYPES = frozenset((int, float))
-_ABSENT = dict.fromkeys(_TEXT_FIELDS + _INT_FIELDS)
-
-
-def _text_field(raw: dict, key: str, problems: list) -> Optional[str]:
-    value = raw.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    problems.append(_bad(key, value, "text"))
-    return None
-
-
-def _int_field(raw: dict, key: str, problems: list) -> Optional[int]:
-    value = raw.get(key)
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if value is None or (whole and abs(value) < 2**53):
-        return value
-    problems.append(_bad(key, value, "a whole number below 2**53" if whole else "a whole number"))
-    return None
-
-
-def _job_field(raw: dict, problems: list) -> Optional[str]:
-    value = raw.get("slurm_job_id")
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    problems.append(_bad("slurm_job_id", value, "a Slurm job id such as 123 or 123_4"))
-    return None
-
-
-def is_job_id(text: Optional[str]) -> bool:
-    """A Slurm job id that can be handed to squeue/sacct: 123, array task 123_4, het job 123+1."""
-    return text is not None and _JOB_ID.fullmatch(text) is not None  # the pattern matches no ""
-
-
-def _depth(value: Any) -> int:
-    """How deeply lists and mappings nest in ``value`` (iterative: no recursion limit)."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (list, dict)) and depth < _MAX_DEPTH + 1:
-            deepest = max(deepest, depth + 1)
-            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return deepest
-
-
-def _params_field(raw: dict, problems: list) -> Optional[dict]:
-    value = raw.get("params")
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        problems.append(_bad("params", value, "a mapping of swept keys"))
-        return None
-    deep = [key for key, v in value.items() if _depth(v) > _MAX_DEPTH]
-    for key in deep:
-        problems.append(f"{INFO_FILE}: params.{key} nests deeper than {_MAX_DEPTH} levels; ignored")
-    return {k: v for k, v in value.items() if k not in deep} if deep else value
-
-
-def _final_field(raw: dict, problems: list) -> Optional[dict]:
-    """The last epoch's metrics: numbers only (null means not logged)."""
-    value = raw.get("final")
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        problems.append(_bad("final", value, "a mapping of metrics"))
-        return None
-    final = {key: v for key, v in value.items() if type(v) in _NUMBER_TYPES}  # bool is no number
-    final = {key: v for key, v in final.items() if type(v) is float or -2**63 <= v < 2**63}  # float64-sized
-    if len(final) < len(value):
-        problems += [_bad(f"final.{key}", v, "a number") for key, v in value.items()
-                     if v is not None and key not in final]
-    return final
-
-
-def _error_field(raw: dict, problems: list) -> Optional[dict]:
-    """The failure record: rank, message, traceback, at."""
-    value = raw.get("error")
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        problems.append(_bad("error", value, "a mapping (rank, message, traceback)"))
-        return None
-    error: dict[str, Any] = {}
-    inner: list[str] = []
-    error["rank"] = _int_field(value, "rank", inner)
-    for key in ("message", "traceback", "at"):
-        error[key] = _text_field(value, key, inner)
-    problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: error.", 1) for p in inner]
-    return error
-
-
-def _launcher_field(raw: dict, problems: list) -> Optional[ProcessRef]:
-    """The detached local supervisor: which process it is (clusterjob.core.procs)."""
-    value = raw.get("launcher")
-    if value is None:
-        return None
-    ref = ProcessRef.from_dict(value)
-    if ref is None:
-        problems.append(_bad("launcher", value, "a process record (host, boot_id, pid, start_ticks)"))
-    return ref
-
-
-def _hosts_field(raw: dict, problems: list) -> list:
-    value = raw.get("hosts")
-    if value is None:
-        return []
-    if isinstance(value, list) and all(isinstance(h, str) for h in value):
-        return value
-    problems.append(_bad("hosts", value, "a list of node names"))
-    return []
-
-
-def checked_info(raw: dict) -> tuple[dict, list[str]]:
-    """run.json's fields with every field the tools read type-checked: a field of the
-    wrong type becomes None ([] for hosts) and a problem naming it. Other fields are
-    kept as they are; nothing here raises."""
-    problems: list = []
-    info = {**_ABSENT, **raw}
-    for key in _TEXT_FIELDS:
-        if type(info[key]) is not str:  # inline: a report checks 10,000 run.json files
-            info[key] = _text_field(raw, key, problems)
-    for key in _INT_FIELDS:
-        if type(info[key]) is not int or abs(info[key]) >= 2**53:
-            info[key] = _int_field(raw, key, problems)
-    info["slurm_job_id"] = _job_field(raw, problems)
-    info["params"] = _params_field(raw, problems)
-    info["final"] = _final_field(raw, problems)
-    info["error"] = _error_field(raw, problems)
-    info["hosts"] = _hosts_field(raw, problems)
-    info["launcher"] = _launcher_field(raw, problems)
-    return info, problems
-
-
-def read_checked(run: RunDir) -> tuple[dict, list[str]]:
-    """A run's run.json, type-checked, with every problem found; never raises."""
-    raw, problems = read_run_json(run.info_file)
-    info, more = checked_info(raw)
-    return info, problems + more
-
-
 # ----------------------------------------------------------------------------- logs and errors
 
 
@@ -523,27 +248,26 @@ def link_rank_logs(run: RunDir, rank: int) -> None:
             continue
 
 
-def record_error(run: RunDir, rank: int, exc: BaseException) -> dict:
+def read_checked(run: RunDir) -> tuple[RunRecord, list[str]]:
+    """A run's record, type-checked, with every problem found; never raises."""
+    return run.read_checked()
+
+
+def record_error(run: RunDir, rank: int, exc: BaseException) -> RunError:
     """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective)."""
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    error = {"rank": rank, "message": f"{type(exc).__name__}: {exc}",
-             "traceback": "".join(lines)[-4000:], "at": now_iso()}
+    error = RunError.of_exception(rank, exc)
     run.logs.mkdir(parents=True, exist_ok=True)
-    write_atomic(run.error_file(rank), json.dumps(error, indent=2) + "\n")
+    write_atomic(run.error_file(rank), json.dumps(error.to_dict(), indent=2) + "\n")
     return error
 
 
-def _error_record(path: Path) -> Optional[dict]:
+def _error_record(path: Path) -> Optional[RunError]:
     """One rank's crash report with its fields type-checked; None when unreadable."""
     text, _ = read_text(path, MAX_INFO_BYTES)
-    raw = loads(text) if text is not None else None
-    if not isinstance(raw, dict):
-        return None
-    error, _ = checked_info({"error": raw})
-    return error["error"]
+    return record.error_of(loads(text)) if text is not None else None
 
 
-def first_error(run: RunDir) -> Optional[dict]:
+def first_error(run: RunDir) -> Optional[RunError]:
     """The earliest crash report among the ranks' error files, if any (damaged ones skipped)."""
     try:
         paths = sorted(run.logs.glob("rank*.error.json"))
@@ -552,14 +276,14 @@ def first_error(run: RunDir) -> Optional[dict]:
     errors = [e for e in map(_error_record, paths) if e is not None]
     if not errors:
         return None
-    return min(errors, key=lambda e: (e["at"] or "", e["rank"] if e["rank"] is not None else 0))
+    return min(errors, key=lambda e: (e.at or "", e.rank if e.rank is not None else 0))
 
 
-def mark_failed(run: RunDir, fallback: str) -> dict:
+def mark_failed(run: RunDir, fallback: str) -> RunRecord:
     """Set run.json to failed with the first rank error (or ``fallback`` when none was written)."""
     return run.update(status="failed", error=failure(run, fallback), finished_at=now_iso())
 
 
-def failure(run: RunDir, fallback: str) -> dict:
+def failure(run: RunDir, fallback: str) -> RunError:
     """The error record mark_failed writes: the first rank error, else ``fallback``."""
-    return first_error(run) or {"rank": None, "message": fallback, "traceback": ""}
+    return first_error(run) or RunError(None, fallback)

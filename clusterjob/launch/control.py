@@ -11,6 +11,7 @@ with a note. ``status`` and ``logs`` write nothing; ``refresh(..., write_back=Tr
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +20,7 @@ from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     RunDir,
-    checked_info,
+    RunRecord,
     failure,
     find_runs,
     first_error,
@@ -27,7 +28,6 @@ from clusterjob.core.rundir import (
     loads,
     natural_key,
     now_iso,
-    read_checked,
     read_text,
 )
 
@@ -40,69 +40,87 @@ SUPERVISOR_GONE = "supervisor gone"
 _MAX_STDERR_WARNINGS = 20
 
 
+@dataclass(frozen=True)
+class RunView:
+    """A run as ``status`` shows it: its record reconciled with Slurm, the problems of
+    its run.json, and what the queue said (``queue_state``) or could not (``note``)."""
+
+    record: RunRecord
+    problems: list
+    note: Optional[str] = None
+    queue_state: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        """The view as one mapping: the record's fields, problems, and note or queue_state when set."""
+        extra = {key: value for key, value in (("note", self.note), ("queue_state", self.queue_state)) if value}
+        return {**self.record.to_dict(), "problems": self.problems, **extra}
+
+
 def refresh(runs: list[RunDir], write_back: bool = False) -> list[dict]:
-    """Each run's run.json (type-checked; its problems under "problems"), reconciled with
-    the queue and accounting, one query per kind. With ``write_back``, what a successful
-    answer taught is written to run.json; without, nothing is written."""
-    infos = []
-    for run in runs:
-        info, problems = read_checked(run)
-        infos.append({**info, "problems": problems})
-    live = {i["slurm_job_id"] for i in infos if _is_live_slurm(i)}
+    """``views`` as mappings (what ``status_table`` shows)."""
+    return [view.to_dict() for view in views(runs, write_back)]
+
+
+def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
+    """Each run's run.json (type-checked, with its problems), reconciled with the queue
+    and accounting, one query per kind. With ``write_back``, what a successful answer
+    taught is written to run.json; without, nothing is written."""
+    found = [RunView(*run.read_checked()) for run in runs]
+    live = {job for v in found if _is_live_slurm(v.record) and (job := v.record.slurm_job_id) is not None}
     queued = slurmctl.queue_states(sorted(live))
     gone = [] if queued is None else sorted(live - queued.keys())
     accounted = slurmctl.accounting_states(gone)
-    return [_reconcile(run, info, queued, accounted or {}, write_back) for run, info in zip(runs, infos)]
+    return [_reconcile(run, view, queued, accounted or {}, write_back) for run, view in zip(runs, found)]
 
 
-def _is_live_slurm(info: dict) -> bool:
-    return info["status"] not in FINAL_STATUSES and info.get("executor") != "local" and is_job_id(info["slurm_job_id"])
+def _is_live_slurm(info: RunRecord) -> bool:
+    return info.status not in FINAL_STATUSES and info.executor != "local" and is_job_id(info.slurm_job_id)
 
 
-def _reconcile(run: RunDir, info: dict, queued: Optional[dict], accounted: dict, write_back: bool) -> dict:
-    if info["status"] in FINAL_STATUSES:
-        return info
-    if info.get("executor") == "local":
-        return _reconcile_local(run, info, write_back)
-    job = info["slurm_job_id"]
+def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: dict, write_back: bool) -> RunView:
+    info = view.record
+    if info.status in FINAL_STATUSES:
+        return view
+    if info.executor == "local":
+        return _reconcile_local(run, view, write_back)
+    job = info.slurm_job_id
     if not is_job_id(job):  # no job (yet), or a recorded id no Slurm command would take
-        return info
+        return view
     if queued is None:
-        return {**info, "note": UNREACHABLE}
+        return replace(view, note=UNREACHABLE)
     if job in queued:
-        return {**info, "queue_state": queued[job]}
+        return replace(view, queue_state=queued[job])
     final = _SLURM_FINAL.get(accounted.get(job, ""), "failed")
     fields: dict = {"status": final, "finished_at": now_iso()}
     if final == "failed":
         fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
                                        "without the run recording its end")
-    return _learnt(run, info, fields, write_back)
+    return _learnt(run, view, fields, write_back)
 
 
-def _reconcile_local(run: RunDir, info: dict, write_back: bool) -> dict:
+def _reconcile_local(run: RunDir, view: RunView, write_back: bool) -> RunView:
     """A detached supervisor that is gone (verified by its start time, not just its pid)
     ends nothing by itself: its ranks got SIGTERM from the kernel and record their stop.
     Until they do, the view says so; with ``write_back`` it records the run failed."""
-    ref = info["launcher"]
+    ref = view.record.launcher
     if ref is None or (mismatch := procs.check(ref)) is None or mismatch.kind == "elsewhere":
-        return info
+        return view
     if not write_back:
-        return {**info, "note": SUPERVISOR_GONE}
+        return replace(view, note=SUPERVISOR_GONE)
     fields = {"status": "failed", "finished_at": now_iso(),
               "error": failure(run, "the local supervisor process ended before the run finished")}
-    return _learnt(run, info, fields, True)
+    return _learnt(run, view, fields, True)
 
 
-def _learnt(run: RunDir, info: dict, fields: dict, write_back: bool) -> dict:
+def _learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
     """The view with what Slurm (or the supervisor's end) taught; written with
     ``write_back``, unless the run recorded its own end meanwhile (its word wins)."""
     if not write_back:
-        return {**info, **fields}
-    now, _ = read_checked(run)
-    if now["status"] in FINAL_STATUSES:
-        return {**now, "problems": info["problems"]}
-    written, _ = checked_info(run.update(**fields))
-    return {**written, "problems": info["problems"]}
+        return replace(view, record=replace(view.record, **fields))
+    now = run.read()
+    if now.status in FINAL_STATUSES:
+        return RunView(now, view.problems)
+    return RunView(run.update(**fields), view.problems)
 
 
 # ----------------------------------------------------------------------------- status
@@ -199,8 +217,8 @@ def cmd_logs(args) -> int:
         else:
             _write(text)
     error = first_error(run)
-    if error and error["rank"] == args.rank:
-        _write(f"==> rank {args.rank} error <==\n{error['traceback'] or error['message'] or ''}\n")
+    if error and error.rank == args.rank:
+        _write(f"==> rank {args.rank} error <==\n{error.traceback or error.message or ''}\n")
     return 0
 
 
@@ -216,11 +234,11 @@ def cancel(run: RunDir) -> list[str]:
     its rank processes on this host that is verifiably still that process (a pid that
     was reused is never signalled). Ranks elsewhere, or started by hand, stop at their
     next progress line, where rank 0 reads run.json. Returns what was done, line by line."""
-    info, _ = read_checked(run)
-    if info["status"] in FINAL_STATUSES:
-        raise BadInput(f"{run.path} is already {info['status']}; there is nothing to cancel")
-    job = info["slurm_job_id"]
-    if info.get("executor") == "slurm" and is_job_id(job):
+    info = run.read()
+    if info.status in FINAL_STATUSES:
+        raise BadInput(f"{run.path} is already {info.status}; there is nothing to cancel")
+    job = info.slurm_job_id
+    if info.executor == "slurm" and job is not None and is_job_id(job):
         if not slurmctl.cancel(job):
             raise RuntimeError(f"scancel {job} failed (is Slurm reachable from here?); the run is not marked cancelled")
         run.update(status="cancelled", finished_at=now_iso())

@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Optional
 from clusterjob.core import env as envmod
 from clusterjob.core import procs
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import RunDir, first_error, mark_failed, now_iso, tail_lines
+from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
@@ -160,19 +160,19 @@ class Supervisor:
         self.stop_signal = self.stop_signal or signum
         self.requests += 1
 
-    def run_all(self, runs: list[RunDir]) -> list[dict]:
+    def run_all(self, runs: list[RunDir]) -> list[RunRecord]:
         """Each run's final run.json; after a stop request the rest are cancelled."""
         infos = []
         for run in runs:
             if self.stop_signal is not None:
                 infos.append(run.update(status="cancelled", finished_at=now_iso()))
-            elif run.read_info().get("status") == "cancelled":  # `clusterjob cancel` before its turn
-                infos.append(run.read_info())
+            elif (info := run.read()).status == "cancelled":  # `clusterjob cancel` before its turn
+                infos.append(info)
             else:
                 infos.append(self.run_one(run))
         return infos
 
-    def run_one(self, run: RunDir) -> dict:
+    def run_one(self, run: RunDir) -> RunRecord:
         """Run one run folder to its end; its final run.json."""
         ranks = start_ranks(run, self.world)
         sent: dict[int, int] = {}  # rank -> the last signal we sent it
@@ -192,17 +192,17 @@ class Supervisor:
                 _signal(ranks, signal.SIGKILL, sent)
             time.sleep(POLL_S)
 
-    def _settle(self, run: RunDir, codes: list[int], sent: dict) -> dict:
+    def _settle(self, run: RunDir, codes: list[int], sent: dict) -> RunRecord:
         """The run's final state from the ranks' exit codes and what they recorded."""
-        info = run.read_info()
-        status = info.get("status")
+        info = run.read()
+        status = info.status
         if self.stop_signal is not None and status in ("pending", "running"):
             return run.update(status="cancelled", finished_at=now_iso())  # stopped before it checkpointed
         bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
         if not bad:
             if status in ("pending", "running"):
-                return run.update(status="failed", finished_at=now_iso(), error={
-                    "rank": None, "message": "the ranks exited without finishing the run", "traceback": ""})
+                return run.update(status="failed", finished_at=now_iso(), error=RunError(
+                    None, "the ranks exited without finishing the run"))
             return info
         if self.stop_signal is not None:
             return info  # preempted (it checkpointed) or cancelled
@@ -216,16 +216,16 @@ def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:
             sent[rank] = sig
 
 
-def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> dict:
+def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunRecord:
     """A rank killed by a signal that nobody here sent, without a traceback, is the cause
     (the others then fail on a closed connection); else the first traceback; else the
     first non-zero exit."""
     for rank, code in bad:
         if code < 0 and rank not in sent and not run.error_file(rank).exists():
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            return run.update(status="failed", finished_at=now_iso(), error={
-                "rank": rank, "message": f"rank {rank} was killed by {name} (no traceback)",
-                "traceback": "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))})
+            return run.update(status="failed", finished_at=now_iso(), error=RunError(
+                rank, f"rank {rank} was killed by {name} (no traceback)",
+                "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
     if first_error(run) is not None:
         return mark_failed(run, "")
     rank, code = bad[0]
@@ -255,7 +255,7 @@ def detach(runs: list[RunDir], world: int) -> int:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     ref = procs.current(proc.pid)
     for run in runs:
-        run.update(executor="local", launcher=ref.to_dict() if ref else None)
+        run.update(executor="local", launcher=ref)
     return proc.pid
 
 
@@ -263,7 +263,7 @@ def main(argv: list[str]) -> int:
     world, paths = int(argv[0]), argv[1:]
     supervisor = Supervisor(world).install()
     for path, info in zip(paths, supervisor.run_all([RunDir(Path(p)) for p in paths])):
-        print(f"{path}: {info.get('status')}", flush=True)
+        print(f"{path}: {info.status}", flush=True)
     return 0
 
 

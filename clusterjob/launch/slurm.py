@@ -20,7 +20,7 @@ from typing import Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import slurmctl
-from clusterjob.core.rundir import RunDir, mark_failed, now_iso, tail_lines
+from clusterjob.core.rundir import RunDir, RunError, RunRecord, mark_failed, now_iso, tail_lines
 from clusterjob.launch.resources import submitit_parameters
 from clusterjob.spec.schema import Spec
 
@@ -78,7 +78,7 @@ def start(spec: Spec, runs: list[RunDir]) -> list[str]:
     with envmod.scrubbed_environ():
         for part in chunks(runs, slurmctl.max_array_size()):
             _submit_part(spec, part, folder)
-    return [str(run.read_info().get("slurm_job_id")) for run in runs]
+    return [str(run.read().slurm_job_id) for run in runs]
 
 
 def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
@@ -109,16 +109,16 @@ def finalize(runs_file: str, index: str, srun_status: str) -> int:
     cause, over the other ranks' collateral "connection closed" errors; and mark a run
     that is still pending/running as failed."""
     run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
-    info = run.read_info()
-    if srun_status == "0" or info.get("status") not in ("pending", "running", "failed"):
+    info = run.read()
+    if srun_status == "0" or info.status not in ("pending", "running", "failed"):
         return 0
     killed = killed_task(_batch_log(info))
     if killed and not run.error_file(killed[0]).exists():
         rank, node, reason = killed
-        run.update(status="failed", finished_at=now_iso(), error={
-            "rank": rank, "message": f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
-            "traceback": "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))})
-    elif info.get("status") != "failed":
+        run.update(status="failed", finished_at=now_iso(), error=RunError(
+            rank, f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
+            "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
+    elif info.status != "failed":
         mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
                          f"(see `clusterjob logs {run.path}`)")
     return 0
@@ -137,9 +137,9 @@ def killed_task(batch_log: str) -> Optional[tuple[int, str, str]]:
     return None
 
 
-def _batch_log(info: dict) -> str:
+def _batch_log(info: RunRecord) -> str:
     """The batch script's stderr, where srun reports its tasks (submitit: task 0's file)."""
-    path = Path(str(info.get("log_dir") or ".")) / f"{info.get('slurm_job_id')}_0_log.err"
+    path = Path(info.log_dir or ".") / f"{info.slurm_job_id}_0_log.err"
     try:
         return path.read_text(errors="replace")
     except OSError:

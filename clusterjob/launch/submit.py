@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, make_runs, read_checked
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, make_runs
 from clusterjob.spec.schema import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
 
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # Slurm polls back off from the first to the longest wait
@@ -140,7 +140,7 @@ def _start_local(spec: Spec, runs: list[RunDir], wait: bool) -> int:
     return 128 + supervisor.stop_signal if supervisor.stop_signal else code
 
 
-def wait_slurm(runs: list[RunDir]) -> list[dict]:
+def wait_slurm(runs: list[RunDir]) -> list[RunRecord]:
     """Poll until every run is final (run.json, reconciled with squeue/sacct and written
     back), waiting longer between polls as time goes on. Ctrl-C stops waiting, not the jobs."""
     from clusterjob.launch import control
@@ -148,8 +148,8 @@ def wait_slurm(runs: list[RunDir]) -> list[dict]:
     pause = POLL_FIRST_S
     try:
         while True:
-            infos = control.refresh(runs, write_back=True)
-            if all(i.get("status") in FINAL_STATUSES for i in infos):
+            infos = [view.record for view in control.views(runs, write_back=True)]
+            if all(i.status in FINAL_STATUSES for i in infos):
                 return infos
             time.sleep(pause)
             pause = min(POLL_MAX_S, pause * 1.5)
@@ -158,13 +158,13 @@ def wait_slurm(runs: list[RunDir]) -> list[dict]:
         raise
 
 
-def _finish(runs: list[RunDir], infos: list[dict], summaries: bool = True) -> int:
+def _finish(runs: list[RunDir], infos: list[RunRecord], summaries: bool = True) -> int:
     """Summary lines (unless printed already) and the report; 0 when all completed."""
     if summaries:
         for run, info in zip(runs, infos):
             print(summary_line(info, run))
     print_report(runs)
-    return 0 if all(i.get("status") == "completed" for i in infos) else 1
+    return 0 if all(i.status == "completed" for i in infos) else 1
 
 
 class LiveLine:
@@ -191,20 +191,17 @@ class LiveLine:
             self.stream.flush()
 
 
-def summary_line(info: dict, run: RunDir) -> str:
+def summary_line(info: RunRecord, run: RunDir) -> str:
     """`<run_id> completed val_acc 0.9512 val_loss 0.1633 epoch 5 -> <path>`, or the error."""
-    final = info.get("final")
-    if not isinstance(final, dict):
-        final = {}
-    parts = [run.run_id, str(info.get("status"))]
+    final = info.final or {}
+    parts = [run.run_id, str(info.status)]
     for key in ("val_acc", "val_loss"):
         if isinstance(final.get(key), (int, float)):
             parts.append(f"{key} {final[key]:.4f}")
     if "epoch" in final:
         parts.append(f"epoch {final['epoch']}")
-    error = info.get("error")
-    if isinstance(error, dict):
-        parts.append(f"error (rank {error.get('rank')}): {error.get('message')}")
+    if info.error is not None:
+        parts.append(f"error (rank {info.error.rank}): {info.error.message}")
     return "  ".join(parts) + f"  -> {run.path}"
 
 
@@ -225,22 +222,22 @@ def resume(run_text: str, wait: bool = False) -> int:
     from clusterjob.launch import control
 
     run = control.resolve_run(run_text)
-    (view,) = control.refresh([run])
-    status = view.get("status")
+    (view,) = control.views([run])
+    status = view.record.status
     if status == "completed":
         raise BadInput(f"{run.path} is completed; there is nothing to resume")
-    if status in ("pending", "running") or view.get("queue_state"):
-        raise BadInput(f"{run.path} is {status} ({view.get('queue_state') or 'its processes are alive'}); "
+    if status in ("pending", "running") or view.queue_state:
+        raise BadInput(f"{run.path} is {status} ({view.queue_state or 'its processes are alive'}); "
                        f"resume continues a run that stopped: `clusterjob cancel {run.path}` first")
     spec = load_spec(run.spec_file)
     check_paths(spec)
-    info, _ = read_checked(run)
-    executor = "slurm" if info["executor"] == "slurm" else "local"
+    info = run.read()
+    executor = "slurm" if info.executor == "slurm" else "local"
     if executor == "slurm":
         choose_executor("slurm")
     else:
         check_local(spec)
-    run.update(reopen=True, status="pending", restarts=(info["restarts"] or 0) + 1, finished_at=None,
-               error=None, slurm_job_id=None if executor == "slurm" else info["slurm_job_id"])
+    run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None,
+               error=None, slurm_job_id=None if executor == "slurm" else info.slurm_job_id)
     print(f"resuming {run.path} ({executor}) from its last checkpoint")
     return _start(spec, [run], executor, wait)

@@ -26,15 +26,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from clusterjob.core import metrics
+from clusterjob.core import metrics, record
 from clusterjob.core.rundir import (
-    INFO_FILE,
     METRICS_FILE,
     UNKNOWN,
     FoundRun,
-    checked_info,
     found_run,
-    read_run_json,
     scan_runs,
 )
 
@@ -120,31 +117,33 @@ class Results:
 # ---------------------------------------------------------------- one run
 
 
-def _info(raw: dict, run: FoundRun) -> tuple[dict, list]:
-    """The run's fields with types checked and gaps filled from the folder names."""
-    info, problems = checked_info(raw)
-    error = info["error"] or {}
+_ROW_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
+               "finished_at", "final")
+
+
+def _info(info: record.RunRecord, run: FoundRun) -> dict:
+    """The run's row of fields (the tables want mappings), gaps filled from the folder names."""
     folder = Path(os.path.abspath(run.path))  # string work only: no syscalls per run
+    error = info.error or record.RunError(None, None)
     return {
         "path": run.path,
-        "run_id": info["run_id"] or folder.name,
-        "name": info["name"] or folder.parent.name,
-        "status": info["status"] or UNKNOWN,
-        **{key: info[key] for key in ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp",
-                                      "git_sha", "started_at", "finished_at", "final")},
-        "error": error.get("message"),
-        "error_rank": error.get("rank"),
-    }, problems
+        "run_id": info.run_id or folder.name,
+        "name": info.name or folder.parent.name,
+        "status": info.status or UNKNOWN,
+        **{key: getattr(info, key) for key in _ROW_FIELDS},
+        "error": error.message,
+        "error_rank": error.rank,
+    }
 
 
 def _parse_run(run: FoundRun) -> ParsedRun:
     """Read one run folder; never raises for damaged files."""
-    raw, problems = read_run_json(os.path.join(run.path, INFO_FILE))
+    reading = record.read(record.info_path(run.path))
     names, matrix, more = metrics.read_matrix(os.path.join(run.path, METRICS_FILE))
-    if problems and not raw and not names:
-        problems = [f"{INFO_FILE} and {METRICS_FILE} are both unreadable"]
-    info, checked = _info(raw, run)
-    return ParsedRun(info, problems + checked + more, names, matrix)
+    problems = reading.file_problems
+    if problems and reading.empty and not names:
+        problems = [f"{record.INFO_FILE} and {METRICS_FILE} are both unreadable"]
+    return ParsedRun(_info(reading.record, run), problems + reading.field_problems + more, names, matrix)
 
 
 # ---------------------------------------------------------------- cache

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
-from clusterjob.core.rundir import RunDir, now_iso, read_checked
+from clusterjob.core.rundir import RunDir, RunRecord, now_iso
 from clusterjob.runner import api, dist, runrecord
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
@@ -48,7 +48,7 @@ def prepare(spec: Spec, env: envmod.DistEnv) -> Callable[[RunDir, StopSignal], s
 def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:
     """Run the entrypoint on this rank: "completed", or "stopped" after
     ``clusterjob.requeue()``. All ranks must call this."""
-    ep, (info, _) = spec.entrypoint, read_checked(run)
+    ep, info = spec.entrypoint, run.read()
     assert ep is not None  # this runner is chosen only for a spec with an entrypoint
     args = list(entrypoint_args(spec)) + ([f"--local_rank={env.local_rank}"] if ep.local_rank_arg else [])
     _export(env, run, spec, info)
@@ -59,7 +59,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     api._start(_session(spec, env, run, stop, writer))
     try:
         with _Tee(ep.metrics, writer):
-            result = _call(spec, args, Path(info.get("code_dir") or info.get("submit_dir") or os.getcwd()))
+            result = _call(spec, args, Path(info.code_dir or info.submit_dir or os.getcwd()))
     except api.Requeue:
         return _requeued(run, spec, env, stop)
     if env.rank == 0:
@@ -69,14 +69,13 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     return "completed"
 
 
-def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: dict) -> None:
+def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:
     envmod.export(env)
     os.environ.update({"CLUSTERJOB_RUN_DIR": str(run.path.resolve()), "CLUSTERJOB_RUN_ID": run.run_id,
                        api.PARAMS_VAR: json.dumps(spec.params),
-                       "CLUSTERJOB_RESTARTS": str((info["requeues"] or 0) + (info["restarts"] or 0))})
-    submit_dir = info.get("submit_dir")
-    if isinstance(submit_dir, str) and Path(submit_dir).is_dir():
-        os.chdir(submit_dir)  # relative data paths of the script keep working
+                       "CLUSTERJOB_RESTARTS": str((info.requeues or 0) + (info.restarts or 0))})
+    if info.submit_dir is not None and Path(info.submit_dir).is_dir():
+        os.chdir(info.submit_dir)  # relative data paths of the script keep working
 
 
 def _describe(spec: Spec, args: list[str]) -> dict:

@@ -51,7 +51,7 @@ class StopSignal:
             self.on_term()
 
     def _cancelled(self) -> bool:
-        if self._run is None or self._run.read_info().get("status") != "cancelled":
+        if self._run is None or self._run.read().status != "cancelled":
             return False
         self.signal = "cancel"
         return True

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics, slurmctl
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.rundir import RunDir, mark_failed, now_iso, read_checked, record_error
+from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
 
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
 
@@ -64,11 +64,10 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
     """Rank 0, once every rank checkpointed: record why the run stopped, and requeue its
     Slurm job (the array task only) when the outcome says so."""
     job = envmod.slurm_job()
-    requeues = read_checked(run)[0]["requeues"] or 0
+    requeues = run.read().requeues or 0
     outcome = outcome_now(signal, requeues, max_requeues)
     if outcome.error:
-        run.update(status="failed", finished_at=now_iso(), error={"rank": None, "message": outcome.error,
-                                                                  "traceback": ""})
+        run.update(status="failed", finished_at=now_iso(), error=RunError(None, outcome.error))
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
         run.update(status=outcome.status, requeues=requeues + 1)
@@ -85,14 +84,14 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
 def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
     """Rank 0 at the start of every session of the run (first start, resume, requeue).
     ``facts`` adds what the task knows of itself (backend, amp, device, entrypoint...)."""
-    info, _ = read_checked(run)
+    info = run.read()
     job = envmod.slurm_job()
-    requeues = max(info["requeues"] or 0, job.restart_count if job else 0)  # scontrol requeue too
-    cancelled_job = info.get("status") == "cancelled" and job and info.get("slurm_job_id") == job.run_key
+    requeues = max(info.requeues or 0, job.restart_count if job else 0)  # scontrol requeue too
+    cancelled_job = info.status == "cancelled" and job and info.slurm_job_id == job.run_key
     run.update(reopen=not cancelled_job, status="running", requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
-               slurm_job_id=job.run_key if job else info.get("slurm_job_id"), versions=versions(),
-               git_sha=info.get("git_sha") or git_sha(), started_at=info.get("started_at") or now_iso(),
+               slurm_job_id=job.run_key if job else info.slurm_job_id, versions=versions(),
+               git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
                finished_at=None, error=None, **facts)
 
 
@@ -107,7 +106,7 @@ def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
 
 def finish(run: RunDir, **fields: Any) -> None:
     info = run.update(status="completed", finished_at=now_iso(), **fields)
-    print(f"completed {run.path}: {json.dumps(info.get('final'))}", flush=True)
+    print(f"completed {run.path}: {json.dumps(info.final)}", flush=True)
 
 
 def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:

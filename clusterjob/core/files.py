@@ -1,0 +1,103 @@
+"""Files of a results folder, read and written safely: atomic writes (readers see a file
+whole or not at all), reads that never block or raise, JSON that never raises, and
+values shortened for one-line messages. Stdlib only; used by the run record and the
+run folder alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import reprlib
+import stat
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, Iterator, Optional
+
+NOT_JSON = object()  # what ``loads`` gives for text that does not parse
+_show = reprlib.Repr()
+_show.maxstring, _show.maxother, _show.maxlevel = 40, 40, 3
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (umask can only be read by setting it). mkstemp makes its files
+# private (0600); results folders are shared, so the final file gets the usual mode.
+_FILE_MODE = 0o666 & ~_umask()
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
+    """A file that readers see whole or not at all: temp file beside it, fsync, rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: Path, text: str) -> None:
+    with atomic_open(path) as f:
+        f.write(text)
+
+
+
+def loads(text: str) -> Any:
+    """json.loads, or NOT_JSON for anything that does not parse (also nesting too deep
+    for the parser, which raises RecursionError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return NOT_JSON
+
+
+def read_text(path: "str | os.PathLike", limit: Optional[int] = None) -> tuple:
+    """(text, problem): a regular file's text with bad bytes replaced; text None with the
+    reason when it is absent, not a regular file (a FIFO would block), or over ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None, "is missing"
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "is not a regular file"
+        if limit is not None and st.st_size > limit:
+            return None, f"is {st.st_size / 2**20:.0f} MiB, larger than any run writes"
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size + 1, 2**16)):  # one read for a file that does not grow
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace"), None
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror})"
+    finally:
+        os.close(fd)
+
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number: int or float, not bool (which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def shown(value: Any) -> str:
+    """A value for a one-line message: short, whatever its size or depth."""
+    return _show.repr(value)

@@ -1,0 +1,348 @@
+"""The run record: run.json as one typed, frozen ``RunRecord``, and the only code that
+reads or writes run.json (docs/design.md, "Results layout").
+
+run.json is the run's own record of its state, written by the run (not derived from
+Slurm accounting) and read by every tool. Reading is tolerant: a damaged file or field
+is a problem string naming it, never a crash (the report shows the problems as
+warnings), and the record keeps what could be read. Writing is one atomic
+read-modify-write (``update``) that accepts record fields only and writes just the
+fields it was given, so run.json keeps its layout: keys never written stay absent,
+keys the record does not know (from later versions) stay as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import traceback as tb
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from clusterjob.core.files import NOT_JSON, loads, now_iso, read_text, shown, write_atomic
+from clusterjob.core.procs import ProcessRef
+
+INFO_FILE = "run.json"
+# A run writes a few KiB of run.json; anything far larger is not one of ours.
+MAX_INFO_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class RunError:
+    """Why a run failed: the rank that failed (None: no single rank), its message and
+    traceback, and when (None where the failure was found afterwards, not raised)."""
+
+    rank: Optional[int]
+    message: Optional[str]
+    traceback: Optional[str] = ""
+    at: Optional[str] = None
+
+    @classmethod
+    def of_exception(cls, rank: int, exc: BaseException) -> "RunError":
+        lines = tb.format_exception(type(exc), exc, exc.__traceback__)
+        return cls(rank, f"{type(exc).__name__}: {exc}", "".join(lines)[-4000:], now_iso())
+
+    def to_dict(self) -> dict:
+        """As run.json holds it; ``at`` only when known (errors found afterwards never had it)."""
+        out = {"rank": self.rank, "message": self.message, "traceback": self.traceback}
+        return out if self.at is None else {**out, "at": self.at}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Every field of run.json; None (``[]`` for hosts) where absent or unreadable."""
+
+    run_id: Optional[str] = None
+    name: Optional[str] = None
+    status: Optional[str] = None
+    params: Optional[dict] = None  # the sweep point, dotted keys
+    slurm_job_id: Optional[str] = None  # 123, or 123_4 for an array task
+    executor: Optional[str] = None  # local | slurm
+    launcher: Optional[ProcessRef] = None  # the detached local supervisor
+    hosts: list = field(default_factory=list)
+    world_size: Optional[int] = None
+    backend: Optional[str] = None
+    amp: Optional[str] = None
+    device: Optional[str] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    requeues: Optional[int] = None
+    restarts: Optional[int] = None
+    versions: Optional[dict] = None
+    git_sha: Optional[str] = None  # of the submit folder
+    submit_dir: Optional[str] = None
+    started_at: Optional[str] = None
+    finished_at: Optional[str] = None
+    stopped_at: Optional[str] = None  # a SIGTERM reached the entrypoint's rank 0
+    final: Optional[dict] = None  # the last epoch's or step's metrics
+    error: Optional[RunError] = None
+    entrypoint: Optional[dict] = None  # what ran, its resolved args, params, snapshot
+    code_dir: Optional[str] = None  # the snapshot the code ran from
+    snapshot_of: Optional[str] = None  # the folder the snapshot was taken of
+    log_dir: Optional[str] = None  # submitit's folder of the job's logs
+
+    def to_dict(self) -> dict:
+        """Every field as run.json would hold it (for tables and views that want dicts)."""
+        return {f.name: to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
+
+
+def to_json(value: Any) -> Any:
+    """A record value as JSON holds it (errors and process refs are records too)."""
+    if isinstance(value, (RunError, ProcessRef)):
+        return value.to_dict()
+    return value
+
+
+def info_path(folder: "str | os.PathLike") -> str:
+    """Where a run folder keeps its run.json."""
+    return os.path.join(folder, INFO_FILE)
+
+
+# ----------------------------------------------------------------------------- reading
+
+_SALVAGE_STR = re.compile(
+    r'"(run_id|name|status|slurm_job_id|started_at|finished_at|git_sha)"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_SALVAGE_INT = re.compile(r'"(world_size|requeues)"\s*:\s*(\d{1,18})\b')
+_SALVAGE_PARAMS = re.compile(r'"params"\s*:\s*(\{[^{}]*\})')
+
+
+def _salvage(text: str) -> dict:
+    """The fields that can still be read from a cut-off run.json."""
+    raw: dict = {}
+    for key, value in _SALVAGE_STR.findall(text):
+        value = loads(f'"{value}"')
+        if value is not NOT_JSON:  # a bad escape: the value is as lost as the rest
+            raw.setdefault(key, value)
+    for key, value in _SALVAGE_INT.findall(text):
+        raw.setdefault(key, int(value))
+    match = _SALVAGE_PARAMS.search(text)
+    params = loads(match.group(1)) if match else NOT_JSON
+    if isinstance(params, dict):
+        raw["params"] = params
+    return raw
+
+
+def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
+    """(fields, problems) of a run.json as JSON holds it; never raises. A damaged file yields the fields
+    that can still be read, and a problem saying what was wrong."""
+    text, why = read_text(path, MAX_INFO_BYTES)
+    if text is None:
+        suffix = "; status unknown" if why == "is missing" else "; ignored it, status unknown"
+        return {}, [f"{INFO_FILE} {why}{suffix}"]
+    raw = loads(text)
+    if isinstance(raw, dict):
+        return raw, []
+    raw = _salvage(text)
+    got = ", ".join(sorted(raw)) or "nothing"
+    return raw, [f"{INFO_FILE} is cut off or not a JSON object (read: {got})"]
+
+
+
+_TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "device", "git_sha", "started_at",
+                "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at")
+_INT_FIELDS = ("world_size", "requeues", "restarts", "master_port")
+_JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
+_MAX_DEPTH = 16  # a swept value nested deeper is no sweep point
+def _kind(value: Any) -> str:
+    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
+
+
+def _bad(field: str, value: Any, wanted: str) -> str:
+    return f"{INFO_FILE}: {field} is {shown(value)} ({_kind(value)}), not {wanted}; ignored"
+
+
+_NUMBER_TYPES = frozenset((int, float))
+
+
+def _text_field(raw: dict, key: str, problems: list) -> Optional[str]:
+    value = raw.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    problems.append(_bad(key, value, "text"))
+    return None
+
+
+def _int_field(raw: dict, key: str, problems: list) -> Optional[int]:
+    value = raw.get(key)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if value is None or (whole and abs(value) < 2**53):
+        return value
+    problems.append(_bad(key, value, "a whole number below 2**53" if whole else "a whole number"))
+    return None
+
+
+def _job_field(raw: dict, problems: list) -> Optional[str]:
+    value = raw.get("slurm_job_id")
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    problems.append(_bad("slurm_job_id", value, "a Slurm job id such as 123 or 123_4"))
+    return None
+
+
+def is_job_id(text: Optional[str]) -> bool:
+    """A Slurm job id that can be handed to squeue/sacct: 123, array task 123_4, het job 123+1."""
+    return text is not None and _JOB_ID.fullmatch(text) is not None  # the pattern matches no ""
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and mappings nest in ``value`` (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)) and depth < _MAX_DEPTH + 1:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _params_field(raw: dict, problems: list) -> Optional[dict]:
+    value = raw.get("params")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        problems.append(_bad("params", value, "a mapping of swept keys"))
+        return None
+    deep = [key for key, v in value.items() if _depth(v) > _MAX_DEPTH]
+    for key in deep:
+        problems.append(f"{INFO_FILE}: params.{key} nests deeper than {_MAX_DEPTH} levels; ignored")
+    return {k: v for k, v in value.items() if k not in deep} if deep else value
+
+
+def _final_field(raw: dict, problems: list) -> Optional[dict]:
+    """The last epoch's metrics: numbers only (null means not logged)."""
+    value = raw.get("final")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        problems.append(_bad("final", value, "a mapping of metrics"))
+        return None
+    final = {key: v for key, v in value.items() if type(v) in _NUMBER_TYPES}  # bool is no number
+    final = {key: v for key, v in final.items() if type(v) is float or -2**63 <= v < 2**63}  # float64-sized
+    if len(final) < len(value):
+        problems += [_bad(f"final.{key}", v, "a number") for key, v in value.items()
+                     if v is not None and key not in final]
+    return final
+
+
+def _error_field(raw: dict, problems: list) -> Optional[RunError]:
+    """The failure record: rank, message, traceback, at."""
+    value = raw.get("error")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        problems.append(_bad("error", value, "a mapping (rank, message, traceback)"))
+        return None
+    inner: list = []
+    error = RunError(_int_field(value, "rank", inner), *(_text_field(value, key, inner)
+                                                        for key in ("message", "traceback", "at")))
+    problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: error.", 1) for p in inner]
+    return error
+
+
+def _launcher_field(raw: dict, problems: list) -> Optional[ProcessRef]:
+    """The detached local supervisor: which process it is (clusterjob.core.procs)."""
+    value = raw.get("launcher")
+    if value is None:
+        return None
+    ref = ProcessRef.from_dict(value)
+    if ref is None:
+        problems.append(_bad("launcher", value, "a process record (host, boot_id, pid, start_ticks)"))
+    return ref
+
+
+def _hosts_field(raw: dict, problems: list) -> list:
+    value = raw.get("hosts")
+    if value is None:
+        return []
+    if isinstance(value, list) and all(isinstance(h, str) for h in value):
+        return value
+    problems.append(_bad("hosts", value, "a list of node names"))
+    return []
+
+
+
+def _mapping_field(raw: dict, key: str, problems: list) -> Optional[dict]:
+    value = raw.get(key)
+    if value is None or isinstance(value, dict):
+        return value
+    problems.append(_bad(key, value, "a mapping"))
+    return None
+
+
+def error_of(raw: Any) -> Optional[RunError]:
+    """A rank's error file (logs/rankN.error.json) as a record, fields type-checked;
+    None when it is no mapping."""
+    return _error_field({"error": raw}, []) if isinstance(raw, dict) else None
+
+
+def checked(raw: dict) -> tuple[RunRecord, list[str]]:
+    """run.json's fields as a record, each type-checked: a field of the wrong type
+    becomes None ([] for hosts) and a problem naming it. Keys the record does not know
+    are left out; nothing here raises."""
+    problems: list = []
+    values = {key: raw.get(key) for key in _TEXT_FIELDS + _INT_FIELDS}
+    for key in _TEXT_FIELDS:
+        if type(values[key]) is not str:  # inline: a report checks 10,000 run.json files
+            values[key] = _text_field(raw, key, problems)
+    for key in _INT_FIELDS:
+        value = values[key]
+        if not isinstance(value, int) or type(value) is bool or abs(value) >= 2**53:
+            values[key] = _int_field(raw, key, problems)
+    return RunRecord(
+        **values, slurm_job_id=_job_field(raw, problems), params=_params_field(raw, problems),
+        final=_final_field(raw, problems), error=_error_field(raw, problems), hosts=_hosts_field(raw, problems),
+        launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
+        entrypoint=_mapping_field(raw, "entrypoint", problems)), problems
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What reading one run.json gave: the record, the problems of the file itself
+    (missing, cut off) and of its fields, and whether anything at all was read."""
+
+    record: RunRecord
+    file_problems: list
+    field_problems: list
+    empty: bool
+
+
+def read(path: "str | os.PathLike") -> Reading:
+    """The run.json at ``path`` read and checked; never raises."""
+    raw, file_problems = read_raw(path)
+    record, field_problems = checked(raw)
+    return Reading(record, file_problems, field_problems, not raw)
+
+
+def read_record(folder: "str | os.PathLike") -> tuple[RunRecord, list[str]]:
+    """A run folder's record with every problem found; never raises."""
+    reading = read(info_path(folder))
+    return reading.record, reading.file_problems + reading.field_problems
+
+
+# ----------------------------------------------------------------------------- writing
+
+# Written by tasks that may still run for a few seconds after a cancel.
+_LATE_FIELDS = ("status", "finished_at", "error")
+
+
+def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
+    """Set ``fields`` (record fields only: anything else raises TypeError) in a run
+    folder's run.json, atomically; returns the new record. Only the given keys change
+    on disk. A cancelled run stays cancelled unless ``reopen``: the run was started
+    again on purpose."""
+    path = info_path(folder)
+    raw, _ = read_raw(path)
+    record, _ = checked(raw)
+    dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
+    if record.status == "cancelled" and not reopen:
+        fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
+    raw.update((key, to_json(value)) for key, value in fields.items())
+    write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
+    return checked(raw)[0]

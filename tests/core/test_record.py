@@ -1,0 +1,113 @@
+"""The run record (clusterjob.core.record): one typed record of run.json, read
+tolerantly, written only through record fields, with run.json's layout unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clusterjob.core import record
+from clusterjob.core.procs import ProcessRef
+from clusterjob.core.record import RunError, RunRecord
+from clusterjob.core.rundir import RunDir, create_run
+
+# A run.json as written before the record existed (a failed local run of a sweep).
+OLD_RUN_JSON = {
+    "run_id": "20240101-120000-ab12-001", "name": "exp", "status": "failed", "params": {"train.lr": 0.05},
+    "slurm_job_id": None, "hosts": ["node1"], "world_size": 2, "requeues": 0, "started_at": "2024-01-01T12:00:01",
+    "finished_at": "2024-01-01T12:05:00", "final": {"epoch": 2, "val_acc": 0.5}, "submit_dir": "/home/u/proj",
+    "git_sha": "abc123", "executor": "local",
+    "launcher": {"host": "node1", "boot_id": "b", "pid": 4242, "start_ticks": 99},
+    "master_addr": "127.0.0.1", "master_port": 29500, "versions": {"python": "3.11", "torch": "2.3"},
+    "backend": "gloo", "amp": "off", "device": "cpu", "restarts": 1,
+    "error": {"rank": 1, "message": "RuntimeError: boom", "traceback": "Traceback...", "at": "2024-01-01T12:04:59"},
+    "entrypoint": {"script": "train.py", "args": ["--lr", "0.05"], "params": {"lr": 0.05}, "snapshot": True},
+    "code_dir": "/r/code", "snapshot_of": "/home/u/proj", "log_dir": "/r/.slurm", "stopped_at": "2024-01-01T12:04",
+}
+
+
+def _run(tmp_path) -> RunDir:
+    return create_run(tmp_path, "exp", "r1", "name: exp\n", {"train.lr": 0.1})
+
+
+def test_a_field_not_in_the_record_cannot_be_written(tmp_path):
+    run = _run(tmp_path)
+    before = run.info_file.read_bytes()
+    with pytest.raises(TypeError):
+        run.update(status="running", stauts="completed")
+    assert run.info_file.read_bytes() == before
+
+
+def test_the_record_is_frozen():
+    with pytest.raises(AttributeError):
+        RunRecord().status = "running"  # type: ignore[misc]
+
+
+def test_an_old_run_json_reads_into_the_record_unchanged(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps(OLD_RUN_JSON, indent=2))
+    got, problems = record.read_record(tmp_path)
+    assert problems == []
+    assert got.to_dict() == OLD_RUN_JSON
+    assert got.launcher == ProcessRef("node1", "b", 4242, 99) and got.error.rank == 1
+
+
+def test_every_field_written_reads_back_equal(tmp_path):
+    run = _run(tmp_path)
+    want = record.checked(OLD_RUN_JSON)[0]
+    values = {name: getattr(want, name) for name in record.FIELDS}
+    written = run.update(**values)
+    assert written == want and run.read() == want
+    assert run.read_info() == OLD_RUN_JSON  # exactly the JSON layout of before
+
+
+def test_update_writes_only_the_fields_given(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running", "later_key": [1]}))
+    record.update(tmp_path, requeues=2)
+    assert json.loads((tmp_path / "run.json").read_text()) == {"status": "running", "later_key": [1], "requeues": 2}
+
+
+def test_a_cancelled_run_stays_cancelled_unless_reopened(tmp_path):
+    run = _run(tmp_path)
+    run.update(status="cancelled")
+    late = run.update(status="completed", final={"epoch": 3}, error=RunError(0, "late"))
+    assert late.status == "cancelled" and late.final == {"epoch": 3} and late.error is None
+    assert run.update(reopen=True, status="pending").status == "pending"
+
+
+def test_error_records_keep_their_layout():
+    assert RunError(None, "gone").to_dict() == {"rank": None, "message": "gone", "traceback": ""}
+    try:
+        raise ValueError("bad")
+    except ValueError as exc:
+        error = RunError.of_exception(3, exc)
+    assert list(error.to_dict()) == ["rank", "message", "traceback", "at"]
+    assert error.message == "ValueError: bad" and "Traceback" in error.traceback
+
+
+@pytest.mark.parametrize("text, problem, status", [
+    ("", "cut off or not a JSON object (read: nothing)", None),
+    ('{"run_id": "r9", "status": "running", "world_size": 4, "params": {"a": 1}, "fin', "read: params", "running"),
+    ("[1, 2]", "not a JSON object", None),
+    ("[" * 100000, "not a JSON object", None),
+])
+def test_a_damaged_run_json_is_salvaged_with_a_problem(tmp_path, text, problem, status):
+    (tmp_path / "run.json").write_text(text)
+    got, problems = record.read_record(tmp_path)
+    assert got.status == status and len(problems) == 1 and problem in problems[0]
+
+
+def test_mistyped_fields_become_problems_not_crashes(tmp_path):
+    raw = {"status": 5, "hosts": "n1", "error": "boom", "final": {"a": "x", "b": 1}, "launcher": 3,
+           "versions": [1], "world_size": True, "slurm_job_id": 12}
+    got, problems = record.checked(raw)
+    assert (got.status, got.hosts, got.error, got.final, got.launcher, got.versions, got.world_size) == (
+        None, [], None, {"b": 1}, None, None, None)
+    assert got.slurm_job_id == "12" and len(problems) == 7
+    assert all(p.startswith("run.json: ") and p.endswith("; ignored") for p in problems)
+
+
+def test_a_missing_run_json_reads_as_an_empty_record(tmp_path):
+    reading = record.read(tmp_path / "run.json")
+    assert reading.record == RunRecord() and reading.empty
+    assert reading.file_problems == ["run.json is missing; status unknown"]
