@@ -8,12 +8,30 @@ validation never import torch; each command imports its module when it runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
-from clusterjob.core.errors import BadInput
+from clusterjob.core.errors import BadInput, SlurmUnreachable
 from clusterjob.core.provenance import VERSION
+
+
+def _reads_run_folders(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A run folder's file that cannot be read (a folder where run.json belongs, no
+    permission, a broken disk) is bad input of these commands: one line naming the file,
+    not a traceback. A closed output pipe is not the folder's fault and stays as it is."""
+    @functools.wraps(command)
+    def checked(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            where = f"{err.filename}: " if err.filename else ""
+            raise BadInput(f"{where}{err.strerror or err}; check that the run folder's files are "
+                           "readable files (not folders) and try again") from None
+    return checked
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -22,6 +40,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return submit(args.spec, args.set, executor=args.executor, wait=args.wait, dry_run=args.dry_run)
 
 
+@_reads_run_folders
 def cmd_resume(args: argparse.Namespace) -> int:
     from clusterjob.launch.submit import resume
 
@@ -56,18 +75,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report.main(args)
 
 
+@_reads_run_folders
 def cmd_status(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
     return control.cmd_status(args)
 
 
+@_reads_run_folders
 def cmd_logs(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
     return control.cmd_logs(args)
 
 
+@_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
@@ -157,9 +179,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except BadInput as err:
+    except (BadInput, SlurmUnreachable) as err:
         print(f"clusterjob: error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     except KeyboardInterrupt:
         return 130
 

@@ -27,6 +27,16 @@ class BadInput(Exception):
         return escape(super().__str__())
 
 
+class SlurmUnreachable(RuntimeError):
+    """A Slurm command that had to succeed did not answer. The CLI prints the message
+    and exits 1: the input was fine, the cluster was not."""
+
+    exit_code = 1
+
+    def __str__(self) -> str:
+        return escape(super().__str__())
+
+
 class SpecError(BadInput):
     """A spec key holds a value that is not allowed."""
 

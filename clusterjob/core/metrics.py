@@ -5,11 +5,20 @@ The built-in trainer writes one line per epoch (epoch, step, train_loss, val_acc
 a user's own training code writes lines with a "step" (or none) and any metric names.
 ``read_matrix`` is the reader of reports: every line as one float64 row, damaged lines
 and values named as problems, never raising.
+
+Every value written is a finite number: NaN and infinities are no JSON (a strict reader
+refuses the file) and would rank an overflowed run best. Every path into the file (the
+built-in trainer's epochs, ``clusterjob.log``, the output regexes) goes through
+``finite_only``, which drops a non-finite value and says so once per metric on stderr;
+the rest of the line is kept and the run goes on. The reader counts a non-finite value
+in a file written otherwise as missing, with a problem naming it.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 import threading
 from itertools import chain
 from operator import itemgetter
@@ -36,13 +45,47 @@ def keep_until(path: Path, epoch: int) -> None:
     """Drop records after ``epoch``: on resume they are recomputed from the checkpoint."""
     records = [r for r in read_epochs(path) if not (is_number(r.get("epoch")) and r["epoch"] > epoch)]
     if path.exists():
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+        write_atomic(path, _lines(records))
 
 
-def append_epoch(path: Path, record: dict) -> None:
+def as_float(value: "int | float") -> float:
+    """A number as a float; an int past float's range is an infinity (which the writer
+    drops), not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+_warned: set = set()  # metrics whose non-finite value was reported (once per process)
+
+
+def finite_only(record: dict) -> dict:
+    """``record`` without its non-finite numbers (nan, inf, -inf), each metric reported on
+    stderr the first time; the one rule for what metrics.jsonl and run.json's final hold."""
+    bad = [name for name, value in record.items() if isinstance(value, float) and not math.isfinite(value)]
+    for name in bad:
+        if name not in _warned:
+            _warned.add(name)
+            print(f"clusterjob: warning: {METRICS_FILE}: {shown(name)} is {record[name]!r}, not a finite number; "
+                  f"dropped it (and any later non-finite {shown(name)}): metrics hold finite numbers only",
+                  file=sys.stderr, flush=True)
+    return {k: v for k, v in record.items() if k not in bad} if bad else record
+
+
+def _lines(records: list) -> str:
+    """JSON lines of finite records; allow_nan=False makes a value that slipped past an
+    error, never invalid JSON."""
+    return "".join(json.dumps(finite_only(r), allow_nan=False) + "\n" for r in records)
+
+
+def append_epoch(path: Path, record: dict) -> dict:
+    """Append one line; returns the record as written (non-finite values dropped)."""
+    record = finite_only(record)
     with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(_lines([record]))
         f.flush()
+    return record
 
 
 # ----------------------------------------------------------------------------- reading as a matrix
@@ -67,8 +110,21 @@ def read_matrix(path: str) -> tuple[list, np.ndarray, list]:
         rows, lines, problems = _parse_lines_slowly(text)
         names, matrix, more = _rows_to_matrix(rows, lines)
         problems += more
+    matrix, infinite = _without_infinities(names, matrix)
     matrix, more = _dedupe(names, matrix)
-    return names, matrix, problems + more
+    return names, matrix, problems + infinite + more
+
+
+def _without_infinities(names: list, matrix: np.ndarray) -> tuple[np.ndarray, list]:
+    """Infinities (Infinity tokens, 1e999) counted as missing, like NaN: a file written
+    by hand or by an old version must not rank an overflowed run best."""
+    infinite = np.isinf(matrix)
+    if not infinite.any():  # one vectorized pass: the common case costs nothing more
+        return matrix, []
+    counts = infinite.sum(axis=0)
+    problems = [f"{METRICS_FILE}: {shown(name)} is infinite (not a finite number) on {count} line(s); "
+                "counted as missing" for name, count in zip(names, counts.tolist()) if count]
+    return np.where(infinite, np.nan, matrix), problems
 
 
 def _fast_matrix(text: str) -> tuple[list, np.ndarray]:
@@ -238,7 +294,12 @@ class StepWriter:
         self._max: Optional[float] = None  # the highest step in the file (read once)
         self._lock = threading.Lock()
 
-    def log(self, step: Optional[int], values: dict, merge: bool = False) -> None:
+    def log(self, step: Optional[int], values: dict, merge: bool = False) -> Optional[dict]:
+        """Write ``values`` (non-finite ones dropped) as the line of ``step``; returns the
+        line, or None when no value was left to write."""
+        values = finite_only(values)
+        if not values:
+            return None
         with self._lock:
             record = dict(values) if step is None else {"step": step, **values}
             records = None
@@ -249,10 +310,11 @@ class StepWriter:
             if records is None:
                 append_epoch(self.path, record)
             else:
-                write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in records + [record]))
+                write_atomic(self.path, _lines(records + [record]))
             self.last = record
             if step is not None:
                 self._max = max(self._highest(), step)
+            return record
 
     def _highest(self) -> float:
         """The highest step in the file, read once; later ones are counted as they are written."""

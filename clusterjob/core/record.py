@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import traceback as tb
@@ -224,9 +225,10 @@ def _final_field(raw: dict, problems: list) -> Optional[dict]:
         problems.append(_bad("final", value, "a mapping of metrics"))
         return None
     final = {key: v for key, v in value.items() if type(v) in _NUMBER_TYPES}  # bool is no number
-    final = {key: v for key, v in final.items() if type(v) is float or -2**63 <= v < 2**63}  # float64-sized
+    # float64-sized and finite: NaN or Infinity (tokens json reads) would rank a run best or nowhere
+    final = {key: v for key, v in final.items() if (math.isfinite(v) if type(v) is float else -2**63 <= v < 2**63)}
     if len(final) < len(value):
-        problems += [_bad(f"final.{key}", v, "a number") for key, v in value.items()
+        problems += [_bad(f"final.{key}", v, "a finite number") for key, v in value.items()
                      if v is not None and key not in final]
     return final
 

@@ -185,16 +185,20 @@ def natural_key(text: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(text)]
 
 
-def _subdirs(path: str) -> list:
-    """Visible sub-folders of ``path`` as (name, full path), in natural order; dot-folders
-    (``.slurm``, caches) are never runs."""
+def _subdirs(path: str, plain: bool) -> list:
+    """Visible sub-folders of ``path`` as (name, full path, real path or None), in natural
+    order; dot-folders (``.slurm``, caches) are never runs. The real path is None for a
+    folder that is no link inside a ``plain`` one (reached through no link from the root):
+    its path below the root's real path is real already, and resolving every run would
+    slow a report of 20,000 runs."""
     entries = []
     try:
         with os.scandir(path) as it:
             for entry in it:
                 with contextlib.suppress(OSError):
                     if entry.name[0] != "." and entry.is_dir():
-                        entries.append((entry.name, entry.path))
+                        real = None if plain and not entry.is_symlink() else os.path.realpath(entry.path)
+                        entries.append((entry.name, entry.path, real))
     except OSError:
         return []
     return sorted(entries, key=lambda e: natural_key(e[0]))
@@ -202,22 +206,41 @@ def _subdirs(path: str) -> list:
 
 def scan_runs(root: "str | os.PathLike") -> list[FoundRun]:
     """The runs under ``root``: the root itself when it is a run, else the runs one level
-    below (``results/<name>``) and two levels below (``results/``), in natural order."""
+    below (``results/<name>``) and two levels below (``results/``), in natural order.
+
+    A run reached twice (a ``latest -> <run>`` link, a link to a folder above, a loop)
+    counts once: runs are told apart by their real path, and a run's own name wins over
+    a link's. Discovery reads two levels only, so a symlink loop is never followed."""
     root = os.fspath(root)
     itself = found_run(root, ".")
     if itself is not None:
         return [itself]
-    found = []
-    for name, path in _subdirs(root):
+    real_root, candidates = os.path.realpath(root), []
+    for name, path, real in _subdirs(root, True):
         run = found_run(path, name)
         if run is not None:
-            found.append(run)
+            candidates.append((run, real))
             continue
-        for sub, subpath in _subdirs(path):
-            run = found_run(subpath, f"{name}/{sub}")
-            if run is not None:
-                found.append(run)
-    return found
+        for sub, subpath, subreal in _subdirs(path, real is None):
+            if (run := found_run(subpath, f"{name}/{sub}")) is not None:
+                candidates.append((run, subreal))
+    return _once_each(candidates, real_root)
+
+
+def _once_each(candidates: list, real_root: str) -> list[FoundRun]:
+    """The runs of (run, real path or None for a plain path) with each real path once,
+    kept under its plain path where it has one, in the order found."""
+    def real(run: FoundRun, where: Optional[str]) -> str:
+        return where or os.path.join(real_root, run.key)
+
+    plain = {real(run, where) for run, where in candidates if where is None}
+    kept, seen = [], set()
+    for run, where in candidates:
+        key = real(run, where)
+        if key not in seen and (where is None or key not in plain):
+            seen.add(key)
+            kept.append(run)
+    return kept
 
 
 def find_runs(root: "str | os.PathLike") -> list[RunDir]:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import procs, slurmctl
-from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.errors import BadInput, SlurmUnreachable, escape
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
+    MAX_INFO_BYTES,
     RunDir,
     RunRecord,
     failure,
@@ -200,6 +201,16 @@ def resolve_run(text: str, root: str = "results") -> RunDir:
     raise BadInput(f"{text!r} is not a run folder (one holding run.json) nor a run id under {root}/")
 
 
+def readable_record(run: RunDir) -> RunRecord:
+    """The run's checked run.json, for a command that writes it back (resume, cancel):
+    one that cannot be read would be overwritten with a few fields, so it is refused."""
+    text, why = read_text(run.info_file, MAX_INFO_BYTES)
+    if text is None:
+        raise BadInput(f"{run.info_file} {why}; restore it as a readable file (it is the run's record) "
+                       "and try again")
+    return run.read_checked()[0]
+
+
 def log_files(run: RunDir, rank: int) -> list[Path]:
     return [p for p in (run.logs / f"rank{rank}.out", run.logs / f"rank{rank}.err") if p.exists()]
 
@@ -234,13 +245,15 @@ def cancel(run: RunDir) -> list[str]:
     its rank processes on this host that is verifiably still that process (a pid that
     was reused is never signalled). Ranks elsewhere, or started by hand, stop at their
     next progress line, where rank 0 reads run.json. Returns what was done, line by line."""
-    info = run.read()
+    info = readable_record(run)
     if info.status in FINAL_STATUSES:
         raise BadInput(f"{run.path} is already {info.status}; there is nothing to cancel")
     job = info.slurm_job_id
     if info.executor == "slurm" and job is not None and is_job_id(job):
         if not slurmctl.cancel(job):
-            raise RuntimeError(f"scancel {job} failed (is Slurm reachable from here?); the run is not marked cancelled")
+            raise SlurmUnreachable(f"scancel {job} failed: Slurm is unreachable from here (or refused the cancel); "
+                                   f"the run is not marked cancelled: run `clusterjob cancel {run.path}` again "
+                                   "where scancel works")
         run.update(status="cancelled", finished_at=now_iso())
         return [f"cancelled Slurm job {job}"]
     run.update(status="cancelled", finished_at=now_iso())

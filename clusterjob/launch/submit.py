@@ -222,6 +222,7 @@ def resume(run_text: str, wait: bool = False) -> int:
     from clusterjob.launch import control
 
     run = control.resolve_run(run_text)
+    control.readable_record(run)  # before anything is started or written
     (view,) = control.views([run])
     status = view.record.status
     if status == "completed":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.rundir import atomic_open
 from clusterjob.report import htmlpage, termtable
 from clusterjob.report.cells import group_display, group_legend, id_prefix, runs_display, runs_legend
 from clusterjob.report.results import ResultsWarning
@@ -168,16 +170,38 @@ def _format_of(fmt: Optional[str], out: Optional[str]) -> str:
 
 
 def _check_out(out: str) -> None:
-    """BadInput unless ``out`` can be written: its folder exists and is writable, and
-    it is not itself a folder."""
-    path = Path(out)
+    """BadInput unless ``out`` can be written: a regular file or a new name (a link counts
+    as its target) in a folder that exists and is writable. Checked without opening it:
+    opening a FIFO for writing blocks until a reader comes, and a device is no report."""
+    path = Path(os.path.realpath(out))
     folder = path.parent
     if path.is_dir():
-        raise BadInput(f"--out {out}: is a folder; give a file name such as {path / 'report.html'}")
+        raise BadInput(f"--out {out}: is a folder; give a file name such as {Path(out) / 'report.html'}")
     if not folder.is_dir():
-        raise BadInput(f"--out {out}: folder {str(folder)!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise BadInput(f"--out {out}: folder {str(folder)!r} is not writable; choose another place")
+        raise BadInput(f"--out {out}: folder {str(Path(out).parent)!r} does not exist; create it first")
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise BadInput(f"--out {out}: cannot be checked ({err.strerror}); choose another file") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise BadInput(f"--out {out}: is not a regular file (a FIFO, device or socket); give a file name")
+    if not os.access(folder, os.W_OK | os.X_OK) or (mode is not None and not os.access(path, os.W_OK)):
+        raise BadInput(f"--out {out}: {'file' if mode is not None else 'folder'} "
+                       f"{str(path if mode is not None else folder)!r} is not writable; choose another place")
+
+
+def _write_out(out: str, text: str) -> None:
+    """The report into ``out`` whole or not at all: a temp file beside it, renamed over it
+    once every byte is on disk (a full disk or a lost permission leaves no empty or
+    partial report, and an old report stays as it was). A link keeps pointing at it."""
+    try:
+        with atomic_open(Path(os.path.realpath(out)), "wb") as f:
+            f.write(text.encode("utf-8"))
+    except OSError as err:
+        raise BadInput(f"--out {out}: cannot be written ({err.strerror or err}); nothing was written, "
+                       "free space or choose another place") from None
 
 
 def _check_args(args: Any) -> tuple:
@@ -219,10 +243,7 @@ def main(args: Any) -> int:
         sys.stdout.flush()
         report.save_cache()
         return 0
-    try:
-        Path(args.out).write_text(text, encoding="utf-8")
-    except OSError as err:
-        raise BadInput(f"--out {args.out}: {err.strerror}") from None
+    _write_out(args.out, text)
     report.save_cache()
     print(f"wrote {args.out} ({_encodable(status_line(report))})", file=sys.stderr)
     return 0

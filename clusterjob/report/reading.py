@@ -22,15 +22,17 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from clusterjob.core import metrics, record
 from clusterjob.core.rundir import (
     METRICS_FILE,
+    NO_STAMP,
     UNKNOWN,
     FoundRun,
+    file_stamp,
     found_run,
     scan_runs,
 )
@@ -160,16 +162,79 @@ class Cache:
 
 
 def _load_cache(root: Path) -> Optional[Cache]:
-    """The root's cache; None when absent or unusable."""
+    """The root's cache; None when absent, unreadable, or not exactly what ``_save_cache``
+    writes. The folder may be shared: a foreign or tampered file must cost a re-read of
+    the runs, never a crash, so every array, type and count is checked before use."""
+    path = root / CACHE_NAME
+    if file_stamp(str(path)) == NO_STAMP:  # absent, or a FIFO or device np.load would block on
+        return None
     try:
-        with np.load(root / CACHE_NAME, allow_pickle=False) as npz:
-            header = json.loads(npz["header"].tobytes().decode("utf-8"))
-            if header.get("version") != CACHE_VERSION:
+        with np.load(path, allow_pickle=False) as npz:
+            if not isinstance(npz, np.lib.npyio.NpzFile) or sorted(npz.files) != ["header", "values"]:
                 return None
+            header = _header(npz["header"])
             matrix = npz["values"]
+        if header is None or not _fits(header, matrix):
+            return None
         return Cache(_runs_from_cache(header, matrix), header["names"], matrix)
     except Exception:  # any unreadable cache is only a slower start, never an error
         return None
+
+
+def _header(raw: np.ndarray) -> Optional[dict]:
+    """The cache's JSON header: a mapping of this version with a list of names and of runs."""
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        return None
+    header = json.loads(raw.tobytes().decode("utf-8"))
+    if not isinstance(header, dict) or header.get("version") != CACHE_VERSION:
+        return None
+    names, runs = header.get("names"), header.get("runs")
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)):
+        return None
+    return header if isinstance(runs, list) and all(map(_entry_ok, runs)) else None
+
+
+def _fits(header: dict, matrix: np.ndarray) -> bool:
+    """Whether the matrix is float64 with a column per name and a row per cached line,
+    and every entry's columns exist and its key is unique."""
+    runs, width = header["runs"], len(header["names"])
+    if matrix.dtype != np.float64 or matrix.ndim != 2 or matrix.shape[1] != width:
+        return False
+    if sum(entry["rows"] for entry in runs) != matrix.shape[0]:
+        return False
+    keys = [entry["key"] for entry in runs]
+    return len(set(keys)) == len(keys) and all(max(entry["cols"], default=-1) < width for entry in runs)
+
+
+_ENTRY_INFO: dict[str, Any] = {"path": str, "run_id": str, "name": str, "status": str, "error": (str, type(None)),
+               "error_rank": (int, type(None))}
+_INFO_KEYS = frozenset(_ENTRY_INFO) | frozenset(_ROW_FIELDS)  # exactly what _info returns
+
+
+def _entry_ok(entry: object) -> bool:
+    """Whether one cached run is what ``_save_cache`` writes: key, stamp, a run's fields as
+    ``_info`` makes them (run.json's fields passing ``record.checked`` with no problem),
+    problems as text, and its rows and columns."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+        return False
+    stamp, rows, cols = entry.get("stamp"), entry.get("rows"), entry.get("cols")
+    if not (isinstance(stamp, list) and len(stamp) == 6 and all(type(v) is int for v in stamp)):
+        return False
+    if not (type(rows) is int and rows >= 0 and isinstance(cols, list)):
+        return False
+    if not all(type(c) is int and c >= 0 for c in cols) or len(set(cols)) != len(cols):
+        return False
+    problems = entry.get("problems")
+    return isinstance(problems, list) and all(isinstance(p, str) for p in problems) and _info_ok(entry.get("info"))
+
+
+def _info_ok(info: object) -> bool:
+    if not isinstance(info, dict) or set(info) != _INFO_KEYS:
+        return False
+    if not all(isinstance(info[key], kind) and type(info[key]) is not bool for key, kind in _ENTRY_INFO.items()):
+        return False
+    checked, problems = record.checked({k: v for k, v in info.items() if k not in _ENTRY_INFO})
+    return not problems and checked.final == info["final"] and checked.params == info["params"]
 
 
 def _runs_from_cache(header: dict, matrix: np.ndarray) -> dict:

@@ -16,7 +16,6 @@ Importing this module does not import torch; the functions that need it import i
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ class Session:
     stop_requested: Callable[[], bool]       # this process's stop flag (signals, cancel)
     agree: Callable[[bool], bool]            # any rank's flag, on every rank (a collective)
     barrier: Callable[[], None]
-    log_metrics: Callable[[Optional[int], dict], None]
+    log_metrics: Callable[[Optional[int], dict], object]  # what it returns is not used
 
 
 _session: Optional[Session] = None
@@ -64,7 +63,9 @@ def params() -> dict:
 def log(step: Optional[int] = None, **metrics: Any) -> None:
     """Append one line to the run's metrics.jsonl (rank 0 only; other ranks and runs
     outside clusterjob do nothing). Logging a step again, after a resume, replaces the
-    line of that step and drops the lines after it, so no step is counted twice."""
+    line of that step and drops the lines after it, so no step is counted twice. A value
+    that is no number raises TypeError; a non-finite one (nan, inf) is dropped with one
+    warning per metric, as every path into metrics.jsonl does (clusterjob.core.metrics)."""
     if _session is None or _session.rank != 0:
         return
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
@@ -74,12 +75,15 @@ def log(step: Optional[int] = None, **metrics: Any) -> None:
 
 
 def _number(name: str, value: Any) -> float:
-    """A metric as a float; tensors (0-d, any device) and numpy scalars too."""
+    """A metric as a float; tensors (0-d, any device) and numpy scalars too. Finiteness is
+    the metrics writer's rule, the same for every path (an int past float's range is inf)."""
     if hasattr(value, "item"):
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"clusterjob.log: {name} must be a finite number, got {value!r}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"clusterjob.log: {name} must be a number, got {value!r}")
+    from clusterjob.core.metrics import as_float  # numpy with it: not at `import clusterjob`
+
+    return as_float(value)
 
 
 def should_stop() -> bool:

@@ -125,8 +125,8 @@ def _main(call) -> Any:
 def _final(writer: metrics.StepWriter, result: Any) -> Optional[dict]:
     """A function's returned mapping of numbers (logged as a last line), else the last line."""
     if isinstance(result, dict) and result and all(metrics.is_number(v) for v in result.values()):
-        writer.log(None, {str(k): float(v) for k, v in result.items()})
-        return {str(k): float(v) for k, v in result.items()}
+        values = {str(k): metrics.as_float(v) for k, v in result.items()}
+        return writer.log(None, values) or writer.last  # as written: non-finite values dropped
     return writer.last
 
 

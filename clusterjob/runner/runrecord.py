@@ -96,8 +96,7 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
 
 
 def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
-    metrics.append_epoch(run.metrics_file, record)
-    run.update(final=record)
+    run.update(final=metrics.append_epoch(run.metrics_file, record))  # as written: finite values only
     print(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} "
           f"train_acc {record['train_acc']:.4f} val_loss {record['val_loss']:.4f} "
           f"val_acc {record['val_acc']:.4f} lr {record['lr']:.4g} {record['epoch_time_s']:.1f}s "

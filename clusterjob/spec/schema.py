@@ -264,13 +264,23 @@ def _check_metric_regex(name: Any, regex: Any) -> None:
     if not isinstance(regex, str):
         raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
     _check_text(where, regex)
-    try:
-        groups = re.compile(regex).groups
-    except re.error as err:
-        raise SpecError(where, f"{brief(regex)} is not a regex ({err}); e.g. 'Accuracy is ([0-9.]+)'") from None
+    groups = _compiled(where, regex).groups
     if groups != 1:
         raise SpecError(where, f"{brief(regex)} has {groups} groups; it needs exactly one, around the number, "
                                "e.g. 'Accuracy is ([0-9.]+)' (write (?:...) for other groups)")
+
+
+def _compiled(where: str, regex: str) -> "re.Pattern":
+    """``re.compile(regex)``; every way it can fail is the spec's error: a syntax error,
+    nesting too deep for the parser (RecursionError), a repeat count past C's limits
+    (OverflowError), and whatever else the engine refuses."""
+    try:
+        return re.compile(regex)
+    except RecursionError:
+        why = "it nests too deeply for Python's regex parser"
+    except Exception as err:  # re.error, OverflowError, MemoryError...: all bad input
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+    raise SpecError(where, f"{brief(regex)} is not a regex ({why}); e.g. 'Accuracy is ([0-9.]+)'")
 
 
 def _existing_script(path: str) -> str:
@@ -461,6 +471,7 @@ def _check_plain(key: str, value: Any) -> None:
         for name, inner in value.items():
             if not isinstance(name, str):
                 raise SpecError(f"{key}.{key_text(name)}", "keys are names (strings)")
+            _check_text(f"{key}.{key_text(name)}", name)  # a key may land in a shell line too
             _check_plain(f"{key}.{name}", inner)
     elif isinstance(value, (list, tuple)):
         for index, inner in enumerate(value):
@@ -759,7 +770,10 @@ def expand_sweep(spec: Spec) -> list[SweepPoint]:
     keys = list(spec.sweep)
     if not keys:
         return [SweepPoint(0, {}, spec)]
-    base = replace(spec, sweep={})
+    # Every point sets each swept params.NAME, so the base only needs the name to exist
+    # (its {params.NAME} args are checked against it); None stands in for the value.
+    swept = {key[len("params."):]: None for key in keys if key.startswith("params.")}
+    base = replace(spec, sweep={}, params={**spec.params, **swept})
     points = []
     for index, values in enumerate(itertools.product(*(spec.sweep[k] for k in keys))):
         params = dict(zip(keys, values))
