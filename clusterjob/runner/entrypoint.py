@@ -19,21 +19,17 @@ import functools
 import importlib
 import json
 import os
-import re
 import runpy
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
 from clusterjob.core.rundir import RunDir, RunRecord, now_iso
-from clusterjob.runner import api, dist, runrecord
+from clusterjob.runner import api, dist, outputpump, runrecord
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
-
-MAX_MATCHED_LINE = 4096  # characters of an output line the metric regexes look at
 
 
 class ScriptExit(RuntimeError):
@@ -58,7 +54,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
     api._start(_session(spec, env, run, stop, writer))
     try:
-        with _Tee(ep.metrics, writer):
+        with outputpump.Tee(ep.metrics, writer):
             result = _call(spec, args, Path(info.code_dir or info.submit_dir or os.getcwd()))
     except api.Requeue:
         return _requeued(run, spec, env, stop)
@@ -145,53 +141,3 @@ def _record_term(run: RunDir, spec: Spec) -> None:
     it after KillWait; say so now, in case the code does not get to return."""
     outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)
     run.update(status=outcome.status, stopped_at=now_iso())
-
-
-class _Tee:
-    """Rank 0's stdout, copied to where it went before and matched line by line against
-    ``entrypoint.metrics`` (name -> regex with one group); the k-th match of a metric
-    belongs to step k. At the file descriptor, so prints of C code and subprocesses count."""
-
-    def __init__(self, patterns: dict, writer: Optional[metrics.StepWriter]):
-        self.patterns = {name: re.compile(rx) for name, rx in patterns.items()} if writer else {}
-        self.writer, self.counts = writer, dict.fromkeys(self.patterns, 0)
-
-    def __enter__(self) -> "_Tee":
-        if self.patterns:
-            sys.stdout.flush()
-            self.saved = os.dup(1)
-            read, write = os.pipe()
-            os.dup2(write, 1)
-            os.close(write)
-            self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.patterns:
-            sys.stdout.flush()
-            os.dup2(self.saved, 1)  # closes the pipe's last write end: the pump sees its end
-            self.thread.join(timeout=10)
-            os.close(self.saved)
-
-    def _pump(self, read: int) -> None:
-        pending = b""
-        with os.fdopen(read, "rb", buffering=0) as pipe:
-            for chunk in iter(lambda: pipe.read(65536), b""):
-                os.write(self.saved, chunk)
-                *lines, pending = re.split(rb"[\r\n]", pending + chunk)
-                for line in lines:
-                    self._match(line.decode(errors="replace"))
-        self._match(pending.decode(errors="replace"))
-
-    def _match(self, line: str) -> None:
-        assert self.writer is not None  # only a writer gets patterns, and only patterns a pump
-        line = line[:MAX_MATCHED_LINE]  # a regex that backtracks badly must not stall the output
-        for name, pattern in self.patterns.items():
-            for found in pattern.finditer(line):
-                try:
-                    value = float(found.group(1))
-                except (TypeError, ValueError):
-                    continue
-                self.counts[name] += 1
-                self.writer.log(self.counts[name], {name: value}, merge=True)

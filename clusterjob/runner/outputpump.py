@@ -1,0 +1,214 @@
+"""Rank 0's output pump: the user's code's stdout, copied to where it went before (the
+rank's log) and matched line by line against ``entrypoint.metrics``.
+
+Three promises, whatever the code prints or leaves behind:
+
+- the matching is bounded: each regex gets MATCH_BUDGET_S per line (the ``regex``
+  engine's timeout, which ``re`` lacks, with the GIL released while it matches, so the
+  main thread still takes SIGTERM); a regex that blows it is disabled with one warning
+  on stderr (the rank's .err log) and the run goes on;
+- the copy is linear: only the new chunk is split, and a line longer than
+  MAX_MATCHED_LINE is passed through to the log but neither kept nor scanned;
+- the end never waits on, nor corrupts anything for, a process that outlives the code
+  (a daemon it forked holds the pipe open): at the end the pump takes what is already
+  in the pipe, then closes its own read end itself; a descriptor is closed only once no
+  thread can still write to it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+import regex
+
+from clusterjob.core import metrics
+from clusterjob.core.rundir import shown
+
+MAX_MATCHED_LINE = 4096  # bytes of an output line the metric regexes look at; longer lines are only copied
+MATCH_BUDGET_S = 0.5  # time one regex may take on one line before it is disabled
+DRAIN_BUDGET_S = 5.0  # at the end: time to copy what is still in the pipe (a daemon may keep it full)
+CHUNK = 65536
+_NEWLINE = re.compile(rb"[\r\n]")
+
+
+def warn(text: str) -> None:
+    print(f"clusterjob: warning: entrypoint.metrics: {text}", file=sys.stderr, flush=True)
+
+
+class Lines:
+    """Splits a byte stream into lines in time linear in its length: each chunk is split
+    once, and the open line is kept as parts (never re-joined per chunk) until it ends
+    or passes ``cap``, after which it is dropped (too long to scan)."""
+
+    def __init__(self, cap: int = MAX_MATCHED_LINE):
+        self.cap = cap
+        self.parts: list[bytes] = []
+        self.size, self.overlong = 0, False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines that ``chunk`` completes, without those past the cap."""
+        *ended, rest = _NEWLINE.split(chunk)
+        done = []
+        if ended:
+            done.append(self._close(ended[0]))
+            done.extend(line for line in ended[1:] if len(line) <= self.cap)
+        self._keep(rest)
+        return [line for line in done if line is not None]
+
+    def end(self) -> Optional[bytes]:
+        """The last line, which had no newline."""
+        return self._close(b"")
+
+    def _keep(self, part: bytes) -> None:
+        self.size += len(part)
+        self.overlong = self.overlong or self.size > self.cap
+        if not self.overlong and part:
+            self.parts.append(part)
+
+    def _close(self, part: bytes) -> Optional[bytes]:
+        self._keep(part)
+        line = None if self.overlong else b"".join(self.parts)
+        self.parts, self.size, self.overlong = [], 0, False
+        return line
+
+
+class Matcher:
+    """Each metric's regex (one group) over lines; the k-th match of a metric is step k."""
+
+    def __init__(self, patterns: dict, writer: metrics.StepWriter):
+        self.writer = writer
+        self.patterns: dict[str, Any] = {}
+        for name, rx in patterns.items():
+            self._compile(name, rx)
+        self.counts = dict.fromkeys(self.patterns, 0)
+        self.open = True  # False once the run's end no longer waits for the pump
+
+    def _compile(self, name: str, rx: str) -> None:
+        try:
+            self.patterns[name] = regex.compile(rx)
+        except Exception as err:  # the spec checked it with re: a rare difference of engines
+            warn(f"{shown(name)}: this regex is not supported ({type(err).__name__}: {err}); it is not matched")
+
+    def match(self, raw: bytes) -> None:
+        line = raw.decode(errors="replace")
+        for name, pattern in list(self.patterns.items()):
+            try:
+                found = list(pattern.finditer(line, timeout=MATCH_BUDGET_S, concurrent=True))
+            except TimeoutError:
+                self._disable(name)
+                continue
+            for value in (_number(m) for m in found):
+                if value is not None and self.open:
+                    self.counts[name] += 1
+                    self.writer.log(self.counts[name], {name: value}, merge=True)
+
+    def _disable(self, name: str) -> None:
+        """A regex that backtracks badly would stall the output and hold the run: off it goes."""
+        del self.patterns[name]
+        warn(f"{shown(name)}: the regex took over {MATCH_BUDGET_S:g} s on one line (it backtracks badly); "
+             "disabled it, the run goes on without this metric")
+
+
+def _number(found: Any) -> Optional[float]:
+    try:
+        return float(found.group(1))
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+class Tee:
+    """Rank 0's stdout through the pump, at the file descriptor, so prints of C code and
+    subprocesses count. A no-op without patterns or writer."""
+
+    def __init__(self, patterns: dict, writer: Optional[metrics.StepWriter]):
+        self.matcher = Matcher(patterns, writer) if writer and patterns else None
+
+    def __enter__(self) -> "Tee":
+        if self.matcher:
+            sys.stdout.flush()
+            self.saved = os.dup(1)
+            read, write = os.pipe()
+            self.wake_read, self.wake_write = os.pipe()
+            os.dup2(write, 1)
+            os.close(write)
+            self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.matcher:
+            sys.stdout.flush()
+            os.dup2(self.saved, 1)  # the code's own write end is gone: what it wrote is in the pipe
+            os.write(self.wake_write, b"x")
+            self.thread.join(timeout=DRAIN_BUDGET_S + 2 * MATCH_BUDGET_S * max(1, len(self.matcher.patterns)) + 5)
+            self._close()
+
+    def _close(self) -> None:
+        """Close the pump's descriptors, unless the pump still runs (stuck writing to a
+        log that does not take it): a closed number is soon reused by another file, and
+        the pump would write into that one."""
+        assert self.matcher is not None  # only a pump has descriptors
+        if self.thread.is_alive():
+            self.matcher.open = False
+            warn("the output pump did not finish; the rest of the output may be missing from the log")
+            return
+        for fd in (self.saved, self.wake_read, self.wake_write):
+            os.close(fd)
+
+    def _pump(self, read: int) -> None:
+        lines = Lines()
+        try:
+            self._copy(read, lines)
+        finally:
+            os.close(read)  # here, by the one thread that reads it; a daemon's writes now fail
+        last = lines.end()
+        if last is not None:
+            self._match([last])
+
+    def _copy(self, read: int, lines: Lines) -> None:
+        """Copy until every writer is gone, or until told the code ended; then take only
+        what is already in the pipe, for DRAIN_BUDGET_S at most."""
+        os.set_blocking(read, False)
+        with selectors.DefaultSelector() as sel:
+            sel.register(read, selectors.EVENT_READ)
+            sel.register(self.wake_read, selectors.EVENT_READ)
+            while True:
+                ready = {key.fd for key, _ in sel.select()}
+                if read in ready and self._take(read, lines) is False:
+                    return
+                if self.wake_read in ready:
+                    return self._drain(read, lines)
+
+    def _drain(self, read: int, lines: Lines) -> None:
+        deadline = time.monotonic() + DRAIN_BUDGET_S
+        while time.monotonic() < deadline and self._take(read, lines):
+            pass
+
+    def _take(self, read: int, lines: Lines) -> Optional[bool]:
+        """Copy one chunk and match its lines: True; False at the end of the pipe (no
+        writer left); None when it is empty for now."""
+        try:
+            chunk = os.read(read, CHUNK)
+        except BlockingIOError:
+            return None
+        if chunk:
+            _write_all(self.saved, chunk)
+            self._match(lines.feed(chunk))
+        return bool(chunk)
+
+    def _match(self, found: list[bytes]) -> None:
+        assert self.matcher is not None  # only a matcher has a pump
+        for line in found:
+            self.matcher.match(line)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -1,0 +1,135 @@
+"""Rank 0's output pump through `clusterjob submit --executor local` with real processes:
+a regex that backtracks badly is disabled and the run goes on (SIGTERM still stops it),
+one huge line flows through in linear time, and a daemon forked by the script that holds
+the pipe neither holds the run's end nor writes into run.json."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from trainutil import base_env
+
+from clusterjob.runner import outputpump
+
+pytestmark = pytest.mark.slow
+
+BAD = r"val=((?:\d|\d\d)+)+%"  # exponential on a line of digits that does not end with %
+NESTED = r"val=((?:\d+)+)%"  # exponential under re; the engine of the pump sees through it
+BAD_LINE = "val=" + "1" * 40 + " done"
+
+
+def spec_for(folder: Path, script: str, metrics: dict) -> Path:
+    (folder / "train.py").write_text(script)
+    spec = {"name": "pump", "output": {"root": str(folder / "results")},
+            "entrypoint": {"script": "train.py", "metrics": metrics},
+            "resources": {"tasks_per_node": 1, "cpus_per_task": 1}}
+    path = folder / "pump.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def start(folder: Path, spec: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
+                            cwd=folder, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def the_run(folder: Path) -> Path:
+    (run,) = [p for p in (folder / "results" / "pump").iterdir() if not p.name.startswith(".")]
+    return run
+
+
+def metric_lines(run: Path) -> list:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_regex_that_backtracks_badly_is_disabled_and_the_run_goes_on(tmp_path):
+    script = f"for i in range(3):\n    print({BAD_LINE!r}, flush=True)\n    print('acc=0.5', flush=True)\n"
+    proc = start(tmp_path, spec_for(tmp_path, script, {"val": NESTED, "slow": BAD, "acc": r"acc=([\d.]+)"}))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    run = the_run(tmp_path)
+    assert [x["acc"] for x in metric_lines(run)] == [0.5, 0.5, 0.5]
+    log = (run / "logs/rank0.err").read_text()
+    assert log.count("backtracks badly") == 1 and "'slow'" in log
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+
+
+def test_sigterm_stops_a_run_whose_regex_backtracks_badly(tmp_path):
+    script = f"import time\nprint({BAD_LINE!r}, flush=True)\nprint('ready', flush=True)\ntime.sleep(120)\n"
+    proc = start(tmp_path, spec_for(tmp_path, script, {"val": BAD}))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _logged(tmp_path, "ready"):
+        time.sleep(0.1)
+    assert _logged(tmp_path, "ready")
+    proc.send_signal(signal.SIGTERM)  # rank 0 records the stop at once: its handler gets the GIL
+    run = the_run(tmp_path)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _status(run) == "running":
+        time.sleep(0.1)
+    assert _status(run) == "preempted"
+    proc.send_signal(signal.SIGTERM)  # a second one does not wait for the script's next step
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out + err
+
+
+def _status(run: Path) -> str:
+    return json.loads((run / "run.json").read_text())["status"]
+
+
+def _logged(folder: Path, text: str) -> bool:
+    return any(text in p.read_text(errors="replace") for p in folder.glob("results/pump/*/logs/rank0.out"))
+
+
+def test_a_100_mb_line_flows_through_and_the_lines_after_it_are_matched(tmp_path):
+    script = ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n"
+              "print()\nprint('acc=0.75')\n")
+    begun = time.monotonic()
+    proc = start(tmp_path, spec_for(tmp_path, script, {"acc": r"acc=([\d.]+)"}))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert time.monotonic() - begun < 60
+    run = the_run(tmp_path)
+    assert (run / "logs/rank0.out").stat().st_size >= 100_000_000
+    assert metric_lines(run) == [{"step": 1, "acc": 0.75}]
+
+
+def test_lines_are_split_in_linear_time_and_overlong_ones_are_not_kept():
+    lines = outputpump.Lines(cap=10)
+    found = [line for chunk in [b"ab", b"c\nlong", b"x" * 50, b"\nok\r\nend"] for line in lines.feed(chunk)]
+    assert found == [b"abc", b"ok", b""] and lines.end() == b"end"
+    assert lines.feed(b"y" * 11 + b"\n" + b"z" * 11 + b"\nfine\n") == [b"fine"]
+
+
+DAEMON = """import os, sys, time
+if os.fork() == 0:
+    try:
+        for _ in range(400):
+            print('tick', flush=True)
+            time.sleep(0.05)
+    finally:
+        os._exit(0)
+time.sleep(0.3)
+print('acc=0.25', flush=True)
+"""
+
+
+def test_a_forked_daemon_holding_the_pipe_neither_holds_the_end_nor_corrupts_run_json(tmp_path):
+    begun = time.monotonic()
+    proc = start(tmp_path, spec_for(tmp_path, DAEMON, {"acc": r"acc=([\d.]+)"}))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert time.monotonic() - begun < 60
+    run = the_run(tmp_path)
+    time.sleep(1)  # the daemon, if it still ran, would write now
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info["final"] == {"step": 1, "acc": 0.25}
+    assert metric_lines(run) == [{"step": 1, "acc": 0.25}]
+    assert "tick" in (run / "logs/rank0.out").read_text()
+    assert all("tick\n" not in p.read_text(errors="replace") for p in run.rglob("*") if p.is_file() and p.suffix != ".out")
