@@ -7,6 +7,7 @@ run folder alike.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import reprlib
@@ -36,20 +37,53 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
+class WriteError(OSError):
+    """A file of the run could not be written: one message, the cause and the path, for
+    every writer (checkpoints, metrics, run.json), whatever layer reported it."""
+
+    def __str__(self) -> str:
+        return f"could not write {self.filename}: {self.strerror}"
+
+
+@contextlib.contextmanager
+def named_write_errors(path: Path) -> Iterator[None]:
+    """Writes to ``path``: an OSError, or torch.save's RuntimeError about a short write
+    ("unexpected pos") on a full disk, becomes a WriteError naming the cause and ``path``."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as err:
+        raise WriteError(err.errno, err.strerror or str(err), str(path)) from err
+    except RuntimeError as err:
+        if not _disk_full(path.parent):
+            raise
+        raise WriteError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        fs = os.statvfs(folder)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < 1 << 20  # less than a MiB left: what a short write means
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
     """A file that readers see whole or not at all: temp file beside it, fsync, rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, _FILE_MODE)
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with named_write_errors(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, _FILE_MODE)
+            with named_write_errors(path), os.fdopen(fd, mode) as f:  # the disk is judged before the cleanup frees it
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from clusterjob.core.files import named_write_errors
 from clusterjob.core.rundir import METRICS_FILE, is_number, loads, read_text, shown, write_atomic
 
 
@@ -82,9 +83,14 @@ def _lines(records: list) -> str:
 def append_epoch(path: Path, record: dict) -> dict:
     """Append one line; returns the record as written (non-finite values dropped)."""
     record = finite_only(record)
-    with path.open("a") as f:
-        f.write(_lines([record]))
-        f.flush()
+    with named_write_errors(path), path.open("a") as f:
+        start = f.tell()
+        try:
+            f.write(_lines([record]))
+            f.flush()
+        except OSError:
+            f.truncate(start)  # no half line; and on a full disk, the space back for the error record
+            raise
     return record
 
 

@@ -133,3 +133,32 @@ def test_a_forked_daemon_holding_the_pipe_neither_holds_the_end_nor_corrupts_run
     assert metric_lines(run) == [{"step": 1, "acc": 0.25}]
     assert "tick" in (run / "logs/rank0.out").read_text()
     assert all("tick\n" not in p.read_text(errors="replace") for p in run.rglob("*") if p.is_file() and p.suffix != ".out")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB filesystem for the results (root mounts a tmpfs; skipped where it cannot)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("write", ["clusterjob.save_checkpoint({'w': torch.zeros(4_000_000)}, step=1)",
+                                   "clusterjob.log(step=1, **{f'm{i}': float(i) for i in range(400_000)})"])
+def test_a_full_disk_is_the_runs_error_with_the_cause_and_the_path(tmp_path, small_disk, write):
+    spec = spec_for(tmp_path, f"import clusterjob, torch\n{write}\n", {})
+    data = yaml.safe_load(spec.read_text())
+    data["output"]["root"] = str(small_disk / "results")
+    spec.write_text(yaml.safe_dump(data))
+    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
+                          cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (run,) = [p for p in (small_disk / "results" / "pump").iterdir() if not p.name.startswith(".")]
+    message = json.loads((run / "run.json").read_text())["error"]["message"]
+    assert message.startswith(f"WriteError: could not write {run}/") and message.endswith(": No space left on device")
+    assert "enforce fail" not in message
