@@ -52,9 +52,10 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
         runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)})
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
-    api._start(_session(spec, env, run, stop, writer))
+    tee = outputpump.Tee(ep.metrics, writer)
+    api._start(_session(spec, env, run, stop, writer, tee))
     try:
-        with outputpump.Tee(ep.metrics, writer):
+        with tee:
             result = _call(spec, args, Path(info.code_dir or info.submit_dir or os.getcwd()))
     except api.Requeue:
         return _requeued(run, spec, env, stop)
@@ -83,11 +84,15 @@ def _describe(spec: Spec, args: list[str]) -> dict:
 
 
 def _session(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal,
-             writer: Optional[metrics.StepWriter]) -> api.Session:
+             writer: Optional[metrics.StepWriter], tee: outputpump.Tee) -> api.Session:
+    def log_metrics(step: Optional[int], values: dict) -> None:
+        if writer is not None:
+            tee.sync()  # the prints before this call are matched first: their steps come first
+            writer.log(step, values)
+
     return api.Session(run_dir=run.path, rank=env.rank, world_size=env.world_size,
                        keep_last=spec.checkpoint.keep_last, stop_requested=lambda: stop.requested,
-                       agree=dist.any_rank_anywhere, barrier=dist.barrier_anywhere,
-                       log_metrics=writer.log if writer else lambda step, values: None)
+                       agree=dist.any_rank_anywhere, barrier=dist.barrier_anywhere, log_metrics=log_metrics)
 
 
 def _call(spec: Spec, args: list[str], code_dir: Path) -> Any:

@@ -17,10 +17,13 @@ Three promises, whatever the code prints or leaves behind:
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import re
 import selectors
 import sys
+import termios
 import threading
 import time
 from typing import Any, Optional
@@ -33,6 +36,7 @@ from clusterjob.core.rundir import shown
 MAX_MATCHED_LINE = 4096  # bytes of an output line the metric regexes look at; longer lines are only copied
 MATCH_BUDGET_S = 0.5  # time one regex may take on one line before it is disabled
 DRAIN_BUDGET_S = 5.0  # at the end: time to copy what is still in the pipe (a daemon may keep it full)
+SYNC_BUDGET_S = 2.0  # a metric logged through the API waits this long at most for the prints before it
 CHUNK = 65536
 _NEWLINE = re.compile(rb"[\r\n]")
 
@@ -128,6 +132,8 @@ class Tee:
 
     def __init__(self, patterns: dict, writer: Optional[metrics.StepWriter]):
         self.matcher = Matcher(patterns, writer) if writer and patterns else None
+        self.lock = threading.Lock()  # the pump's state as sync() sees it
+        self.busy, self.reading = False, False
 
     def __enter__(self) -> "Tee":
         if self.matcher:
@@ -137,6 +143,7 @@ class Tee:
             self.wake_read, self.wake_write = os.pipe()
             os.dup2(write, 1)
             os.close(write)
+            self.read, self.reading = read, True
             self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
             self.thread.start()
         return self
@@ -161,12 +168,29 @@ class Tee:
         for fd in (self.saved, self.wake_read, self.wake_write):
             os.close(fd)
 
+    def sync(self) -> None:
+        """Wait (SYNC_BUDGET_S at most) until the pump has matched all the code printed so
+        far: a metric the code logs through the API after a print then lands after the
+        print's matches, and the exactly-once rule (a step at or below the last written
+        drops the lines from it on) does not drop it for being early."""
+        if not self.matcher:
+            return
+        sys.stdout.flush()
+        deadline = time.monotonic() + SYNC_BUDGET_S
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.reading or (not self.busy and _unread(self.read) == 0):
+                    return
+            time.sleep(0.001)
+
     def _pump(self, read: int) -> None:
         lines = Lines()
         try:
             self._copy(read, lines)
         finally:
-            os.close(read)  # here, by the one thread that reads it; a daemon's writes now fail
+            with self.lock:  # the number may be reused once closed: sync() must not ask it
+                self.reading = False
+                os.close(read)  # here, by the one thread that reads it; a daemon's writes now fail
         last = lines.end()
         if last is not None:
             self._match([last])
@@ -193,19 +217,31 @@ class Tee:
     def _take(self, read: int, lines: Lines) -> Optional[bool]:
         """Copy one chunk and match its lines: True; False at the end of the pipe (no
         writer left); None when it is empty for now."""
+        with self.lock:
+            self.busy = True
         try:
             chunk = os.read(read, CHUNK)
+            if chunk:
+                _write_all(self.saved, chunk)
+                self._match(lines.feed(chunk))
         except BlockingIOError:
             return None
-        if chunk:
-            _write_all(self.saved, chunk)
-            self._match(lines.feed(chunk))
+        finally:
+            with self.lock:
+                self.busy = False
         return bool(chunk)
 
     def _match(self, found: list[bytes]) -> None:
         assert self.matcher is not None  # only a matcher has a pump
         for line in found:
             self.matcher.match(line)
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` (FIONREAD)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    return count[0]
 
 
 def _write_all(fd: int, data: bytes) -> None:
