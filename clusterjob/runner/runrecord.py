@@ -87,8 +87,10 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
     info = run.read()
     job = envmod.slurm_job()
     requeues = max(info.requeues or 0, job.restart_count if job else 0)  # scontrol requeue too
-    cancelled_job = info.status == "cancelled" and job and info.slurm_job_id == job.run_key
-    run.update(reopen=not cancelled_job, status="running", requeues=requeues, hosts=list(env.hosts),
+    # A cancelled run is reopened only by `resume` (which makes it pending first): a cancel
+    # that came while the ranks were starting, or a requeue of a cancelled job, stands, and
+    # rank 0's watcher stops the ranks at their first progress line.
+    run.update(reopen=info.status != "cancelled", status="running", requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                slurm_job_id=job.run_key if job else info.slurm_job_id, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),

@@ -185,3 +185,20 @@ def test_a_diverged_loss_fails_the_run_with_the_epoch_and_a_hint(tmp_path):
     assert info(run)["status"] == "failed" and error["rank"] == 0
     assert error["message"].startswith("DivergedError: the loss is not finite (nan or inf) in any step of epoch 1")
     assert "lower train.lr (now 1e+30)" in error["message"]
+
+
+def test_a_cancel_before_the_ranks_start_is_never_reopened(tmp_path):
+    """A run cancelled while its ranks were starting stays cancelled: the rank's start
+    does not reopen it (only `resume` does), and it stops at its first progress line."""
+    from trainutil import run_hand_set, write_spec
+
+    from clusterjob.core.rundir import RunDir, create_run, now_iso
+
+    spec = write_spec(tmp_path, train={"epochs": 20})
+    run = create_run(tmp_path / "results", "t", "r1", spec.read_text(), {})
+    run.update(status="cancelled", finished_at=now_iso())
+    run_hand_set(run.spec_file, run.path, 1)
+    info = RunDir(run.path).read()
+    assert info.status == "cancelled"
+    lines = (run.path / "metrics.jsonl").read_text().splitlines() if run.metrics_file.exists() else []
+    assert len(lines) < 20
