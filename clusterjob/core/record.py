@@ -204,11 +204,8 @@ def _depth(value: Any) -> int:
 
 
 def _params_field(raw: dict, problems: list) -> Optional[dict]:
-    value = raw.get("params")
+    value = _mapping_field(raw, "params", problems, "a mapping of swept keys")
     if value is None:
-        return None
-    if not isinstance(value, dict):
-        problems.append(_bad("params", value, "a mapping of swept keys"))
         return None
     deep = [key for key, v in value.items() if _depth(v) > _MAX_DEPTH]
     for key in deep:
@@ -218,11 +215,8 @@ def _params_field(raw: dict, problems: list) -> Optional[dict]:
 
 def _final_field(raw: dict, problems: list) -> Optional[dict]:
     """The last epoch's metrics: numbers only (null means not logged)."""
-    value = raw.get("final")
+    value = _mapping_field(raw, "final", problems, "a mapping of metrics")
     if value is None:
-        return None
-    if not isinstance(value, dict):
-        problems.append(_bad("final", value, "a mapping of metrics"))
         return None
     final = {key: v for key, v in value.items() if type(v) in _NUMBER_TYPES}  # bool is no number
     # float64-sized and finite: NaN or Infinity (tokens json reads) would rank a run best or nowhere
@@ -235,11 +229,8 @@ def _final_field(raw: dict, problems: list) -> Optional[dict]:
 
 def _error_field(raw: dict, problems: list) -> Optional[RunError]:
     """The failure record: rank, message, traceback, at."""
-    value = raw.get("error")
+    value = _mapping_field(raw, "error", problems, "a mapping (rank, message, traceback)")
     if value is None:
-        return None
-    if not isinstance(value, dict):
-        problems.append(_bad("error", value, "a mapping (rank, message, traceback)"))
         return None
     inner: list = []
     error = RunError(_int_field(value, "rank", inner), *(_text_field(value, key, inner)
@@ -269,12 +260,12 @@ def _hosts_field(raw: dict, problems: list) -> list:
     return []
 
 
-
-def _mapping_field(raw: dict, key: str, problems: list) -> Optional[dict]:
+def _mapping_field(raw: dict, key: str, problems: list, wanted: str = "a mapping") -> Optional[dict]:
+    """The field when it is a mapping; None when absent, or (a problem) of another kind."""
     value = raw.get(key)
     if value is None or isinstance(value, dict):
         return value
-    problems.append(_bad(key, value, "a mapping"))
+    problems.append(_bad(key, value, wanted))
     return None
 
 
