@@ -41,8 +41,10 @@ _LEAKING_NAMES = frozenset(
     {
         "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
         "GROUP_RANK", "NODE_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
+        "CLUSTERJOB_SUPERVISED",
     }
 )
+SUPERVISED_VAR = "CLUSTERJOB_SUPERVISED"  # set by the local supervisor for the ranks it starts
 # The client configuration path is how sbatch and squeue find the cluster at all.
 _KEPT_NAMES = frozenset({"SLURM_CONF"})
 
@@ -481,6 +483,11 @@ def job_port(environ: Optional[Mapping[str, str]] = None) -> int:
         raise EnvError("neither MASTER_PORT nor SLURM_JOB_ID is set, so no port can be derived. "
                        "Hint: run this inside a Slurm job, or set MASTER_PORT")
     return master_port_for_job(job.job_id, job.array_job_id, job.array_task_id)
+
+
+def supervised(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True in a rank that the local supervisor started (it settles the run's end)."""
+    return (os.environ if environ is None else environ).get(SUPERVISED_VAR) == "1"
 
 
 def slurm_job(environ: Optional[Mapping[str, str]] = None) -> Optional[SlurmJob]:

@@ -77,6 +77,7 @@ class RunRecord:
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
     stopped_at: Optional[str] = None  # a SIGTERM reached the entrypoint's rank 0
+    cancel_requested_at: Optional[str] = None  # `clusterjob cancel` asked; cancelled once no rank is alive
     final: Optional[dict] = None  # the last epoch's or step's metrics
     error: Optional[RunError] = None
     entrypoint: Optional[dict] = None  # what ran, its resolved args, params, snapshot
@@ -145,7 +146,8 @@ def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
 
 
 _TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "device", "git_sha", "started_at",
-                "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at")
+                "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at",
+                "cancel_requested_at")
 _INT_FIELDS = ("world_size", "requeues", "restarts", "master_port")
 _JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
 _MAX_DEPTH = 16  # a swept value nested deeper is no sweep point

@@ -10,7 +10,9 @@ with a note. ``status`` and ``logs`` write nothing; ``refresh(..., write_back=Tr
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -39,6 +41,8 @@ _SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed"
 UNREACHABLE = "Slurm unreachable"
 SUPERVISOR_GONE = "supervisor gone"
 _MAX_STDERR_WARNINGS = 20
+CANCEL_WAIT_S = 60.0  # cancel waits this long for the ranks (a plain script is killed after its grace)
+CANCEL_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
         return replace(view, note=UNREACHABLE)
     if job in queued:
         return replace(view, queue_state=queued[job])
-    final = _SLURM_FINAL.get(accounted.get(job, ""), "failed")
+    final = "cancelled" if info.cancel_requested_at else _SLURM_FINAL.get(accounted.get(job, ""), "failed")
     fields: dict = {"status": final, "finished_at": now_iso()}
     if final == "failed":
         fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
@@ -134,6 +138,8 @@ def _shown(text: object) -> str:
 
 def _state(info: dict) -> str:
     state = _shown(info["status"] or "unknown")
+    if info["cancel_requested_at"] and info["status"] not in FINAL_STATUSES:
+        return f"{state} (cancel requested)"
     if info.get("note"):
         return f"{state} ({info['note']})"
     if info.get("queue_state") and info["status"] in ("pending", "running", "preempted", "timeout"):
@@ -240,25 +246,86 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def cancel(run: RunDir) -> list[str]:
-    """Cancel a run: scancel its Slurm job, mark it cancelled, and send SIGTERM to each of
-    its rank processes on this host that is verifiably still that process (a pid that
-    was reused is never signalled). Ranks elsewhere, or started by hand, stop at their
-    next progress line, where rank 0 reads run.json. Returns what was done, line by line."""
+def cancel(run: RunDir, wait_s: float = CANCEL_WAIT_S) -> list[str]:
+    """Cancel a run, and mark it cancelled only once none of its ranks is alive. A Slurm
+    job is scancelled, then waited for until it left the queue. Local ranks get SIGTERM
+    (each only after its identity is verified: a reused pid is never signalled), then
+    SIGKILL if they outlive ``wait_s``. Ranks on other hosts, or not started yet, read
+    the request in run.json (rank 0 stops, or the supervisor skips the run); they, or
+    the supervisor, or ``status`` once the job left Slurm's queue, mark it cancelled.
+    Returns what was done, line by line."""
     info = readable_record(run)
     if info.status in FINAL_STATUSES:
         raise BadInput(f"{run.path} is already {info.status}; there is nothing to cancel")
     job = info.slurm_job_id
     if info.executor == "slurm" and job is not None and is_job_id(job):
-        if not slurmctl.cancel(job):
-            raise SlurmUnreachable(f"scancel {job} failed: Slurm is unreachable from here (or refused the cancel); "
-                                   f"the run is not marked cancelled: run `clusterjob cancel {run.path}` again "
-                                   "where scancel works")
+        return _cancel_job(run, job, wait_s)
+    run.update(cancel_requested_at=now_iso())
+    refs = _rank_refs(run)
+    if not refs:
+        return _cancel_unstarted(run, info)
+    lines = [_stop_rank(rank, ref) for rank, ref in refs]
+    here = [(rank, ref) for rank, ref in refs if _on_this_host(ref)]
+    lines += _await_ranks(here, wait_s)
+    if len(here) == len(refs) and not _alive(here):
         run.update(status="cancelled", finished_at=now_iso())
-        return [f"cancelled Slurm job {job}"]
+    return lines
+
+
+def _cancel_job(run: RunDir, job: str, wait_s: float) -> list[str]:
+    """scancel (Slurm sends SIGTERM, then SIGKILL after KillWait), then wait until the job
+    left the queue before the run is marked cancelled."""
+    if not slurmctl.cancel(job):
+        raise SlurmUnreachable(f"scancel {job} failed: Slurm is unreachable from here (or refused the cancel); "
+                               f"the run is not marked cancelled: run `clusterjob cancel {run.path}` again "
+                               "where scancel works")
+    run.update(cancel_requested_at=now_iso())
+    deadline = time.monotonic() + wait_s
+    while (queued := slurmctl.queue_states([job])) is None or job in queued:
+        if time.monotonic() > deadline:
+            return [f"cancelled Slurm job {job}; it is still ending (state {(queued or {}).get(job, 'unknown')}): "
+                    "`clusterjob status` shows it cancelled once it left the queue"]
+        time.sleep(CANCEL_POLL_S)
     run.update(status="cancelled", finished_at=now_iso())
-    return [_stop_rank(rank, ref) for rank, ref in _rank_refs(run)] or [
-        "no rank process recorded yet: the run will not start (its supervisor skips it)"]
+    return [f"cancelled Slurm job {job}"]
+
+
+def _cancel_unstarted(run: RunDir, info: RunRecord) -> list[str]:
+    """No rank recorded yet: a live supervisor skips the run (or its rank 0 stops at once);
+    with none, nothing will start it."""
+    if info.launcher is not None and procs.check(info.launcher) is None:
+        return ["no rank started yet: its supervisor will not start it (or stops it at once)"]
+    run.update(status="cancelled", finished_at=now_iso())
+    return ["no rank process recorded yet: the run will not start"]
+
+
+def _on_this_host(ref: procs.ProcessRef) -> bool:
+    why = procs.check(ref)
+    return why is None or why.kind != "elsewhere"
+
+
+def _alive(ranks: list) -> list:
+    return [(rank, ref) for rank, ref in ranks if procs.check(ref) is None]
+
+
+def _await_ranks(ranks: list, wait_s: float) -> list[str]:
+    """Wait until the ranks of this host ended; SIGKILL (verified) those alive after ``wait_s``."""
+    started = time.monotonic()
+    while _alive(ranks) and time.monotonic() - started < wait_s:
+        time.sleep(CANCEL_POLL_S / 4)
+    lines = []
+    for rank, ref in _alive(ranks):
+        if procs.terminate(ref, signal.SIGKILL) is None:
+            lines.append(f"rank {rank}: still running after {wait_s:g} s: sent SIGKILL to pid {ref.pid}")
+    kill_deadline = time.monotonic() + 10
+    while _alive(ranks) and time.monotonic() < kill_deadline:
+        time.sleep(0.05)
+    left = _alive(ranks)
+    if left:
+        lines.append(f"{len(left)} rank(s) still alive; the run is not marked cancelled yet")
+    elif ranks:
+        lines.append(f"all {len(ranks)} rank(s) here ended after {time.monotonic() - started:.1f} s")
+    return lines
 
 
 def _rank_refs(run: RunDir) -> list:
@@ -275,9 +342,9 @@ def _rank_refs(run: RunDir) -> list:
 def _stop_rank(rank: str, ref) -> str:
     why = procs.terminate(ref)
     if why is None:
-        return f"rank {rank}: sent SIGTERM to pid {ref.pid}; it checkpoints and stops at its next progress line"
+        return f"rank {rank}: sent SIGTERM to pid {ref.pid}"
     if why.kind == "elsewhere":
-        return f"rank {rank}: {why.message}; it stops at its next progress line"
+        return f"rank {rank}: {why.message}; its rank 0 reads the cancel and stops"
     if why.kind == "exited":
         return f"rank {rank}: {why.message}"
     return f"rank {rank}: not signalled: {why.message}"

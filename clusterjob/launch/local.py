@@ -10,10 +10,12 @@ nothing). It owns its ranks:
 - each rank has its own process group, so a Ctrl-C in the terminal reaches the supervisor
   only, and the kernel sends each rank SIGTERM when the supervisor dies (even by kill -9):
   no rank outlives it;
-- on SIGINT, SIGTERM or SIGHUP the supervisor sends its ranks SIGTERM: they checkpoint at
-  their next progress line and stop (killed after ``STOP_GRACE_S``); the run ends
-  ``preempted`` when it checkpointed, else ``cancelled``, and runs not started yet are
-  ``cancelled``;
+- on SIGINT, SIGTERM or SIGHUP the supervisor says ``stopping N ranks`` and sends its
+  ranks SIGTERM: the built-in trainer (and code that asks ``should_stop()``) checkpoints
+  at its next step boundary, a plain script is stopped and killed after
+  ``entrypoint.stop_grace_s``; a second Ctrl-C, or ``STOP_GRACE_S``, kills them all.
+  Once no rank is alive the run is ``cancelled`` (``resume`` continues it from its
+  checkpoint), and so are the runs not started yet; the same after ``clusterjob cancel``;
 - when a rank fails, the others are stopped; a rank killed by a signal nobody here sent
   is named as the cause, over the other ranks' "connection reset" errors.
 """
@@ -118,6 +120,7 @@ def rank_environ(base: dict, rank: int, world: int, port: int) -> dict:
     child = envmod.clean_environ(base)
     envmod.export(env, child)
     child["PYTHONUNBUFFERED"] = "1"
+    child[envmod.SUPERVISED_VAR] = "1"  # the ranks leave the run's end to us (cancelled, failed...)
     return child
 
 
@@ -168,6 +171,8 @@ class Supervisor:
                 infos.append(run.update(status="cancelled", finished_at=now_iso()))
             elif (info := run.read()).status == "cancelled":  # `clusterjob cancel` before its turn
                 infos.append(info)
+            elif info.cancel_requested_at is not None:
+                infos.append(run.update(status="cancelled", finished_at=now_iso()))
             else:
                 infos.append(self.run_one(run))
         return infos
@@ -186,6 +191,8 @@ class Supervisor:
             self.on_tick(run)
             failed = any(p.returncode not in (None, 0) for p in ranks)
             if kill_at is None and (failed or self.stop_signal is not None):
+                if not failed:
+                    _say_stopping(sum(p.poll() is None for p in ranks))
                 _signal(ranks, signal.SIGTERM, sent)
                 kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
             if kill_at is not None and (time.monotonic() > kill_at or self.requests > 1):
@@ -196,8 +203,10 @@ class Supervisor:
         """The run's final state from the ranks' exit codes and what they recorded."""
         info = run.read()
         status = info.status
-        if self.stop_signal is not None and status in ("pending", "running"):
-            return run.update(status="cancelled", finished_at=now_iso())  # stopped before it checkpointed
+        asked = self.stop_signal is not None or info.cancel_requested_at is not None
+        if asked and status not in ("completed", "failed", "cancelled"):
+            # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it)
+            return run.update(status="cancelled", finished_at=now_iso())
         bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
         if not bad:
             if status in ("pending", "running"):
@@ -207,6 +216,13 @@ class Supervisor:
         if self.stop_signal is not None:
             return info  # preempted (it checkpointed) or cancelled
         return _record_failure(run, bad, sent)
+
+
+def _say_stopping(alive: int) -> None:
+    """One line as the ranks are asked to stop (a plain script is killed after its
+    grace period; the built-in trainer checkpoints first)."""
+    noun = "rank" if alive == 1 else "ranks"
+    print(f"\nstopping {alive} {noun} (Ctrl-C again to kill them now)", file=sys.stderr, flush=True)
 
 
 def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:

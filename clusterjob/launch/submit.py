@@ -239,6 +239,6 @@ def resume(run_text: str, wait: bool = False) -> int:
     else:
         check_local(spec)
     run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None,
-               error=None, slurm_job_id=None if executor == "slurm" else info.slurm_job_id)
+               error=None, cancel_requested_at=None, slurm_job_id=None if executor == "slurm" else info.slurm_job_id)
     print(f"resuming {run.path} ({executor}) from its last checkpoint")
     return _start(spec, [run], executor, wait)

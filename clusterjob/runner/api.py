@@ -41,6 +41,7 @@ class Session:
     agree: Callable[[bool], bool]            # any rank's flag, on every rank (a collective)
     barrier: Callable[[], None]
     log_metrics: Callable[[Optional[int], dict], object]  # what it returns is not used
+    polled: bool = False  # the code asked should_stop(): it stops itself at a step boundary
 
 
 _session: Optional[Session] = None
@@ -92,6 +93,7 @@ def should_stop() -> bool:
     boundary. False outside a clusterjob run."""
     if _session is None:
         return False
+    _session.polled = True  # from now on a stop signal is this code's to honour (runner.preempt)
     return _session.agree(_session.stop_requested())
 
 

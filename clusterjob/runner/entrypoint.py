@@ -4,25 +4,34 @@ built-in trainer.
 
 Before the code starts: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 NODE_RANK, MASTER_ADDR and MASTER_PORT are exported; so are CLUSTERJOB_RUN_DIR,
-CLUSTERJOB_RUN_ID, CLUSTERJOB_PARAMS (JSON) and CLUSTERJOB_RESTARTS; the working
-directory is the one ``submit`` ran in; CUDA_VISIBLE_DEVICES stays as Slurm set it, but is
-empty under ``resources.gpus_per_node: 0`` (the runner hides the GPUs: the spec means
-CPU); the runner's stop-signal handler is in place, so SIGUSR2 never kills the code. A
-script runs in this process through runpy (``__name__ == "__main__"``, ``sys.argv`` as
-under torchrun). The rendezvous store of the runner is multi-tenant, so the code's own
-``init_process_group()`` (env://) shares it.
+CLUSTERJOB_RUN_ID, CLUSTERJOB_PARAMS (JSON) and CLUSTERJOB_RESTARTS; ``{run_dir}`` and
+``{submit_dir}`` in args are those folders; the working directory is the one ``submit``
+ran in, or the run folder under ``entrypoint.workdir: run``; CUDA_VISIBLE_DEVICES stays
+as Slurm set it, but is empty under ``resources.gpus_per_node: 0`` (the runner hides the
+GPUs: the spec means CPU). A script runs in this process through runpy (``__name__ ==
+"__main__"``, ``sys.argv`` as under torchrun). The rendezvous store of the runner is
+multi-tenant, so the code's own ``init_process_group()`` (env://) shares it.
+
+Stopping (runner.preempt): code that asks ``clusterjob.should_stop()`` checkpoints at
+its next step boundary and calls ``clusterjob.requeue()``. A plain script, which never
+asks, is stopped as torchrun would stop it: SIGTERM, SIGUSR2, ``cancel`` and Ctrl-C
+raise StopRequested in it, and ``entrypoint.stop_grace_s`` later the process is killed.
+Rank 0 records the stop either way; on Slurm a USR2 requeues the job, and the script
+starts again with the same args (it resumes from its own checkpoints if it keeps any).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import os
 import runpy
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
@@ -43,22 +52,30 @@ def prepare(spec: Spec, env: envmod.DistEnv) -> Callable[[RunDir, StopSignal], s
 
 def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:
     """Run the entrypoint on this rank: "completed", or "stopped" after
-    ``clusterjob.requeue()``. All ranks must call this."""
+    ``clusterjob.requeue()`` or a stop signal. All ranks must call this."""
     ep, info = spec.entrypoint, run.read()
     assert ep is not None  # this runner is chosen only for a spec with an entrypoint
-    args = list(entrypoint_args(spec)) + ([f"--local_rank={env.local_rank}"] if ep.local_rank_arg else [])
+    submit_dir = info.submit_dir or os.getcwd()
+    args = list(entrypoint_args(spec, str(run.path.resolve()), submit_dir))
+    args += [f"--local_rank={env.local_rank}"] if ep.local_rank_arg else []
     _export(env, run, spec, info)
+    stopping = _Stopping(run, spec, env, stop)
     if env.rank == 0:
         runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)})
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
     tee = outputpump.Tee(ep.metrics, writer)
-    api._start(_session(spec, env, run, stop, writer, tee))
+    session = _session(spec, env, run, stop, writer, tee)
+    api._start(session)
     try:
-        with tee:
-            result = _call(spec, args, Path(info.code_dir or info.submit_dir or os.getcwd()))
+        with tee, _plain_while_running(stop, session, ep.stop_grace_s):
+            result = _call(spec, args, Path(info.code_dir or submit_dir))
     except api.Requeue:
         return _requeued(run, spec, env, stop)
+    except BaseException:
+        if not stop.requested:
+            raise
+        return stopping.record()  # asked to stop: whatever it ended with (a peer's closed socket) is the stop
     if env.rank == 0:
         assert writer is not None  # rank 0 made one above
         final = _final(writer, result)
@@ -66,12 +83,45 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     return "completed"
 
 
+class _Stopping:
+    """A plain script's stop, recorded once by rank 0: when it ends, or when its grace
+    period runs out and the process is killed (then the main thread may be stuck)."""
+
+    def __init__(self, run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal):
+        self.run, self.spec, self.env, self.stop = run, spec, env, stop
+        self.lock, self.done = threading.Lock(), False
+        stop.before_kill = self.record
+
+    def record(self) -> str:
+        with self.lock:
+            if self.env.rank == 0 and not self.done:
+                runrecord.record_stop(self.run, self.spec.resources.max_requeues, self.stop.signal)
+            self.done = True
+        return "stopped"
+
+
+@contextlib.contextmanager
+def _plain_while_running(stop: StopSignal, session: api.Session, grace_s: float) -> Iterator[None]:
+    """While the code runs, a stop signal stops it unless it asks should_stop() (see
+    runner.preempt); a stop asked before it started stops it at once."""
+    stop.grace_s = grace_s
+    stop.plain = lambda: not session.polled
+    try:
+        stop.raise_if_plain()
+        yield
+    finally:
+        stop.plain = lambda: False
+
+
 def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:
+    assert spec.entrypoint is not None  # only an entrypoint's environment is made
     envmod.export(env)
     os.environ.update({"CLUSTERJOB_RUN_DIR": str(run.path.resolve()), "CLUSTERJOB_RUN_ID": run.run_id,
                        api.PARAMS_VAR: json.dumps(spec.params),
                        "CLUSTERJOB_RESTARTS": str((info.requeues or 0) + (info.restarts or 0))})
-    if info.submit_dir is not None and Path(info.submit_dir).is_dir():
+    if spec.entrypoint.workdir == "run":
+        os.chdir(run.path)  # the code's ./checkpoints and ./output are the run's own
+    elif info.submit_dir is not None and Path(info.submit_dir).is_dir():
         os.chdir(info.submit_dir)  # relative data paths of the script keep working
 
 
@@ -143,6 +193,10 @@ def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal) ->
 
 def _record_term(run: RunDir, spec: Spec) -> None:
     """SIGTERM on rank 0: Slurm ends the job (time limit, preemption, scancel) and kills
-    it after KillWait; say so now, in case the code does not get to return."""
+    it after KillWait; say so now, in case the code does not get to return. A cancel, or
+    a local supervisor (which settles the end itself), leaves the status alone."""
+    if run.read().cancel_requested_at is not None or envmod.supervised():
+        run.update(stopped_at=now_iso())
+        return
     outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)
     run.update(status=outcome.status, stopped_at=now_iso())

@@ -1,5 +1,6 @@
-"""Rank 0's output pump: the user's code's stdout, copied to where it went before (the
-rank's log) and matched line by line against ``entrypoint.metrics``.
+"""Rank 0's output pump: the user's code's stdout and stderr, each copied to where it
+went before (the rank's .out and .err logs) and matched line by line against
+``entrypoint.metrics`` (scripts that log through ``logging`` print to stderr).
 
 Three promises, whatever the code prints or leaves behind:
 
@@ -26,7 +27,7 @@ import sys
 import termios
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import regex
 
@@ -41,8 +42,16 @@ CHUNK = 65536
 _NEWLINE = re.compile(rb"[\r\n]")
 
 
+_warn_to: list[Optional[int]] = [None]  # the rank's own stderr while the pump holds fd 2
+
+
 def warn(text: str) -> None:
-    print(f"clusterjob: warning: entrypoint.metrics: {text}", file=sys.stderr, flush=True)
+    line = f"clusterjob: warning: entrypoint.metrics: {text}\n"
+    if _warn_to[0] is None:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    else:
+        _write_all(_warn_to[0], line.encode())
 
 
 class Lines:
@@ -127,73 +136,102 @@ def _number(found: Any) -> Optional[float]:
 
 
 class Tee:
-    """Rank 0's stdout through the pump, at the file descriptor, so prints of C code and
-    subprocesses count. A no-op without patterns or writer."""
+    """Rank 0's stdout and stderr through the pump (``logging`` writes to stderr), at the
+    file descriptors, so prints of C code and subprocesses count. A no-op without
+    patterns or writer. Both streams feed one matcher, one line at a time."""
 
     def __init__(self, patterns: dict, writer: Optional[metrics.StepWriter]):
         self.matcher = Matcher(patterns, writer) if writer and patterns else None
-        self.lock = threading.Lock()  # the pump's state as sync() sees it
-        self.busy, self.reading = False, False
+        self.match_lock = threading.Lock()  # the two streams' pumps take turns at the matcher
+        self.pumps: list[_Pump] = []
 
     def __enter__(self) -> "Tee":
         if self.matcher:
             sys.stdout.flush()
-            self.saved = os.dup(1)
-            read, write = os.pipe()
-            self.wake_read, self.wake_write = os.pipe()
-            os.dup2(write, 1)
-            os.close(write)
-            self.read, self.reading = read, True
-            self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
-            self.thread.start()
+            sys.stderr.flush()
+            self.pumps = [_Pump(fd, self._match) for fd in (1, 2)]
+            _warn_to[0] = self.pumps[1].saved  # a warning of the pump never goes into its own pipe
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.matcher:
             sys.stdout.flush()
-            os.dup2(self.saved, 1)  # the code's own write end is gone: what it wrote is in the pipe
-            os.write(self.wake_write, b"x")
-            self.thread.join(timeout=DRAIN_BUDGET_S + 2 * MATCH_BUDGET_S * max(1, len(self.matcher.patterns)) + 5)
-            self._close()
+            sys.stderr.flush()
+            budget = DRAIN_BUDGET_S + 2 * MATCH_BUDGET_S * max(1, len(self.matcher.patterns)) + 5
+            for pump in self.pumps:
+                pump.stop()
+            _warn_to[0] = None  # fd 2 is the rank's own again; the saved copy is closed below
+            for pump in self.pumps:
+                pump.finish(budget, self.matcher)
 
-    def _close(self) -> None:
+    def sync(self) -> None:
+        """Wait (SYNC_BUDGET_S at most) until the pumps have matched all the code printed
+        so far: a metric the code logs through the API after a print then lands after
+        the print's matches."""
+        if not self.matcher:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        deadline = time.monotonic() + SYNC_BUDGET_S
+        while time.monotonic() < deadline and not all(pump.idle() for pump in self.pumps):
+            time.sleep(0.001)
+
+    def _match(self, found: list[bytes]) -> None:
+        assert self.matcher is not None  # only a matcher has pumps
+        with self.match_lock:
+            for line in found:
+                self.matcher.match(line)
+
+
+class _Pump:
+    """One stream (fd 1 or 2) of the code: a pipe in its place, and a thread that copies
+    it to where the stream went before and hands its lines to ``match``."""
+
+    def __init__(self, fd: int, match: Callable[[list[bytes]], None]):
+        self.fd, self.match = fd, match
+        self.lock = threading.Lock()  # the pump's state as idle() sees it
+        self.busy = False
+        self.saved = os.dup(fd)
+        read, write = os.pipe()
+        self.wake_read, self.wake_write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        self.read, self.reading = read, True
+        self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True, name=f"clusterjob-pump-{fd}")
+        self.thread.start()
+
+    def stop(self) -> None:
+        """The code ended: its stream goes back, and the pump takes what is in the pipe."""
+        os.dup2(self.saved, self.fd)  # the code's own write end is gone: what it wrote is in the pipe
+        os.write(self.wake_write, b"x")
+
+    def finish(self, budget: float, matcher: "Matcher") -> None:
         """Close the pump's descriptors, unless the pump still runs (stuck writing to a
         log that does not take it): a closed number is soon reused by another file, and
         the pump would write into that one."""
-        assert self.matcher is not None  # only a pump has descriptors
+        self.thread.join(timeout=budget)
         if self.thread.is_alive():
-            self.matcher.open = False
+            matcher.open = False
             warn("the output pump did not finish; the rest of the output may be missing from the log")
             return
         for fd in (self.saved, self.wake_read, self.wake_write):
             os.close(fd)
 
-    def sync(self) -> None:
-        """Wait (SYNC_BUDGET_S at most) until the pump has matched all the code printed so
-        far: a metric the code logs through the API after a print then lands after the
-        print's matches, and the exactly-once rule (a step at or below the last written
-        drops the lines from it on) does not drop it for being early."""
-        if not self.matcher:
-            return
-        sys.stdout.flush()
-        deadline = time.monotonic() + SYNC_BUDGET_S
-        while time.monotonic() < deadline:
-            with self.lock:
-                if not self.reading or (not self.busy and _unread(self.read) == 0):
-                    return
-            time.sleep(0.001)
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.reading or (not self.busy and _unread(self.read) == 0)
 
     def _pump(self, read: int) -> None:
         lines = Lines()
         try:
             self._copy(read, lines)
         finally:
-            with self.lock:  # the number may be reused once closed: sync() must not ask it
+            with self.lock:  # the number may be reused once closed: idle() must not ask it
                 self.reading = False
                 os.close(read)  # here, by the one thread that reads it; a daemon's writes now fail
         last = lines.end()
         if last is not None:
-            self._match([last])
+            self.match([last])
 
     def _copy(self, read: int, lines: Lines) -> None:
         """Copy until every writer is gone, or until told the code ended; then take only
@@ -223,18 +261,13 @@ class Tee:
             chunk = os.read(read, CHUNK)
             if chunk:
                 _write_all(self.saved, chunk)
-                self._match(lines.feed(chunk))
+                self.match(lines.feed(chunk))
         except BlockingIOError:
             return None
         finally:
             with self.lock:
                 self.busy = False
         return bool(chunk)
-
-    def _match(self, found: list[bytes]) -> None:
-        assert self.matcher is not None  # only a matcher has a pump
-        for line in found:
-            self.matcher.match(line)
 
 
 def _unread(fd: int) -> int:

@@ -2,28 +2,48 @@
 
 SIGUSR2 is Slurm's warning before the time limit (``--signal=USR2@delay``, as submitit and
 the sbatch templates ask) or a preemption notice: the run checkpoints and requeues itself.
-SIGTERM is Slurm ending the job (preemption, ``scontrol requeue``, ``scancel``): the run
+SIGTERM is Slurm ending the job (preemption, ``scontrol requeue``, ``scancel``), the local
+supervisor stopping its ranks (Ctrl-C, ``clusterjob cancel``, its own death): the run
 checkpoints if it can before the SIGKILL that follows, and leaves the requeue to Slurm.
 
-The handler only sets a flag. The trainer asks ``agreed()`` at each progress line and at
-each epoch end (a collective, so all ranks stop at the same step). NCCL takes SIGUSR1 for
-itself, so USR1 is never used. A cancelled run stops the same way, without a requeue.
+Code that cooperates (the built-in trainer; your code once it asked
+``clusterjob.should_stop()``) only sees a flag: it asks ``agreed()`` at its step
+boundaries (a collective, so all ranks stop at the same step) and checkpoints. A plain
+script never asks, so it is stopped as torchrun would stop it: ``StopRequested`` is
+raised in its main thread (its ``finally`` blocks run; ``except Exception`` does not
+swallow it), and if it is still alive ``grace_s`` later the process is killed. The
+kill is armed by a thread woken through the signal wakeup fd, so it comes even while
+the main thread is stuck in C code (a collective waiting for a dead peer) and never
+gets to run the Python handler. NCCL takes SIGUSR1 for itself, so USR1 is never used.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Callable, Optional
 
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import dist
 
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+CANCEL_POLL_S = 1.0  # how often rank 0 of a plain script reads run.json for a cancel
+
+
+class StopRequested(BaseException):
+    """A plain script was asked to stop (a BaseException: ``except Exception`` in the
+    script does not swallow it). ``signal`` is SIGTERM, SIGUSR2 or "cancel"."""
+
+    def __init__(self, signal_name: Optional[str]):
+        super().__init__(f"stopped by {signal_name}")
+        self.signal = signal_name
+
 
 class StopSignal:
     """The stop flag of this process: set by SIGUSR2/SIGTERM, or on rank 0 when
-    ``clusterjob cancel`` marked the run cancelled (a run started by hand, or ranks on
+    ``clusterjob cancel`` asked the run to stop (a run started by hand, or ranks on
     other hosts, have no process that cancel could signal; they read run.json)."""
 
     def __init__(self) -> None:
@@ -33,25 +53,85 @@ class StopSignal:
         # Called on SIGTERM (rank 0 of the user's own code): records the stop at once,
         # as the code may never get back to the runner before Slurm's SIGKILL.
         self.on_term: Optional[Callable[[], None]] = None
+        # True while a plain script runs (your code that never asked should_stop()).
+        self.plain: Callable[[], bool] = lambda: False
+        self.grace_s = 10.0
+        self.before_kill: Callable[[], object] = lambda: None  # rank 0 records the stop
+        self._raised = False
+        self._armed = False
+        self._arm_lock = threading.RLock()  # the handler may run while the main thread holds it
 
     def install(self) -> "StopSignal":
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=self._wakeups, args=(read,), daemon=True, name="clusterjob-stop").start()
         return self
 
     def watch(self, run: RunDir) -> None:
-        """Rank 0: also stop when the run's status becomes cancelled."""
+        """Rank 0: also stop when ``clusterjob cancel`` asked for it in run.json."""
         self._run = run
+        threading.Thread(target=self._watch_cancel, daemon=True, name="clusterjob-cancel").start()
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.received_at, self.signal = time.time(), signal.Signals(signum).name
+        first = self.received_at is None
+        self.received_at = self.received_at or time.time()
+        self.signal = self.signal if self.signal == "cancel" else signal.Signals(signum).name
         # os.write, not print: a handler that prints while the main thread prints raises
-        os.write(1, f"received {self.signal}: checkpointing at the next step boundary\n".encode())
-        if signum == signal.SIGTERM and self.on_term is not None:
+        what = "stopping the script" if self.plain() else "checkpointing at the next step boundary"
+        os.write(1, f"received {signal.Signals(signum).name}: {what}\n".encode())
+        if first and signum == signal.SIGTERM and self.on_term is not None:
             self.on_term()
+        self.raise_if_plain()
+
+    def raise_if_plain(self) -> None:
+        """In a plain script's main thread, once a stop was asked: raise StopRequested
+        (once: a second signal must not cut the script's clean-up short)."""
+        if self.requested and self.plain() and not self._raised:
+            self._raised = True
+            self._arm_kill()
+            raise StopRequested(self.signal)
+
+    def _wakeups(self, read: int) -> None:
+        """Woken by every signal, even while the main thread is stuck in C code: arm the
+        kill of a plain script that got a stop signal."""
+        stops = {int(sig) for sig in STOP_SIGNALS}
+        while True:
+            got = os.read(read, 64)
+            if any(byte in stops for byte in got) and self.plain():
+                self._arm_kill()
+
+    def _arm_kill(self) -> None:
+        """Start the grace period of a plain script, once."""
+        with self._arm_lock:
+            if self._armed:
+                return
+            self._armed = True
+        threading.Thread(target=self._kill_after_grace, daemon=True, name="clusterjob-grace").start()
+
+    def _kill_after_grace(self) -> None:
+        time.sleep(self.grace_s)
+        os.write(2, f"clusterjob: the code did not stop within entrypoint.stop_grace_s={self.grace_s:g} s "
+                    "of the stop signal; killing it\n".encode())
+        try:
+            self.before_kill()
+        finally:
+            _kill_self()
+
+    def _watch_cancel(self) -> None:
+        """Rank 0: a cancel written to run.json stops a plain script too (it never asks)."""
+        while not self._cancelled():
+            time.sleep(CANCEL_POLL_S)
+        if self.plain() and self.received_at is None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in the main thread; the kill is armed
 
     def _cancelled(self) -> bool:
-        if self._run is None or self._run.read().status != "cancelled":
+        if self._run is None:
+            return False
+        info = self._run.read()
+        if info.status != "cancelled" and info.cancel_requested_at is None:
             return False
         self.signal = "cancel"
         return True
@@ -59,8 +139,16 @@ class StopSignal:
     @property
     def requested(self) -> bool:
         """This process got a stop signal, or (rank 0) the run was cancelled."""
-        return self.received_at is not None or self._cancelled()
+        return self.received_at is not None or self.signal == "cancel" or self._cancelled()
 
     def agreed(self) -> bool:
         """True on every rank when any rank was asked to stop. All ranks must call this."""
         return dist.any_rank(self.requested)
+
+
+def _kill_self() -> None:
+    """SIGKILL this process, and the processes it started when it leads their group
+    (a local rank does: its DataLoader workers and subprocesses go with it)."""
+    if os.getpgid(0) == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

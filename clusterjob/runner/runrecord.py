@@ -66,7 +66,9 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
     job = envmod.slurm_job()
     requeues = run.read().requeues or 0
     outcome = outcome_now(signal, requeues, max_requeues)
-    if outcome.error:
+    if outcome.status == "cancelled":
+        _record_cancel(run, job is not None)
+    elif outcome.error:
         run.update(status="failed", finished_at=now_iso(), error=RunError(None, outcome.error))
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
@@ -79,6 +81,17 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
         print(f"stopped ({outcome.status}); {hint}", flush=True)
     return outcome
+
+
+def _record_cancel(run: RunDir, in_slurm: bool) -> None:
+    """A cancelled run is marked cancelled once none of its ranks is alive: by the local
+    supervisor or ``clusterjob cancel`` once they all exited, by status once Slurm's job
+    left the queue. Only a run with neither (started by hand) is marked here, at its end."""
+    if in_slurm or envmod.supervised():
+        run.update(stopped_at=now_iso())
+    else:
+        run.update(status="cancelled", finished_at=now_iso())
+    print("stopped (cancelled)", flush=True)
 
 
 def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:

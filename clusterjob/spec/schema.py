@@ -38,6 +38,7 @@ _MODULE = (rf"{_IDENT}(?:\.{_IDENT})*", "a dotted module name such as mypkg.trai
 _FUNCTION = (rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}", "module:function, such as mypkg.train:main")
 _METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _PLACEHOLDER = re.compile(r"\{params\.([^{}]*)\}")
+_ARG_FIELD = re.compile(r"\{(params\.[^{}]*|run_dir|submit_dir)\}")  # what entrypoint.args may name
 # Sections that only the built-in trainer reads; with an entrypoint they would do nothing.
 TRAINER_SECTIONS = ("data", "model", "train")
 
@@ -230,10 +231,15 @@ class EntrypointSpec(Section):
     script: Optional[str] = opt(None, "a Python script, relative to the folder `submit` runs in", path=True)
     module: Optional[str] = opt(None, "a module run as `python -m`, e.g. mypkg.train", pattern=_MODULE)
     function: Optional[str] = opt(None, "module:function, called with no arguments", pattern=_FUNCTION)
-    args: tuple[str, ...] = opt((), "the code's arguments; {params.NAME} becomes the run's value")
+    args: tuple[str, ...] = opt((), "the code's arguments; {params.NAME} becomes the run's value, {run_dir} "
+                                    "the run folder, {submit_dir} the folder `submit` ran in")
     metrics: dict = opt({}, "metric name -> regex with one group, matched on rank 0's output")
     local_rank_arg: bool = opt(False, "append --local_rank=N, as torch.distributed.launch did")
     snapshot: bool = opt(False, "copy the code into <run>/code/ at submit and run that copy")
+    workdir: Literal["submit", "run"] = opt("submit", "the code's working directory: submit (the folder `submit` "
+                                                      "ran in) | run (the run folder, so ./checkpoints are per run)")
+    stop_grace_s: float = opt(10.0, "a plain script (one that never asks clusterjob.should_stop()) is killed this "
+                                    "long after SIGTERM, cancel or Ctrl-C reached it", gt=0, lt=3600)
 
     def check(self) -> None:
         given = [k for k in ("script", "module", "function") if getattr(self, k) is not None]
@@ -482,15 +488,21 @@ def _check_plain(key: str, value: Any) -> None:
         _check_kind(key, value, {})
 
 
-def entrypoint_args(spec: "Spec") -> tuple[str, ...]:
+def entrypoint_args(spec: "Spec", run_dir: str = "{run_dir}", submit_dir: str = "{submit_dir}") -> tuple[str, ...]:
     """The entrypoint's args with each {params.NAME} replaced by the run's value (text as
-    is, other values as JSON: 0.01, true, [1, 2])."""
+    is, other values as JSON: 0.01, true, [1, 2]), {run_dir} and {submit_dir} by those
+    folders; in one pass, so a value holding a placeholder stays as it is."""
+    folders = {"run_dir": run_dir, "submit_dir": submit_dir}
+
     def value(match: "re.Match") -> str:
-        found = spec.params[match.group(1)]
+        name = match.group(1)
+        if name in folders:
+            return folders[name]
+        found = spec.params[name[len("params."):]]
         return found if isinstance(found, str) else json.dumps(found)
 
     assert spec.entrypoint is not None  # only a spec with an entrypoint has args
-    return tuple(_PLACEHOLDER.sub(value, arg) for arg in spec.entrypoint.args)
+    return tuple(_ARG_FIELD.sub(value, arg) for arg in spec.entrypoint.args)
 
 
 def _check_sweep_size(sweep: dict) -> None:

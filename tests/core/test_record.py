@@ -24,6 +24,7 @@ OLD_RUN_JSON = {
     "error": {"rank": 1, "message": "RuntimeError: boom", "traceback": "Traceback...", "at": "2024-01-01T12:04:59"},
     "entrypoint": {"script": "train.py", "args": ["--lr", "0.05"], "params": {"lr": 0.05}, "snapshot": True},
     "code_dir": "/r/code", "snapshot_of": "/home/u/proj", "log_dir": "/r/.slurm", "stopped_at": "2024-01-01T12:04",
+    "cancel_requested_at": "2024-01-01T12:04:30",
 }
 
 

@@ -70,10 +70,10 @@ def test_a_signal_to_submit_wait_stops_the_ranks_and_ends_the_run(tmp_path, sig,
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, out + err
-    assert info(run)["status"] == "preempted"  # every rank checkpointed at its next progress line
+    assert info(run)["status"] == "cancelled"  # the user's stop, after every rank checkpointed
     assert any((run / "checkpoints").glob("epoch-*.pt"))
     assert all_gone(refs)
-    assert "preempted" in out
+    assert "cancelled" in out and "stopping 2 ranks (Ctrl-C again to kill them now)" in err
 
 
 def test_a_killed_detached_supervisor_takes_its_ranks_with_it(tmp_path):

@@ -84,7 +84,7 @@ def test_the_api_example_stops_resumes_and_ends_with_the_uninterrupted_weights(m
     proc.send_signal(signal.SIGINT)  # the supervisor sends its ranks SIGTERM: should_stop() says so
     proc.communicate(timeout=120)
     (run,) = runs_of(mnist_dir, "parts")
-    assert json.loads((run / "run.json").read_text())["status"] == "preempted"
+    assert json.loads((run / "run.json").read_text())["status"] == "cancelled"  # the user's stop; resumable
     assert any((run / "checkpoints").glob("step-*.pt"))
     resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(run), "--wait"], cwd=mnist_dir,
                              env=base_env(), capture_output=True, text=True, timeout=300)
