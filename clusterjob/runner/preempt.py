@@ -68,6 +68,7 @@ class StopSignal:
         os.set_blocking(write, False)
         signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         threading.Thread(target=self._wakeups, args=(read,), daemon=True, name="clusterjob-stop").start()
+        os.register_at_fork(after_in_child=_forget_in_child)
         return self
 
     def watch(self, run: RunDir) -> None:
@@ -144,6 +145,18 @@ class StopSignal:
     def agreed(self) -> bool:
         """True on every rank when any rank was asked to stop. All ranks must call this."""
         return dist.any_rank(self.requested)
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) keeps neither the handler nor the wakeup fd:
+    a SIGTERM that ends the worker must not read as this rank's stop, and the worker
+    dies of it as it would without clusterjob."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+    except ValueError:  # forked from a thread other than the main one: nothing was set there
+        pass
 
 
 def _kill_self() -> None:

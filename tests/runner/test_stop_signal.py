@@ -1,0 +1,55 @@
+"""runner.preempt's StopSignal in a plain script's process, without a run: the stop is
+raised in the main thread, the kill comes after the grace period even while the main
+thread is stuck in C code, and a forked child's SIGTERM is not this process's stop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from trainutil import REPO, base_env
+
+PRELUDE = """
+import os, signal, sys, time
+from clusterjob.runner.preempt import StopSignal, StopRequested
+s = StopSignal().install()
+s.plain = lambda: True
+s.grace_s = 1.5
+s.before_kill = lambda: print("recording the stop", flush=True)
+"""
+
+
+def run(body: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.time()
+    done = subprocess.run([sys.executable, "-c", PRELUDE + body], cwd=REPO, env=base_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    return done, time.time() - started
+
+
+def test_sigterm_raises_stop_requested_in_the_main_thread():
+    done, _ = run("try:\n    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+                  "except StopRequested as e:\n    print('stopped by', e.signal)\n")
+    assert done.returncode == 0 and "stopped by SIGTERM" in done.stdout, done.stderr
+
+
+def test_a_script_that_swallows_the_stop_is_killed_after_the_grace_period():
+    done, took = run("sent = False\nwhile True:\n    try:\n        sent = sent or not os.kill(os.getpid(), signal.SIGTERM)\n"
+                     "        time.sleep(0.1)\n    except BaseException:\n        pass\n")
+    assert done.returncode == -9 and 1.4 < took < 10
+    assert "recording the stop" in done.stdout and "stop_grace_s=1.5 s" in done.stderr
+
+
+def test_the_kill_comes_while_the_main_thread_is_stuck_in_c_code():
+    # the main thread blocks the signal and sleeps in C: another thread takes it, and the
+    # Python handler (main thread only) cannot run before the sleep returns
+    done, took = run("import threading\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+                     "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()\ntime.sleep(30)\n")
+    assert done.returncode == -9 and took < 10 and "recording the stop" in done.stdout
+
+
+def test_a_forked_childs_sigterm_is_not_this_process_stop():
+    done, _ = run("pid = os.fork()\nif pid == 0:\n    time.sleep(5); os._exit(0)\ntime.sleep(0.2)\n"
+                  "os.kill(pid, signal.SIGTERM)\nprint('child', os.waitpid(pid, 0)[1])\ntime.sleep(2.5)\n"
+                  "print('alive')\n")
+    assert done.returncode == 0 and "child 15" in done.stdout and "alive" in done.stdout, done.stderr
