@@ -47,11 +47,14 @@ _warn_to: list[Optional[int]] = [None]  # the rank's own stderr while the pump h
 
 def warn(text: str) -> None:
     line = f"clusterjob: warning: entrypoint.metrics: {text}\n"
-    if _warn_to[0] is None:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-    else:
-        _write_all(_warn_to[0], line.encode())
+    try:
+        if _warn_to[0] is None:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        else:
+            _write_all(_warn_to[0], line.encode())
+    except OSError:  # the log's disk is full: a warning must not stop the pump
+        pass
 
 
 class Lines:
@@ -190,7 +193,7 @@ class _Pump:
     def __init__(self, fd: int, match: Callable[[list[bytes]], None]):
         self.fd, self.match = fd, match
         self.lock = threading.Lock()  # the pump's state as idle() sees it
-        self.busy = False
+        self.busy, self.copying = False, True
         self.saved = os.dup(fd)
         read, write = os.pipe()
         self.wake_read, self.wake_write = os.pipe()
@@ -216,6 +219,17 @@ class _Pump:
             return
         for fd in (self.saved, self.wake_read, self.wake_write):
             os.close(fd)
+
+    def _copy_out(self, chunk: bytes) -> None:
+        """Copy to the log; once that fails (a full disk) the pump still drains the pipe,
+        so the code never blocks on a full pipe, and still matches the metrics."""
+        if self.copying:
+            try:
+                _write_all(self.saved, chunk)
+            except OSError as err:
+                self.copying = False
+                warn(f"could not write the output to its log ({err.strerror or err}); "
+                     "the rest of this stream is not logged, metrics are still matched")
 
     def idle(self) -> bool:
         with self.lock:
@@ -260,7 +274,7 @@ class _Pump:
         try:
             chunk = os.read(read, CHUNK)
             if chunk:
-                _write_all(self.saved, chunk)
+                self._copy_out(chunk)
                 self.match(lines.feed(chunk))
         except BlockingIOError:
             return None
