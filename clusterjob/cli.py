@@ -37,7 +37,8 @@ def _reads_run_folders(command: Callable[[argparse.Namespace], int]) -> Callable
 def cmd_submit(args: argparse.Namespace) -> int:
     from clusterjob.launch.submit import submit
 
-    return submit(args.spec, args.set, executor=args.executor, wait=args.wait, dry_run=args.dry_run)
+    return submit(args.spec, args.set, executor=args.executor, wait=args.wait, dry_run=args.dry_run,
+                  preflight=not args.no_preflight)
 
 
 @_reads_run_folders
@@ -50,7 +51,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from clusterjob.spec.schema import dump_spec, expand_sweep, load_spec
 
-    points = expand_sweep(load_spec(args.spec, args.set))
+    spec = load_spec(args.spec, args.set)
+    points = expand_sweep(spec)
+    if args.cluster:
+        from clusterjob.launch.submit import cluster_preflight
+
+        return cluster_preflight(spec, len(points))
     for point in points:
         print(f"# run {point.index}: {json.dumps(point.params)}" if len(points) > 1 else "# resolved spec")
         print(dump_spec(point.spec))
@@ -135,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: Slurm if sbatch works, else local processes")
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="on Slurm, skip the cluster checks (validate --cluster) that run before anything is queued")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run from its last checkpoint")
@@ -163,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a spec and print the resolved spec of every run")
     _add_spec_args(p)
+    p.add_argument("--cluster", action="store_true",
+                   help="also ask the Slurm cluster, read-only, whether the jobs fit (partition, limits, QOS, "
+                        "GPUs, array size, sbatch --test-only); exit 2 if any check fails")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("env", help="print the distributed environment derived from this process's variables")

@@ -30,6 +30,16 @@ def _run(cmd: list[str]) -> Optional[str]:
     return done.stdout if done is not None and done.returncode == 0 else None
 
 
+def ask(cmd: list[str], stdin: Optional[str] = None) -> Optional[subprocess.CompletedProcess]:
+    """A read-only Slurm command's result (any exit status), None when it could not run."""
+    if stdin is None:
+        return _query(cmd)
+    try:
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S, errors="replace")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def requeue(job_id: str) -> bool:
     """Requeue one job or one array task (``123_4``), not the whole array."""
     return _run(["scontrol", "requeue", job_id]) is not None

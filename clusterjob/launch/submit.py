@@ -54,7 +54,7 @@ def check_local(spec: Spec) -> None:
 
 
 def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: bool = False,
-           dry_run: bool = False) -> int:
+           dry_run: bool = False, preflight: bool = True) -> int:
     """``clusterjob submit``: exit status 0 when submitted (with --wait: all completed)."""
     spec = load_spec(spec_path, overrides)
     points = expand_sweep(spec)
@@ -62,6 +62,8 @@ def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: b
     executor = choose_executor(executor)
     if executor == "local":
         check_local(spec)
+    elif preflight and not dry_run:
+        _refuse_failed_preflight(spec, len(points))
     if dry_run:
         return _dry_run(spec, points, executor)
     snap = _snapshot_plan(spec)
@@ -72,6 +74,35 @@ def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: b
 
         snapshot.take(snap, points, runs)
     return _start(spec, runs, executor, wait)
+
+
+def preflight_checks(spec: Spec, points: int) -> list:
+    """The cluster's answers for ``spec`` (clusterjob.launch.preflight), read-only."""
+    from clusterjob.launch import preflight, slurm
+
+    scripts = slurm.scripts(spec, points, Path(spec.output.root) / spec.name / ".slurm")
+    return preflight.run_checks(spec, points, scripts)
+
+
+def cluster_preflight(spec: Spec, points: int) -> int:
+    """``validate --cluster``: one line per check; exit 2 when any failed."""
+    choose_executor("slurm")
+    checks = preflight_checks(spec, points)
+    for check in checks:
+        print(check.line())
+    failed = sum(not c.ok for c in checks)
+    print(f"{'ok' if not failed else 'refused'}: {len(checks) - failed} of {len(checks)} checks passed",
+          file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _refuse_failed_preflight(spec: Spec, points: int) -> None:
+    failed = [c for c in preflight_checks(spec, points) if not c.ok]
+    for check in failed:
+        print(check.line(), file=sys.stderr)
+    if failed:
+        raise BadInput(f"the cluster would refuse or never run these jobs ({len(failed)} preflight check(s) failed, "
+                       "above); fix the spec, or pass --no-preflight to submit anyway")
 
 
 def _snapshot_plan(spec: Spec):
