@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core.files import NOT_JSON, loads, now_iso, read_text, shown, write_atomic
+from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, read_text, shown, write_atomic
 from clusterjob.core.procs import ProcessRef
 
 INFO_FILE = "run.json"
+LOCK_FILE = INFO_FILE + ".lock"  # held by each update of run.json, so that updates take turns
 # A run writes a few KiB of run.json; anything far larger is not one of ours.
 MAX_INFO_BYTES = 16 * 2**20
 
@@ -329,13 +330,15 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
     on disk. A cancelled run stays cancelled unless ``reopen``: the run was started
-    again on purpose."""
+    again on purpose. Updates take turns (a lock file beside run.json): each reads what
+    the one before wrote, so none undoes another's fields."""
     path = info_path(folder)
-    raw, _ = read_raw(path)
-    record, _ = checked(raw)
-    dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
-    if record.status == "cancelled" and not reopen:
-        fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
-    raw.update((key, to_json(value)) for key, value in fields.items())
-    write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
+    with locked(Path(folder) / LOCK_FILE):
+        raw, _ = read_raw(path)
+        record, _ = checked(raw)
+        dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
+        if record.status == "cancelled" and not reopen:
+            fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
+        raw.update((key, to_json(value)) for key, value in fields.items())
+        write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
     return checked(raw)[0]
