@@ -61,6 +61,10 @@ class RunRecord:
     status: Optional[str] = None
     params: Optional[dict] = None  # the sweep point, dotted keys
     slurm_job_id: Optional[str] = None  # 123, or 123_4 for an array task
+    # The SubmitTime (scontrol) of the job that made the run folder slurm-<job>, at its
+    # first start: with the id it tells that job (and its requeues) from a later job
+    # that got the same id. A requeue sets a new SubmitTime, so only the first start's counts.
+    slurm_job_submitted: Optional[str] = None
     executor: Optional[str] = None  # local | slurm
     launcher: Optional[ProcessRef] = None  # the detached local supervisor
     hosts: list = field(default_factory=list)
@@ -146,7 +150,8 @@ def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
 
 
 _TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "device", "git_sha", "started_at",
-                "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at")
+                "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at",
+                "slurm_job_submitted")
 _INT_FIELDS = ("world_size", "requeues", "restarts", "master_port")
 _JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
 _MAX_DEPTH = 16  # a swept value nested deeper is no sweep point
