@@ -132,22 +132,75 @@ def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, di
 
 
 def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
-    """--run-dir, else the run folder holding SPEC, else a new one (named after the Slurm job,
-    so a requeued raw sbatch job finds its folder again and resumes)."""
-    run = RunDir(Path(args.run_dir)) if args.run_dir else _run_of_spec(Path(args.spec), spec)
-    if not run.exists():
-        run = create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params)
-    return run
-
-
-def _run_of_spec(spec_path: Path, spec: Spec) -> RunDir:
-    """The run folder holding the spec file, else a new one's place (not made yet)."""
-    found = run_dir_of_spec(spec_path)
+    """--run-dir, else the run folder holding SPEC, else this Slurm job's own (so a
+    requeued raw sbatch job finds its folder again and resumes), else a new one."""
+    if args.run_dir:
+        run = RunDir(Path(args.run_dir))
+        return run if run.exists() else _create(run, spec, params)
+    found = run_dir_of_spec(Path(args.spec))
     if found is not None:
         return found
     job = envmod.slurm_job()
-    run_id = f"slurm-{job.run_key}" if job else new_run_id()
-    return RunDir(Path(spec.output.root) / spec.name / run_id)
+    if job is not None:
+        return _job_run(spec, params, job)
+    return _create(RunDir(Path(spec.output.root) / spec.name / new_run_id()), spec, params)
+
+
+def _create(run: RunDir, spec: Spec, params: dict, **fields: Optional[str]) -> RunDir:
+    return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params, **fields)
+
+
+def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:
+    """This job's run folder: ``slurm-<job>``, or ``slurm-<job>-N`` where that name holds
+    a run this job may not continue. A run is this job's when it records the job id and
+    either (first start) the job's SubmitTime or (after a requeue, which sets a new
+    SubmitTime) it is the newest folder of that id; the job continues it unless it holds
+    another spec or is completed. Runs of other jobs that had the same id are left as
+    they are."""
+    from clusterjob.core import slurmctl
+
+    parent = Path(spec.output.root) / spec.name
+    submitted = slurmctl.submit_time(job.run_key) if job.restart_count == 0 else None
+    taken = _job_runs(parent, job.run_key)
+    mine = _own_run([run for _, run in taken], job, submitted)
+    why = "a run of another job with the same id" if mine is None else _why_not_continued(mine, dump_spec(spec))
+    if mine is not None and why is None:
+        return mine
+    run = RunDir(parent / (f"slurm-{job.run_key}-{taken[-1][0] + 1}" if taken else f"slurm-{job.run_key}"))
+    if taken:
+        print(f"{(mine or taken[-1][1]).path} is {why}; this job runs in {run.path}", flush=True)
+    return _create(run, spec, params, slurm_job_id=job.run_key, slurm_job_submitted=submitted)
+
+
+def _job_runs(parent: Path, key: str) -> list[tuple[int, RunDir]]:
+    """The folders named after job ``key``, oldest first: (1, slurm-<key>), (2, slurm-<key>-2), ..."""
+    numbered = {1: parent / f"slurm-{key}"}
+    for path in parent.glob(f"slurm-{key}-*"):
+        suffix = path.name[len(f"slurm-{key}-"):]
+        if suffix.isdigit():
+            numbered[int(suffix)] = path
+    return [(n, RunDir(numbered[n])) for n in sorted(numbered) if os.path.lexists(numbered[n])]
+
+
+def _own_run(runs: list[RunDir], job: envmod.SlurmJob, submitted: Optional[str]) -> Optional[RunDir]:
+    """The run of ``runs`` this job made, if any (see ``_job_run``)."""
+    ours = [run for run in runs if run.read().slurm_job_id == job.run_key]
+    if job.restart_count > 0:
+        return ours[-1] if ours else None
+    same = [run for run in ours if submitted is not None and run.read().slurm_job_submitted == submitted]
+    return same[-1] if same else None
+
+
+def _why_not_continued(run: RunDir, spec_yaml: str) -> Optional[str]:
+    """None when this job may continue its ``run``; else why not: it is completed, or its
+    spec.yaml holds another spec (the script's arguments or the spec file changed)."""
+    from clusterjob.core.files import read_text
+
+    if run.read().status == "completed":
+        return "completed"
+    if read_text(run.spec_file)[0] != spec_yaml:
+        return "a run of another spec"
+    return None
 
 
 if __name__ == "__main__":

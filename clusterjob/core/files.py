@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import reprlib
@@ -89,6 +90,37 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator[IO]:
 def write_atomic(path: Path, text: str) -> None:
     with atomic_open(path) as f:
         f.write(text)
+
+
+# flock() where the file system has no locks (Lustre without -o flock, some NFS setups):
+# the callers go on unlocked, as before locks existed, rather than refuse to work.
+NO_LOCKS = frozenset((errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL))
+
+
+def open_lock(path: Path, create: bool = True) -> int:
+    """A descriptor of the lock file ``path`` for flock(), made (empty, the usual mode) when
+    missing and ``create``. Never replaced once made: a lock lives on its inode."""
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    return os.open(path, flags, _FILE_MODE)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """The block under an exclusive flock of ``path`` (made if missing): writers of one
+    file take turns. Where the lock file cannot be made (a read-only folder) or locked
+    (no locks on this file system) the block runs unlocked, and its write reports the
+    real problem."""
+    try:
+        fd = open_lock(path)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # the errors of NO_LOCKS, and nothing else flock raises blocking
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 

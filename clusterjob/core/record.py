@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core.files import NOT_JSON, loads, now_iso, read_text, shown, write_atomic
+from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, read_text, shown, write_atomic
 from clusterjob.core.procs import ProcessRef
 
 INFO_FILE = "run.json"
+LOCK_FILE = INFO_FILE + ".lock"  # held by each update of run.json, so that updates take turns
 # A run writes a few KiB of run.json; anything far larger is not one of ours.
 MAX_INFO_BYTES = 16 * 2**20
 
@@ -60,6 +61,10 @@ class RunRecord:
     status: Optional[str] = None
     params: Optional[dict] = None  # the sweep point, dotted keys
     slurm_job_id: Optional[str] = None  # 123, or 123_4 for an array task
+    # The SubmitTime (scontrol) of the job that made the run folder slurm-<job>, at its
+    # first start: with the id it tells that job (and its requeues) from a later job
+    # that got the same id. A requeue sets a new SubmitTime, so only the first start's counts.
+    slurm_job_submitted: Optional[str] = None
     executor: Optional[str] = None  # local | slurm
     launcher: Optional[ProcessRef] = None  # the detached local supervisor
     hosts: list = field(default_factory=list)
@@ -147,7 +152,7 @@ def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
 
 _TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "device", "git_sha", "started_at",
                 "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at",
-                "cancel_requested_at")
+                "cancel_requested_at", "slurm_job_submitted")
 _INT_FIELDS = ("world_size", "requeues", "restarts", "master_port")
 _JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
 _MAX_DEPTH = 16  # a swept value nested deeper is no sweep point
@@ -331,13 +336,15 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
     on disk. A cancelled run stays cancelled unless ``reopen``: the run was started
-    again on purpose."""
+    again on purpose. Updates take turns (a lock file beside run.json): each reads what
+    the one before wrote, so none undoes another's fields."""
     path = info_path(folder)
-    raw, _ = read_raw(path)
-    record, _ = checked(raw)
-    dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
-    if record.status == "cancelled" and not reopen:
-        fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
-    raw.update((key, to_json(value)) for key, value in fields.items())
-    write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
+    with locked(Path(folder) / LOCK_FILE):
+        raw, _ = read_raw(path)
+        record, _ = checked(raw)
+        dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
+        if record.status == "cancelled" and not reopen:
+            fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
+        raw.update((key, to_json(value)) for key, value in fields.items())
+        write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
     return checked(raw)[0]

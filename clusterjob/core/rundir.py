@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import record
+from clusterjob.core import claim, record
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import (  # noqa: F401  (re-exported: where callers have always found them)
     atomic_open,
@@ -110,29 +110,36 @@ class RunDir:
         return self.logs / f"rank{rank}.proc.json"
 
 
-def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict, **fields: Any) -> RunDir:
-    """Make the run folder with its resolved spec and a pending run.json (plus ``fields``)."""
+def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict, claim_as: Optional[str] = None,
+               **fields: Any) -> RunDir:
+    """Make the run folder with its resolved spec and a pending run.json (plus ``fields``);
+    with ``claim_as``, claimed by this process (clusterjob.core.claim) before run.json
+    exists, so that no other command ever finds the run unclaimed before it is handed over."""
     run = RunDir(Path(root) / name / run_id)
     run.logs.mkdir(parents=True, exist_ok=True)
     run.checkpoints.mkdir(exist_ok=True)
+    if claim_as is not None:
+        claim.take(run.path, claim_as)
     write_atomic(run.spec_file, spec_yaml)
-    run.update(run_id=run_id, name=name, status="pending", params=params, slurm_job_id=None,
-               hosts=[], world_size=None, requeues=0, started_at=None, finished_at=None,
-               final=None, error=None, **fields)
+    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "slurm_job_id": None,
+                  "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
+                  "final": None, "error": None, **fields})
     return run
 
 
-def make_runs(root: Path, name: str, points: list, **fields: Any) -> list[RunDir]:
+def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, **fields: Any) -> list[RunDir]:
     """One run folder per sweep point ``(index, resolved spec YAML, params)``, ids sharing
-    this submission's stamp; ``fields`` go into each run.json. A folder that cannot be
-    made is bad input, and what was made before it is removed again."""
+    this submission's stamp; ``fields`` go into each run.json; each claimed by this
+    process with ``claim_as`` (see ``create_run``). A folder that cannot be made is bad
+    input, and what was made before it is removed again."""
     stamp, parent = new_run_id(), Path(root) / name
     existed, made = parent.exists(), []
     try:
         for index, spec_yaml, params in points:
             run_id = stamp if len(points) == 1 else f"{stamp}-{index:03d}"
-            made.append(create_run(root, name, run_id, spec_yaml, params, **fields))
+            made.append(create_run(root, name, run_id, spec_yaml, params, claim_as, **fields))
     except OSError as err:
+        claim.release(*(run.path for run in made))
         for run in made:
             shutil.rmtree(run.path, ignore_errors=True)
         if not existed:

@@ -7,6 +7,7 @@ jobs is in the queue), so that callers never take an error for "the job ended".
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Optional
 
@@ -75,6 +76,14 @@ def accounting_states(job_ids: list[str]) -> Optional[dict[str, str]]:
         job, _, state = line.partition("|")
         states[job] = state.split()[0] if state.split() else ""  # "CANCELLED by 0" -> CANCELLED
     return states
+
+
+def submit_time(job_id: str) -> Optional[str]:
+    """The job's SubmitTime as ``scontrol show job`` gives it (None when it does not
+    answer). A requeue sets it anew; a later job that gets the same id has its own."""
+    out = _run(["scontrol", "show", "job", "-o", job_id]) or ""
+    found = re.search(r"(?:^|\s)SubmitTime=(\S+)", out)
+    return found.group(1) if found else None
 
 
 def time_left_s(job_id: str) -> Optional[int]:

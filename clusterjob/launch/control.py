@@ -10,14 +10,15 @@ with a note. ``status`` and ``logs`` write nothing; ``refresh(..., write_back=Tr
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
-from clusterjob.core import procs, slurmctl
+from clusterjob.core import claim, procs, slurmctl
 from clusterjob.core.errors import BadInput, SlurmUnreachable, escape
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
@@ -86,9 +87,9 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
     info = view.record
     if info.status in FINAL_STATUSES:
         return view
-    if info.executor == "local":
-        return _reconcile_local(run, view, write_back)
     job = info.slurm_job_id
+    if info.executor == "local" or (info.executor is None and not is_job_id(job)):  # local, or started by hand
+        return _reconcile_local(run, view, write_back)
     if not is_job_id(job):  # no job (yet), or a recorded id no Slurm command would take
         return view
     if queued is None:
@@ -104,17 +105,76 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
 
 
 def _reconcile_local(run: RunDir, view: RunView, write_back: bool) -> RunView:
-    """A detached supervisor that is gone (verified by its start time, not just its pid)
-    ends nothing by itself: its ranks got SIGTERM from the kernel and record their stop.
-    Until they do, the view says so; with ``write_back`` it records the run failed."""
-    ref = view.record.launcher
-    if ref is None or (mismatch := procs.check(ref)) is None or mismatch.kind == "elsewhere":
-        return view
-    if not write_back:
-        return replace(view, note=SUPERVISOR_GONE)
-    fields = {"status": "failed", "finished_at": now_iso(),
-              "error": failure(run, "the local supervisor process ended before the run finished")}
-    return _learnt(run, view, fields, True)
+    """A run without a Slurm job lives in its recorded processes: its supervisor (while
+    the run is pending or running) and its ranks, each verified by its start time, not
+    just its pid. When every one of them ended (kill -9 of all, the OOM killer, a
+    reboot) the run is failed, whatever run.json still says; with ``write_back`` that is
+    recorded. A supervisor gone while ranks live on: they got SIGTERM from the kernel
+    and record their own stop, and the view says so meanwhile."""
+    if view.record.status not in ("pending", "running"):
+        return view  # stopped (preempted, timeout): its ranks recorded it
+    found = processes(run, view.record)
+    if found.alive or found.elsewhere or not found.gone:
+        supervisor_gone = any(line.startswith(SUPERVISOR_WORD) for line in found.gone)
+        return replace(view, note=SUPERVISOR_GONE) if found.alive and supervisor_gone else view
+    fields = {"status": "failed", "finished_at": now_iso(), "error": failure(
+        run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
+             f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
+    return _learnt(run, view, fields, write_back)
+
+
+SUPERVISOR_WORD = "supervisor"
+
+
+@dataclass(frozen=True)
+class Processes:
+    """A run's recorded processes by what became of them, each as "supervisor pid N" or
+    "rank R pid N" (with why, for the ended): alive on this host, on another host (this
+    one cannot tell), or verifiably ended (exited, its pid reused, its host rebooted)."""
+
+    alive: list
+    elsewhere: list
+    gone: list
+
+
+def processes(run: RunDir, info: RunRecord) -> Processes:
+    """What became of the run's supervisor (counted while the run is pending or running:
+    a supervisor of a sweep lives on after this run) and of its ranks (once it left
+    pending: those of a pending run are of an earlier start); reads only."""
+    refs = [] if info.status == "pending" else [(f"rank {rank}", ref) for rank, ref in _rank_refs(run)]
+    if info.launcher is not None and info.status in ("pending", "running"):
+        refs.insert(0, (SUPERVISOR_WORD, info.launcher))
+    found = Processes([], [], [])
+    for who, ref in refs:
+        why = procs.check(ref)
+        if why is None:
+            found.alive.append(f"{who} pid {ref.pid}")
+        elif why.kind == "elsewhere":
+            found.elsewhere.append(f"{who} on {ref.host}")
+        else:
+            found.gone.append(f"{who} pid {ref.pid} {why.kind}")
+    return found
+
+
+def still_running(run: RunDir, view: RunView) -> Optional[str]:
+    """Why the run may still be running, in words, or None when it verifiably stopped:
+    its job is in the queue (or Slurm cannot say), or a process of it is alive here, or
+    ran on another host, which this one cannot look into. Reads only."""
+    info = view.record
+    if view.queue_state:
+        return view.queue_state
+    if info.status in FINAL_STATUSES:
+        return None
+    if view.note == UNREACHABLE:
+        return f"Slurm unreachable: cannot tell whether job {info.slurm_job_id} still runs"
+    if info.executor != "local" and is_job_id(info.slurm_job_id):
+        return None  # the queue and accounting said it left (the view is reconciled)
+    found = processes(run, info)
+    if found.alive:
+        return f"its processes are alive: {', '.join(found.alive)}"
+    if found.elsewhere and info.status in ("pending", "running"):
+        return f"its processes ran {', '.join(found.elsewhere)}; this host cannot tell whether they still run"
+    return None
 
 
 def _learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
@@ -350,9 +410,42 @@ def _stop_rank(rank: str, ref) -> str:
     return f"rank {rank}: not signalled: {why.message}"
 
 
+CLAIM_WAIT_S = 10.0  # how long cancel waits for a submit or resume to hand the run over
+
+
+@contextlib.contextmanager
+def cancel_claim(run: RunDir) -> Iterator[None]:
+    """The block (a cancel) with the run claimed, so that no resume starts it meanwhile.
+    A run its local supervisor holds is cancelled as it runs."""
+    taken = _claim_for_cancel(run)
+    try:
+        yield
+    finally:
+        if taken is not None:
+            claim.release(run.path)
+
+
+def _claim_for_cancel(run: RunDir) -> Optional[claim.Claim]:
+    """The run's claim for a cancel, None where its supervisor holds it (or it has no
+    lock file). A submit or resume handing the run over is waited for (CLAIM_WAIT_S at
+    most), so that its job id or supervisor is recorded before the cancel reads them."""
+    deadline = time.monotonic() + CLAIM_WAIT_S
+    while True:
+        try:
+            return claim.take(run.path, "clusterjob cancel", create=False)
+        except claim.Claimed as busy:
+            if busy.doing == claim.SUPERVISOR:
+                return None
+            if time.monotonic() > deadline:
+                raise BadInput(f"{run.path} is being started by {busy.holder}; cancel it once that returned") from None
+            time.sleep(0.2)
+
+
 def cmd_cancel(args) -> int:
     run = resolve_run(args.run)
-    for line in cancel(run):
+    with cancel_claim(run):
+        lines = cancel(run)
+    for line in lines:
         print(line)
     print(f"cancelled {run.path}")
     return 0

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
+from clusterjob.core import claim, procs
 from clusterjob.core import env as envmod
-from clusterjob.core import procs
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
 
@@ -178,11 +178,13 @@ class Supervisor:
         return infos
 
     def run_one(self, run: RunDir) -> RunRecord:
-        """Run one run folder to its end; its final run.json."""
-        ranks = start_ranks(run, self.world)
-        sent: dict[int, int] = {}  # rank -> the last signal we sent it
-        self._wait(run, ranks, sent)
-        return self._settle(run, [p.returncode for p in ranks], sent)
+        """Run one run folder to its end, holding its claim the whole time (clusterjob.core.claim:
+        no resume starts it meanwhile, and the claim dies with this process); its final run.json."""
+        with claim.claimed(run.path, claim.SUPERVISOR):
+            ranks = start_ranks(run, self.world)
+            sent: dict[int, int] = {}  # rank -> the last signal we sent it
+            self._wait(run, ranks, sent)
+            return self._settle(run, [p.returncode for p in ranks], sent)
 
     def _wait(self, run: RunDir, ranks: list[subprocess.Popen], sent: dict) -> None:
         """Until every rank exited: stop the others when one fails, all on a stop request."""
@@ -263,12 +265,16 @@ def last_progress(run: RunDir) -> Optional[str]:
 
 def detach(runs: list[RunDir], world: int) -> int:
     """Start a supervisor in its own session that runs ``runs`` one after another; its pid.
-    Each run.json records which process it is (``status`` says when it is gone)."""
+    The runs' claims this process holds are handed to it as they are (the same locks, so
+    no other command can start a run in between); each run.json records which process it
+    is (``status`` says when it is gone)."""
+    fds = [held.fd if (held := claim.held(r.path)) is not None else -1 for r in runs]
     log = runs[0].logs / "supervisor.log"  # the supervisor of a sweep logs in its first run
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "clusterjob.launch.local", str(world),
-                                 *(str(r.path) for r in runs)], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                 ",".join(map(str, fds)), *(str(r.path) for r in runs)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=[fd for fd in fds if fd >= 0])
     ref = procs.current(proc.pid)
     for run in runs:
         run.update(executor="local", launcher=ref)
@@ -276,7 +282,12 @@ def detach(runs: list[RunDir], world: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    world, paths = int(argv[0]), argv[1:]
+    """``python -m clusterjob.launch.local WORLD CLAIM_FDS RUN...``: CLAIM_FDS are the
+    descriptors of the runs' claims that ``detach`` handed over (-1: none), in run order."""
+    world, fds, paths = int(argv[0]), [int(fd) for fd in argv[1].split(",")], argv[2:]
+    for fd, path in zip(fds, paths):
+        if fd >= 0:
+            claim.adopt(fd, path, claim.SUPERVISOR)
     supervisor = Supervisor(world).install()
     for path, info in zip(paths, supervisor.run_all([RunDir(Path(p)) for p in paths])):
         print(f"{path}: {info.status}", flush=True)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from clusterjob.core import claim, procs
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, make_runs
 from clusterjob.spec.schema import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
@@ -68,7 +69,7 @@ def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: b
         return _dry_run(spec, points, executor)
     snap = _snapshot_plan(spec)
     runs = make_runs(Path(spec.output.root), spec.name, [(p.index, dump_spec(p.spec), p.params) for p in points],
-                     **_origin())
+                     claim_as="clusterjob submit", **_origin())
     if snap is not None:
         from clusterjob.launch import snapshot
 
@@ -135,12 +136,16 @@ def _dry_run(spec: Spec, points: list[SweepPoint], executor: str) -> int:
 
 
 def _start(spec: Spec, runs: list[RunDir], executor: str, wait: bool) -> int:
-    """Hand the runs to the executor; with ``wait``, follow them to the end and report."""
+    """Hand the runs (claimed by this process) to the executor, which ends the claims: a
+    Slurm run's once its job id is recorded, a local run's with the run (the supervisor
+    takes them over); with ``wait``, follow them to the end and report."""
     if executor == "local":
         return _start_local(spec, runs, wait)
     from clusterjob.launch import slurm
 
-    for job_id, run in zip(slurm.start(spec, runs), runs):
+    job_ids = slurm.start(spec, runs)
+    claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
+    for job_id, run in zip(job_ids, runs):
         print(f"{job_id}  {run.path}")
     if not wait:
         print(f"follow with: clusterjob status {runs[0].path.parent}")
@@ -154,6 +159,7 @@ def _start_local(spec: Spec, runs: list[RunDir], wait: bool) -> int:
     world = spec.resources.tasks_per_node
     if not wait:
         pid = local.detach(runs, world)
+        claim.release(*(run.path for run in runs))  # the supervisor holds them now
         for run in runs:
             print(f"{run.path}  (local, supervisor pid {pid})")
         print(f"follow with: clusterjob status {runs[0].path.parent}")
@@ -161,7 +167,7 @@ def _start_local(spec: Spec, runs: list[RunDir], wait: bool) -> int:
     line = LiveLine(sys.stdout)
     supervisor = local.Supervisor(world, on_tick=lambda run: line.show(local.last_progress(run))).install()
     for run in runs:
-        run.update(executor="local")
+        run.update(executor="local", launcher=procs.current())  # this process is their supervisor
     infos = []
     for run in runs:
         infos += supervisor.run_all([run])
@@ -249,27 +255,41 @@ def print_report(runs: list[RunDir]) -> None:
 
 def resume(run_text: str, wait: bool = False) -> int:
     """``clusterjob resume RUN``: start a stopped, failed or timed-out run again in its own
-    folder, from its last checkpoint, with the executor and resources it had."""
+    folder, from its last checkpoint, with the executor and resources it had. A run
+    whose every process died without recording its end (kill -9, the OOM killer, a
+    reboot) counts as stopped. The run is claimed (clusterjob.core.claim) from the check
+    of its state until it is handed over, so of several resumes at once one starts it."""
     from clusterjob.launch import control
 
     run = control.resolve_run(run_text)
     control.readable_record(run)  # before anything is started or written
-    (view,) = control.views([run])
-    status = view.record.status
-    if status == "completed":
-        raise BadInput(f"{run.path} is completed; there is nothing to resume")
-    if status in ("pending", "running") or view.queue_state:
-        raise BadInput(f"{run.path} is {status} ({view.queue_state or 'its processes are alive'}); "
-                       f"resume continues a run that stopped: `clusterjob cancel {run.path}` first")
+    _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     spec = load_spec(run.spec_file)
     check_paths(spec)
-    info = run.read()
-    executor = "slurm" if info.executor == "slurm" else "local"
+    executor = "slurm" if run.read().executor == "slurm" else "local"
     if executor == "slurm":
         choose_executor("slurm")
     else:
         check_local(spec)
-    run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None,
-               error=None, cancel_requested_at=None, slurm_job_id=None if executor == "slurm" else info.slurm_job_id)
-    print(f"resuming {run.path} ({executor}) from its last checkpoint")
-    return _start(spec, [run], executor, wait)
+    with claim.claimed(run.path, "clusterjob resume"):
+        _check_resumable(run)  # again, now that no other command can start it
+        restarts = run.read().restarts or 0
+        run.update(reopen=True, status="pending", restarts=restarts + 1, finished_at=None, error=None,
+                   launcher=None, cancel_requested_at=None, **({"slurm_job_id": None} if executor == "slurm" else {}))
+        print(f"resuming {run.path} ({executor}) from its last checkpoint")
+        return _start(spec, [run], executor, wait)
+
+
+def _check_resumable(run: RunDir) -> None:
+    """Bad input unless the run stopped: completed, or still running (its job in the
+    queue, a process of it alive), it is refused. Reads only."""
+    from clusterjob.launch import control
+
+    (view,) = control.views([run])
+    status = view.record.status
+    if status == "completed":
+        raise BadInput(f"{run.path} is completed; there is nothing to resume")
+    live = control.still_running(run, view)
+    if live:
+        raise BadInput(f"{run.path} is {status} ({live}); resume continues a run that stopped: "
+                       f"`clusterjob cancel {run.path}` first")

@@ -15,7 +15,7 @@ from clusterjob.core.rundir import RunDir, create_run
 # A run.json as written before the record existed (a failed local run of a sweep).
 OLD_RUN_JSON = {
     "run_id": "20240101-120000-ab12-001", "name": "exp", "status": "failed", "params": {"train.lr": 0.05},
-    "slurm_job_id": None, "hosts": ["node1"], "world_size": 2, "requeues": 0, "started_at": "2024-01-01T12:00:01",
+    "slurm_job_id": None, "slurm_job_submitted": None, "hosts": ["node1"], "world_size": 2, "requeues": 0, "started_at": "2024-01-01T12:00:01",
     "finished_at": "2024-01-01T12:05:00", "final": {"epoch": 2, "val_acc": 0.5}, "submit_dir": "/home/u/proj",
     "git_sha": "abc123", "executor": "local",
     "launcher": {"host": "node1", "boot_id": "b", "pid": 4242, "start_ticks": 99},

@@ -265,19 +265,54 @@ def test_status_through_the_cli_with_squeue_failing(tmp_path, shims):
     assert run.info_file.read_bytes() == before
 
 
-def test_a_local_run_whose_supervisor_is_gone(tmp_path, fake_slurm):
+def _ended_ref() -> procs.ProcessRef:
     ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
     ref = procs.current(ended.pid)
     ended.wait()  # the recorded process is gone (its pid may be another's by now)
-    run = make_run(tmp_path, status="running", executor="local", launcher=ref.to_dict())
+    return ref
+
+
+def test_a_local_run_whose_supervisor_is_gone_while_a_rank_lives_on(tmp_path, fake_slurm):
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        run = make_run(tmp_path, status="running", executor="local", launcher=_ended_ref().to_dict())
+        run.proc_file(0).write_text(json.dumps(procs.current(rank.pid).to_dict()))
+        before = run.info_file.read_bytes()
+        (info,) = control.refresh([run])
+        assert info["status"] == "running" and info["note"] == "supervisor gone"
+        assert "running (supervisor gone)" in control.status_table([run], [info])
+        assert control.still_running(run, control.views([run])[0]) == f"its processes are alive: rank 0 pid {rank.pid}"
+        assert run.info_file.read_bytes() == before
+    finally:
+        rank.kill()
+
+
+def test_a_local_run_whose_every_process_ended_is_failed(tmp_path, fake_slurm):
+    supervisor, rank = _ended_ref(), _ended_ref()
+    run = make_run(tmp_path, status="running", executor="local", launcher=supervisor.to_dict())
+    run.proc_file(0).write_text(json.dumps(rank.to_dict()))
     before = run.info_file.read_bytes()
     (info,) = control.refresh([run])
-    assert info["status"] == "running" and info["note"] == "supervisor gone"
-    assert "running (supervisor gone)" in control.status_table([run], [info])
-    assert run.info_file.read_bytes() == before
+    assert info["status"] == "failed" and run.info_file.read_bytes() == before  # status shows it, writes nothing
+    assert info["error"]["message"].startswith(
+        f"every process of the run ended before it recorded its end (supervisor pid {supervisor.pid} ")
+    assert f"rank 0 pid {rank.pid} " in info["error"]["message"]
+    assert control.still_running(run, control.views([run])[0]) is None
     (info,) = control.refresh([run], write_back=True)
     assert info["status"] == "failed" and run.read_info()["status"] == "failed"
-    assert "local supervisor process ended" in run.read_info()["error"]["message"]
+    assert "every process of the run ended" in run.read_info()["error"]["message"]
+
+
+def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
+    """The rank records of a pending run are of an earlier start: a resumed run waiting
+    for its new supervisor is not failed for them."""
+    run = make_run(tmp_path, status="pending", executor="local")
+    run.proc_file(0).write_text(json.dumps(_ended_ref().to_dict()))
+    assert control.refresh([run])[0]["status"] == "pending"
+    run.update(launcher=_ended_ref())
+    assert control.refresh([run])[0]["status"] == "failed"
+    run.update(status="preempted")  # stopped: its ranks recorded it, whatever became of them
+    assert control.refresh([run])[0]["status"] == "preempted"
 
 
 def test_status_of_mistyped_fields_names_them(tmp_path, fake_slurm):

@@ -11,7 +11,8 @@ test_sbatch_render.py). Each must complete with world_size 4 on [node1, node2], 
 epoch logged once, and the same final val_loss. A third job (the raw torchrun template
 with flags) would add a third of the CPU time of this module for little coverage.
 The jobs are polled with scontrol rather than `sbatch --wait`, which checks after
-2, 10, 42, 74 s ... and so adds up to half a minute per run.
+2, 10, 42, 74 s ... and so adds up to half a minute per run. A last job reuses the id
+of an earlier run folder (it is held while that folder is made) and is requeued once.
 """
 import json
 import os
@@ -170,3 +171,58 @@ def test_rendered_srun_headers_are_accepted(slurm_cluster, tmp_path):
     res = subprocess.run(["sbatch", "--test-only", f"--chdir={tmp_path}", str(script)],
                          env=job_env(slurm_cluster), capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "to start at" in res.stderr, res.stdout + res.stderr
+
+
+def files_of(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_job_id_used_before_never_reopens_that_run(slurm_cluster, tmp_path):
+    """A raw sbatch job whose id an earlier job's completed run of another spec holds (ids
+    start again when Slurm loses its state, or two clusters share a results folder) runs
+    in a folder of its own, slurm-<id>-2, from epoch 1, and leaves the old run as it was;
+    a requeue of the job (a new SubmitTime) finds slurm-<id>-2 again and continues it."""
+    spec_file = tmp_path / "tiny.yaml"
+    raw = tiny_spec(tmp_path / "results")
+    raw["data"]["limit_train"] = 8192
+    raw["train"]["epochs"] = 4
+    raw["resources"].update(nodes=1, tasks_per_node=1)
+    spec_file.write_text(yaml.safe_dump(raw))
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    cmd = ["sbatch", "--parsable", "--hold", f"--chdir={workdir}", "--job-name=cj-reuse", "--nodes=1",
+           "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=1G", "--time=10", "--gres=none",
+           str(sbatch.template_path("srun")), str(spec_file)]
+    res = subprocess.run(cmd, env=job_env(slurm_cluster), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = res.stdout.strip().split(";")[0]
+    try:
+        old = tmp_path / "results" / "templates" / f"slurm-{job}"  # the earlier job's run, of another spec
+        (old / "checkpoints").mkdir(parents=True)
+        (old / "spec.yaml").write_text(yaml.safe_dump({**raw, "train": {**raw["train"], "lr": 0.5}}))
+        (old / "run.json").write_text(json.dumps({
+            "run_id": f"slurm-{job}", "name": "templates", "status": "completed", "slurm_job_id": job,
+            "slurm_job_submitted": "2020-01-01T00:00:00", "final": {"epoch": 2, "val_acc": 0.5}}))
+        (old / "metrics.jsonl").write_text('{"epoch": 1, "val_acc": 0.4}\n{"epoch": 2, "val_acc": 0.5}\n')
+        (old / "checkpoints" / "epoch-0002.pt").write_bytes(b"the old weights")
+        before = files_of(old)
+        slurm_cluster.run("scontrol", "release", job)
+        new = old.parent / f"slurm-{job}-2"
+        deadline = time.monotonic() + WAIT_S
+        while not (new / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            assert job_state(slurm_cluster, job) not in DONE, f"job {job} ended early\n{logs(workdir)}"
+            time.sleep(0.2)
+        slurm_cluster.run("scontrol", "requeue", job)  # ends this start; the next has SLURM_RESTART_COUNT=1
+        states = wait_all(slurm_cluster, [job])
+    finally:
+        if job_state(slurm_cluster, job) not in DONE:
+            slurm_cluster.run("scancel", job, check=False)
+    assert states[job] == "COMPLETED", f"job {job} ended {states[job]}\n{logs(workdir)}"
+    assert files_of(old) == before
+    info = json.loads((new / "run.json").read_text())
+    assert info["status"] == "completed" and info["slurm_job_id"] == job and info["requeues"] == 1, info
+    assert [json.loads(line)["epoch"] for line in (new / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert (new / "spec.yaml").read_text() != (old / "spec.yaml").read_text()
+    assert not (old.parent / f"slurm-{job}-3").exists()  # the requeued start found its own folder
+    said = "".join(path.read_text(errors="replace") for path in workdir.glob("*.0.out"))
+    assert f"{old} is a run of another job with the same id; this job runs in {new}" in said
