@@ -745,7 +745,32 @@ def dump_spec(spec: Spec) -> str:
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
     """Read, override and validate a spec file. Raises SpecError (exit 2) on bad input."""
-    return spec_from_dict(apply_overrides(read_spec_file(path), overrides))
+    return spec_from_dict(apply_overrides(read_spec_file(path), overrides, holds_text))
+
+
+def holds_text(key: str) -> bool:
+    """Whether dotted ``key`` holds text: a key typed str (or Optional[str], or a choice of
+    words), or a metric's regex (``entrypoint.metrics.NAME``). ``--set`` keeps such a
+    value as typed where YAML would read it as something else (yamlfile.override_value)."""
+    *sections, name = key.split(".")
+    if sections == ["entrypoint", "metrics"]:
+        return True
+    cls: Optional[type] = Spec
+    for section in sections:
+        cls = _section_type(cls, section) if cls is not None else None
+    if cls is None:
+        return False
+    hint = _hints(cls).get(name)
+    words = choices_of(hint)
+    return hint in (str, Optional[str]) or (words is not None and all(isinstance(c, str) for c in words))
+
+
+def _section_type(cls: type, name: str) -> Optional[type]:
+    """The section class of field ``name`` of section ``cls`` (Optional unwrapped), else None."""
+    hint = _hints(cls).get(name)
+    inner = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is Union else [hint]
+    found = inner[0] if len(inner) == 1 else None
+    return found if isinstance(found, type) and is_dataclass(found) else None
 
 
 # ----------------------------------------------------------------------------- sweeps
