@@ -58,7 +58,7 @@ class RunRecord:
     run_id: Optional[str] = None
     name: Optional[str] = None
     status: Optional[str] = None
-    params: Optional[dict] = None  # the sweep point, dotted keys
+    params: Optional[dict] = None  # the resolved params, dotted keys (the sweep point, params.NAME)
     slurm_job_id: Optional[str] = None  # 123, or 123_4 for an array task
     executor: Optional[str] = None  # local | slurm
     launcher: Optional[ProcessRef] = None  # the detached local supervisor

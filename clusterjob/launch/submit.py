@@ -65,7 +65,7 @@ def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: b
     if dry_run:
         return _dry_run(spec, points, executor)
     snap = _snapshot_plan(spec)
-    runs = make_runs(Path(spec.output.root), spec.name, [(p.index, dump_spec(p.spec), p.params) for p in points],
+    runs = make_runs(Path(spec.output.root), spec.name, [(p.index, dump_spec(p.spec), p.run_params) for p in points],
                      **_origin())
     if snap is not None:
         from clusterjob.launch import snapshot
@@ -93,7 +93,7 @@ def _dry_run(spec: Spec, points: list[SweepPoint], executor: str) -> int:
     if executor == "local":
         for point in points:
             print(f"would run {spec.resources.tasks_per_node} local processes: "
-                  f"python -m clusterjob.run <run>/spec.yaml  params={point.params}")
+                  f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}")
         return 0
     from clusterjob.launch import slurm
 

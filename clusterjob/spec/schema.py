@@ -784,6 +784,13 @@ class SweepPoint:
     params: dict
     spec: Spec
 
+    @property
+    def run_params(self) -> dict:
+        """What run.json records as ``params`` (docs/design.md, "Results layout"): the
+        point's values, then every key of the run's own params as ``params.NAME``, so
+        runs group by ``params.NAME`` whether it was swept or not."""
+        return {**self.params, **{f"params.{name}": value for name, value in self.spec.params.items()}}
+
 
 def expand_sweep(spec: Spec) -> list[SweepPoint]:
     """The grid of the sweep's lists, in the order written; a spec without sweep is one point.
