@@ -234,6 +234,8 @@ class EntrypointSpec(Section):
     metrics: dict = opt({}, "metric name -> regex with one group, matched on rank 0's output")
     local_rank_arg: bool = opt(False, "append --local_rank=N, as torch.distributed.launch did")
     snapshot: bool = opt(False, "copy the code into <run>/code/ at submit and run that copy")
+    snapshot_max_file_mb: float = opt(10.0, "a snapshot skips files larger than this (MB), with a warning", gt=0)
+    snapshot_max_total_mb: float = opt(100.0, "a snapshot larger than this in all (MB) is refused", gt=0)
 
     def check(self) -> None:
         given = [k for k in ("script", "module", "function") if getattr(self, k) is not None]
