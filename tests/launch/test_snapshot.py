@@ -1,17 +1,25 @@
 """``entrypoint.snapshot`` through ``clusterjob submit`` with real processes: what is
-copied outside and inside a git repository, and the size caps."""
+copied outside and inside a git repository, the size caps, and a snapshot that fails
+(a read error, a full disk) or is stopped (Ctrl-C, SIGTERM) leaves no run behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import resource
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+NOBODY = 65534
 SCRIPT = "import clusterjob\nclusterjob.log(step=1, version=1.0)\n"
 
 
@@ -30,8 +38,8 @@ def write_spec(folder: Path, root: Path, **entrypoint) -> Path:
     return path
 
 
-def submit(folder: Path, *extra: str, wait: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "clusterjob", "submit", "snap.yaml", "--executor", "local",
+def submit(folder: Path, *extra: str, wait: bool = True, prefix: tuple = (), **kwargs) -> subprocess.CompletedProcess:
+    argv = [*prefix, sys.executable, "-m", "clusterjob", "submit", "snap.yaml", "--executor", "local",
             *(["--wait"] if wait else []), *extra]
     return subprocess.run(argv, cwd=folder, env=env(), capture_output=True, text=True, timeout=300, **kwargs)
 
@@ -122,3 +130,82 @@ def test_a_snapshot_over_the_total_cap_is_refused_and_writes_nothing(tmp_path):
     assert line.startswith("clusterjob: error: entrypoint.snapshot_max_total_mb: ")
     assert "would copy 5 files, 1.2 MB, over the cap of 1 MB" in line and ".gitignore" in line
     assert files_below(tmp_path) == before and not (tmp_path / "results").exists()
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder user nobody can write in (pytest's temp folders are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="clusterjob-snapshot-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_an_unreadable_file_fails_the_submit_and_leaves_no_run(shared_folder):
+    """A file the user cannot read (root reads every file, so the submit runs as nobody)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to submit as another user")
+    write(shared_folder / "train.py", SCRIPT)
+    write(shared_folder / "pkg" / "secret.py")
+    (shared_folder / "pkg" / "secret.py").chmod(0o000)
+    write_spec(shared_folder, shared_folder / "results")
+    nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    done = submit(shared_folder, prefix=nobody)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"clusterjob: error: snapshot: cannot copy '{shared_folder}/pkg/secret.py' to ")
+    assert line.endswith(": Permission denied; no run was left behind")
+    assert not (shared_folder / "results").exists()
+
+
+def test_a_read_error_during_the_snapshot_leaves_no_run(tmp_path):
+    """A file whose read fails (EIO, as on a failing disk): /proc/self/mem at offset 0."""
+    write(tmp_path / "train.py", SCRIPT)
+    os.symlink("/proc/self/mem", tmp_path / "broken.bin")
+    (tmp_path / "results" / "snap").mkdir(parents=True)  # an experiment folder from before: kept
+    write_spec(tmp_path, tmp_path / "results")
+    done = submit(tmp_path)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert f"snapshot: cannot copy '{tmp_path}/broken.bin'" in line
+    assert line.endswith(": Input/output error; no run was left behind")
+    assert files_below(tmp_path / "results") == set() and (tmp_path / "results" / "snap").is_dir()
+
+
+def test_a_full_disk_during_the_snapshot_leaves_no_run(tmp_path):
+    """The copy's write fails (here over RLIMIT_FSIZE: EFBIG, as ENOSPC on a full disk)."""
+    write(tmp_path / "train.py", SCRIPT)
+    write(tmp_path / "table.csv", b"1,2\n" * 500_000)  # 2 MB
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, 1_000_000))
+
+    write_spec(tmp_path, tmp_path / "results")
+    done = submit(tmp_path, preexec_fn=small_files)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert f"snapshot: cannot copy '{tmp_path}/table.csv'" in line
+    assert line.endswith(": File too large; no run was left behind")
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_while_the_snapshot_copies_leaves_no_run(tmp_path, sig):
+    write(tmp_path / "train.py", SCRIPT)
+    for index in range(10_000):  # about a second of copying: the signal lands in it
+        write(tmp_path / f"pkg{index // 100}" / f"m{index % 100}.py", "x = 1\n")
+    write_spec(tmp_path, tmp_path / "results")
+    argv = [sys.executable, "-m", "clusterjob", "submit", "snap.yaml", "--executor", "local"]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "results").glob("snap/*/code")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the snapshot never started"
+        time.sleep(0.005)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, out + err
+    assert "snapshot:" not in out  # stopped before the copy was done
+    assert err.splitlines() == [f"clusterjob: stopped by {sig.name}{' (Ctrl-C)' if sig == signal.SIGINT else ''} "
+                                "before the runs were handed over; no run was left behind"]
+    assert not (tmp_path / "results").exists()
