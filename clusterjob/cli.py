@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Callable, Optional
 
-from clusterjob.core.errors import BadInput, SlurmUnreachable
+from clusterjob.core.errors import BadInput, Failure
 from clusterjob.core.provenance import VERSION
 
 
@@ -190,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except (BadInput, SlurmUnreachable) as err:
+    except (BadInput, Failure) as err:
         print(f"clusterjob: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

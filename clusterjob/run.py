@@ -121,14 +121,14 @@ def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, di
     """The spec of this run; a sweep spec runs the point of --point or the array task."""
     points = expand_sweep(load_spec(args.spec, args.set))
     if len(points) == 1:
-        return points[0].spec, points[0].params
+        return points[0].spec, points[0].run_params
     job = envmod.slurm_job()
     index = args.point if args.point is not None else (job.array_task_id if job else None)
     if index is None or not str(index).isdigit() or not 0 <= int(index) < len(points):
         raise BadInput(f"{args.spec} is a sweep of {len(points)} runs; pass --point 0..{len(points) - 1}, "
                        "run it as a Slurm array, or use `clusterjob submit`")
     point = points[int(index)]
-    return point.spec, point.params
+    return point.spec, point.run_params
 
 
 def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:

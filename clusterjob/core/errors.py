@@ -27,14 +27,19 @@ class BadInput(Exception):
         return escape(super().__str__())
 
 
-class SlurmUnreachable(RuntimeError):
-    """A Slurm command that had to succeed did not answer. The CLI prints the message
-    and exits 1: the input was fine, the cluster was not."""
+class Failure(RuntimeError):
+    """A command failed for a reason that is not bad input (a disk, a read, a cluster).
+    The CLI prints the message, one line, and exits 1."""
 
     exit_code = 1
 
     def __str__(self) -> str:
         return escape(super().__str__())
+
+
+class SlurmUnreachable(Failure):
+    """A Slurm command that had to succeed did not answer: the input was fine, the
+    cluster was not."""
 
 
 class SpecError(BadInput):

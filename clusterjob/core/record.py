@@ -59,7 +59,7 @@ class RunRecord:
     run_id: Optional[str] = None
     name: Optional[str] = None
     status: Optional[str] = None
-    params: Optional[dict] = None  # the sweep point, dotted keys
+    params: Optional[dict] = None  # the resolved params, dotted keys (the sweep point, params.NAME)
     slurm_job_id: Optional[str] = None  # 123, or 123_4 for an array task
     # The SubmitTime (scontrol) of the job that made the run folder slurm-<job>, at its
     # first start: with the id it tells that job (and its requeues) from a later job

@@ -130,20 +130,24 @@ def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict,
 def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, **fields: Any) -> list[RunDir]:
     """One run folder per sweep point ``(index, resolved spec YAML, params)``, ids sharing
     this submission's stamp; ``fields`` go into each run.json; each claimed by this
-    process with ``claim_as`` (see ``create_run``). A folder that cannot be made is bad
-    input, and what was made before it is removed again."""
+    process with ``claim_as`` (see ``create_run``). All or none: whatever stops it (an
+    error, Ctrl-C) removes what it made (and its claims), and a folder that cannot be
+    made is bad input."""
     stamp, parent = new_run_id(), Path(root) / name
     existed, made = parent.exists(), []
     try:
         for index, spec_yaml, params in points:
             run_id = stamp if len(points) == 1 else f"{stamp}-{index:03d}"
-            made.append(create_run(root, name, run_id, spec_yaml, params, claim_as, **fields))
-    except OSError as err:
+            made.append(RunDir(parent / run_id))  # before it is made: a half-made folder goes too
+            create_run(root, name, run_id, spec_yaml, params, claim_as, **fields)
+    except BaseException as err:
         claim.release(*(run.path for run in made))
         for run in made:
             shutil.rmtree(run.path, ignore_errors=True)
         if not existed:
             shutil.rmtree(parent, ignore_errors=True)
+        if not isinstance(err, OSError):
+            raise
         raise BadInput(f"output.root: cannot make run folders under {str(parent)!r}: {err.strerror or err}; "
                        "choose a writable output.root") from None
     return made

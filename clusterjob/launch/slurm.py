@@ -10,6 +10,8 @@ so (a task killed by a signal) as failed in its run.json.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -20,6 +22,7 @@ from typing import Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import slurmctl
+from clusterjob.core.errors import BadInput, Failure
 from clusterjob.core.rundir import RunDir, RunError, RunRecord, mark_failed, now_iso, tail_lines
 from clusterjob.launch.resources import submitit_parameters
 from clusterjob.spec.schema import Spec
@@ -83,16 +86,74 @@ def start(spec: Spec, runs: list[RunDir]) -> list[str]:
 
 def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
     runs_file = folder / f"{runs[0].run_id}.runs.json"
-    runs_file.write_text(json.dumps([str(r.path.resolve()) for r in runs]))
-    executor = _executor(spec, folder, runs_file)
-    if len(runs) == 1:
-        jobs = [executor.submit(RunTask(str(runs[0].spec_file.resolve())))]
-    else:
-        with executor.batch():
-            jobs = [executor.submit(RunTask(str(r.spec_file.resolve()))) for r in runs]
+    before = set(os.listdir(folder))
+    try:
+        runs_file.write_text(json.dumps([str(r.path.resolve()) for r in runs]))
+        jobs = _sbatch(spec, runs, folder, runs_file)
+    except BaseException as err:
+        _remove_leftovers(folder, before)
+        if isinstance(err, (OSError, RuntimeError)):  # submitit's errors are RuntimeErrors
+            raise refusal(spec, err) from None
+        raise
     for run, job in zip(runs, jobs):
         run.update(executor="slurm", slurm_job_id=job.job_id, log_dir=str(folder.resolve()))
         _link_logs(run, folder, job.job_id, spec.world_size)
+
+
+def _sbatch(spec: Spec, runs: list[RunDir], folder: Path, runs_file: Path) -> list:
+    """submitit's jobs of ``runs``; submitit echoes a refusing sbatch's stderr, which the
+    error says once (``refusal``)."""
+    executor = _executor(spec, folder, runs_file)
+    with contextlib.redirect_stderr(io.StringIO()):
+        if len(runs) == 1:
+            return [executor.submit(RunTask(str(runs[0].spec_file.resolve())))]
+        with executor.batch():
+            jobs = [executor.submit(RunTask(str(r.spec_file.resolve()))) for r in runs]
+        return jobs
+
+
+def _remove_leftovers(folder: Path, before: set) -> None:
+    """The files a submission that failed left in ``folder``: its runs file, submitit's
+    pickles and sbatch script (named by a fresh uuid each, so never another's)."""
+    for name in set(os.listdir(folder)) - before:
+        if name.endswith((".runs.json", ".pkl")) or name.startswith(".submission_file_"):
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+
+
+# sbatch's words for a request this cluster cannot take, and the spec key that asked for it
+# (the first named wins: "Invalid account or account/partition combination" is the account's).
+_REFUSED_KEYS = (("account", "resources.account"), ("partition", "resources.partition"),
+                 ("qos", "resources.qos"), ("feature", "resources.constraint"),
+                 ("generic resource", "resources.gpus_per_node"), ("gres", "resources.gpus_per_node"),
+                 ("time limit", "resources.time_min"), ("memory", "resources.mem_gb"),
+                 ("node count", "resources.nodes"), ("processors", "resources.cpus_per_task"))
+_REFUSED = re.compile(r"invalid|not available|not permitted|than permitted|denied|exceeds", re.IGNORECASE)
+
+
+def refusal(spec: Spec, err: Exception) -> Exception:
+    """The error of a submission that failed: bad input (exit 2) naming the spec key when
+    sbatch refused what the spec asked for (an account, a partition, a time limit the
+    cluster does not have), else a Failure (exit 1: the controller is down, ...)."""
+    if isinstance(err, OSError):
+        return Failure(f"sbatch could not run: {err.strerror or err}; check that Slurm's commands work here")
+    reason = _sbatch_reason(str(err))
+    if not _REFUSED.search(reason):
+        return Failure(f"sbatch failed: {reason}")
+    key = next((key for word, key in _REFUSED_KEYS if word in reason.lower()), "resources")
+    name = key.partition(".")[2]
+    value = f" ({key}: {getattr(spec.resources, name)!r})" if name else ""
+    return BadInput(f"{key}: sbatch refused the job: {reason}{value}; use a value this cluster offers "
+                    "(sinfo, sacctmgr show assoc user=$USER) or leave it out for the default")
+
+
+def _sbatch_reason(text: str) -> str:
+    """sbatch's reason ("Invalid partition name specified") from its error output."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "submission failed:" in line:
+            return line.split("submission failed:", 1)[1].strip()
+    return lines[-1].removeprefix("sbatch: error: ") if lines else "no reason given"
 
 
 def _link_logs(run: RunDir, folder: Path, job_id: str, world: int) -> None:

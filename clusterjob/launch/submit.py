@@ -2,7 +2,10 @@
 run folders, hand them to an executor (clusterjob.launch), and with ``--wait`` follow
 them to the end: one summary line per run, then the report.
 
-All checks run before anything is written, so bad input changes nothing on disk.
+All checks run before anything is written, so bad input changes nothing on disk; a
+submission that fails after its run folders were made and before the executor has them
+(sbatch refusing the job, a snapshot that cannot be copied, Ctrl-C) leaves none of them
+``pending`` (clusterjob.launch.handover).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from clusterjob.core import claim, procs
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, make_runs
+from clusterjob.launch.handover import Window
 from clusterjob.spec.schema import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
 
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # Slurm polls back off from the first to the longest wait
@@ -68,13 +72,16 @@ def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: b
     if dry_run:
         return _dry_run(spec, points, executor)
     snap = _snapshot_plan(spec)
-    runs = make_runs(Path(spec.output.root), spec.name, [(p.index, dump_spec(p.spec), p.params) for p in points],
-                     claim_as="clusterjob submit", **_origin())
-    if snap is not None:
-        from clusterjob.launch import snapshot
+    with Window(parent=Path(spec.output.root) / spec.name) as window:
+        runs = window.hold(make_runs(Path(spec.output.root), spec.name,
+                                     [(p.index, dump_spec(p.spec), p.run_params) for p in points],
+                                     claim_as="clusterjob submit", executor=executor,
+                                     **_origin()))  # resume's executor, if the start fails
+        if snap is not None:
+            from clusterjob.launch import snapshot
 
-        snapshot.take(snap, points, runs)
-    return _start(spec, runs, executor, wait)
+            snapshot.take(snap, points, runs)
+        return _start(spec, runs, executor, wait, window)
 
 
 def preflight_checks(spec: Spec, points: int) -> list:
@@ -125,7 +132,7 @@ def _dry_run(spec: Spec, points: list[SweepPoint], executor: str) -> int:
     if executor == "local":
         for point in points:
             print(f"would run {spec.resources.tasks_per_node} local processes: "
-                  f"python -m clusterjob.run <run>/spec.yaml  params={point.params}")
+                  f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}")
         return 0
     from clusterjob.launch import slurm
 
@@ -135,15 +142,17 @@ def _dry_run(spec: Spec, points: list[SweepPoint], executor: str) -> int:
     return 0
 
 
-def _start(spec: Spec, runs: list[RunDir], executor: str, wait: bool) -> int:
-    """Hand the runs (claimed by this process) to the executor, which ends the claims: a
-    Slurm run's once its job id is recorded, a local run's with the run (the supervisor
-    takes them over); with ``wait``, follow them to the end and report."""
+def _start(spec: Spec, runs: list[RunDir], executor: str, wait: bool, window: Window) -> int:
+    """Hand the runs (claimed by this process) to the executor, closing the ``window``;
+    that ends the claims: a Slurm run's once its job id is recorded, a local run's with
+    the run (the supervisor takes them over); with ``wait``, follow them to the end and
+    report."""
     if executor == "local":
-        return _start_local(spec, runs, wait)
+        return _start_local(spec, runs, wait, window)
     from clusterjob.launch import slurm
 
-    job_ids = slurm.start(spec, runs)
+    with window.handing_over():
+        job_ids = slurm.start(spec, runs)
     claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
     for job_id, run in zip(job_ids, runs):
         print(f"{job_id}  {run.path}")
@@ -153,21 +162,23 @@ def _start(spec: Spec, runs: list[RunDir], executor: str, wait: bool) -> int:
     return _finish(runs, wait_slurm(runs))
 
 
-def _start_local(spec: Spec, runs: list[RunDir], wait: bool) -> int:
+def _start_local(spec: Spec, runs: list[RunDir], wait: bool, window: Window) -> int:
     from clusterjob.launch import local
 
     world = spec.resources.tasks_per_node
     if not wait:
-        pid = local.detach(runs, world)
+        with window.handing_over():
+            pid = local.detach(runs, world)
         claim.release(*(run.path for run in runs))  # the supervisor holds them now
         for run in runs:
             print(f"{run.path}  (local, supervisor pid {pid})")
         print(f"follow with: clusterjob status {runs[0].path.parent}")
         return 0
     line = LiveLine(sys.stdout)
-    supervisor = local.Supervisor(world, on_tick=lambda run: line.show(local.last_progress(run))).install()
     for run in runs:
         run.update(executor="local", launcher=procs.current())  # this process is their supervisor
+    window.close()  # this process supervises the runs: its Supervisor owns the stop signals from here
+    supervisor = local.Supervisor(world, on_tick=lambda run: line.show(local.last_progress(run))).install()
     infos = []
     for run in runs:
         infos += supervisor.run_all([run])
@@ -271,13 +282,13 @@ def resume(run_text: str, wait: bool = False) -> int:
         choose_executor("slurm")
     else:
         check_local(spec)
-    with claim.claimed(run.path, "clusterjob resume"):
+    with claim.claimed(run.path, "clusterjob resume"), Window(runs=[run]) as window:
         _check_resumable(run)  # again, now that no other command can start it
         restarts = run.read().restarts or 0
         run.update(reopen=True, status="pending", restarts=restarts + 1, finished_at=None, error=None,
                    launcher=None, cancel_requested_at=None, **({"slurm_job_id": None} if executor == "slurm" else {}))
         print(f"resuming {run.path} ({executor}) from its last checkpoint")
-        return _start(spec, [run], executor, wait)
+        return _start(spec, [run], executor, wait, window)
 
 
 def _check_resumable(run: RunDir) -> None:

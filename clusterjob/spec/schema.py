@@ -240,6 +240,8 @@ class EntrypointSpec(Section):
                                                       "ran in) | run (the run folder, so ./checkpoints are per run)")
     stop_grace_s: float = opt(10.0, "a plain script (one that never asks clusterjob.should_stop()) is killed this "
                                     "long after SIGTERM, cancel or Ctrl-C reached it", gt=0, lt=3600)
+    snapshot_max_file_mb: float = opt(10.0, "a snapshot skips files larger than this (MB), with a warning", gt=0)
+    snapshot_max_total_mb: float = opt(100.0, "a snapshot larger than this in all (MB) is refused", gt=0)
 
     def check(self) -> None:
         given = [k for k in ("script", "module", "function") if getattr(self, k) is not None]
@@ -757,7 +759,32 @@ def dump_spec(spec: Spec) -> str:
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
     """Read, override and validate a spec file. Raises SpecError (exit 2) on bad input."""
-    return spec_from_dict(apply_overrides(read_spec_file(path), overrides))
+    return spec_from_dict(apply_overrides(read_spec_file(path), overrides, holds_text))
+
+
+def holds_text(key: str) -> bool:
+    """Whether dotted ``key`` holds text: a key typed str (or Optional[str], or a choice of
+    words), or a metric's regex (``entrypoint.metrics.NAME``). ``--set`` keeps such a
+    value as typed where YAML would read it as something else (yamlfile.override_value)."""
+    *sections, name = key.split(".")
+    if sections == ["entrypoint", "metrics"]:
+        return True
+    cls: Optional[type] = Spec
+    for section in sections:
+        cls = _section_type(cls, section) if cls is not None else None
+    if cls is None:
+        return False
+    hint = _hints(cls).get(name)
+    words = choices_of(hint)
+    return hint in (str, Optional[str]) or (words is not None and all(isinstance(c, str) for c in words))
+
+
+def _section_type(cls: type, name: str) -> Optional[type]:
+    """The section class of field ``name`` of section ``cls`` (Optional unwrapped), else None."""
+    hint = _hints(cls).get(name)
+    inner = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is Union else [hint]
+    found = inner[0] if len(inner) == 1 else None
+    return found if isinstance(found, type) and is_dataclass(found) else None
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -770,6 +797,13 @@ class SweepPoint:
     index: int
     params: dict
     spec: Spec
+
+    @property
+    def run_params(self) -> dict:
+        """What run.json records as ``params`` (docs/design.md, "Results layout"): the
+        point's values, then every key of the run's own params as ``params.NAME``, so
+        runs group by ``params.NAME`` whether it was swept or not."""
+        return {**self.params, **{f"params.{name}": value for name, value in self.spec.params.items()}}
 
 
 def expand_sweep(spec: Spec) -> list[SweepPoint]:

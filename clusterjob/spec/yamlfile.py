@@ -13,7 +13,7 @@ import select
 import stat
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, cast
 
 import yaml
 
@@ -162,10 +162,18 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         problem = getattr(err, "problem", None) or " ".join(str(err).split())
-        raise SpecError("", f"{source}{_at(mark)}: YAML syntax error: {problem}") from None
+        raise SpecError("", f"{source}{_at(mark)}: YAML syntax error: {problem}{_hint(problem)}") from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _hint(problem: str) -> str:
+    """How to fix the YAML errors people make writing regexes (``"acc (\\d+)"``)."""
+    if "unknown escape character" not in problem:
+        return ""
+    return ("; in double quotes a backslash starts an escape such as \\n: write the value in single quotes, "
+            "where a backslash is itself, e.g. 'loss: (\\d+)'")
 
 
 def read_spec_file(path: str | Path) -> dict:
@@ -236,8 +244,10 @@ def _decode(path: str | Path, data: bytes) -> str:
                             f"offset {err.start}); save it as UTF-8 YAML") from None
 
 
-def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Apply ``--set a.b=value`` overrides (values parsed as YAML) to a copy of ``raw``."""
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...],
+                    holds_text: Callable[[str], bool] = lambda key: False) -> dict:
+    """Apply ``--set a.b=value`` overrides (values parsed as YAML, see ``override_value``)
+    to a copy of ``raw``; ``holds_text(key)`` says whether a key's value is text."""
     raw = _deep_copy(raw)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -246,9 +256,25 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         if "" in key.split("."):
             raise SpecError(key_text(key), f"--set {brief(item)}: the dotted path has an empty part; "
                                             "write it as section.key, e.g. --set train.lr=0.2")
-        value = parse_yaml(text, f"--set {key_text(key)}") if text else ""
-        _set_path(raw, key, value)
+        _set_path(raw, key, override_value(key, text, holds_text(key)))
     return raw
+
+
+def override_value(key: str, text: str, text_key: bool) -> Any:
+    """The value of ``--set key=text``: ``text`` read as YAML. For a key that holds text
+    (``text_key``: a path, a name, a metric's regex) a reading that is neither text nor
+    null is not what was meant: ``loss: ([0-9.]+)`` would be a mapping, ``2024`` a number,
+    ``[0-9]+ x`` no YAML at all; such a value stays the text as typed. Text in quotes is
+    read as YAML still, so a bad escape in double quotes is an error that says how to fix it."""
+    if not text:
+        return ""
+    try:
+        value = parse_yaml(text, f"--set {key_text(key)}")
+    except SpecError:
+        if text_key and text.lstrip()[:1] not in ("'", '"'):
+            return text
+        raise
+    return text if text_key and value is not None and not isinstance(value, str) else value
 
 
 def _set_path(raw: dict, key: str, value: Any) -> None:

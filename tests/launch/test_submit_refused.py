@@ -1,0 +1,113 @@
+"""A submission that sbatch refuses, through the real command line: one line and no run
+left ``pending`` without a job. On the real local Slurm (a partition it does not have:
+bad input, exit 2), and with an sbatch shim for what the local cluster does not do on
+demand (a controller that stops answering halfway through a sweep: exit 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_spec(folder: Path, **extra) -> Path:
+    spec = {"name": "refused", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 16},
+            "model": {"arch": "mlp"}, "train": {"epochs": 1, "batch_size": 16},
+            "resources": {"cpus_per_task": 1, "mem_gb": 1, "time_min": 5}, "output": {"root": str(folder / "results")},
+            **extra}
+    path = folder / "refused.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def submit(folder: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "clusterjob", "submit", "refused.yaml", "--executor", "slurm",
+                           *extra], cwd=folder, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slurm
+def test_a_partition_slurm_does_not_have_is_bad_input_and_leaves_nothing(slurm_cluster, tmp_path):
+    write_spec(tmp_path, sweep={"train.seed": [0, 1]})
+    (tmp_path / "results" / "refused").mkdir(parents=True)  # an experiment folder from before: kept as it was
+    done = submit(tmp_path, slurm_cluster.env(), "--set", "resources.partition=nosuch")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()  # submitit's echo of sbatch's stderr is not repeated
+    assert line.startswith("clusterjob: error: resources.partition: sbatch refused the job: "
+                           "Invalid partition name specified (resources.partition: 'nosuch'); ")
+    assert line.endswith("; no run was left behind")
+    assert [p.name for p in (tmp_path / "results").rglob("*")] == ["refused"]  # no run, no .slurm, no script
+
+
+# ----------------------------------------------------------------------------- with an sbatch shim
+
+SBATCH = """#!/bin/sh
+# answers the first submission, then the controller is gone
+if [ -e "$0.done" ]; then
+  echo "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)" >&2
+  exit 1
+fi
+touch "$0.done"
+echo "Submitted batch job 4242"
+"""
+
+
+@pytest.fixture
+def shims(tmp_path):
+    """sbatch as above, sinfo that answers, scontrol saying MaxArraySize=2 (a sweep of 3
+    is an array of 2, then one job)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tools = {"sbatch": SBATCH, "sinfo": "#!/bin/sh\necho debug\n", "scontrol": "#!/bin/sh\necho 'MaxArraySize = 2'\n",
+             "squeue": "#!/bin/sh\nexit 0\n", "sacct": "#!/bin/sh\nexit 0\n"}
+    for name, text in tools.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    return {**env, "PATH": f"{bin_dir}:{env.get('PATH', '')}"}
+
+
+def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shims):
+    write_spec(tmp_path, sweep={"train.seed": [0, 1, 2]})
+    done = submit(tmp_path, shims)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("clusterjob: error: sbatch failed: Unable to contact slurm controller (connect failure); "
+                           "1 run(s) marked failed, `clusterjob resume RUN` starts one: ")
+    runs = sorted(p for p in (tmp_path / "results" / "refused").iterdir() if not p.name.startswith("."))
+    infos = [json.loads((run / "run.json").read_text()) for run in runs]
+    assert [(i["status"], i["slurm_job_id"]) for i in infos] == [("pending", "4242_0"), ("pending", "4242_1"),
+                                                               ("failed", None)]
+    assert infos[2]["error"]["message"] == "submit failed: sbatch failed: Unable to contact slurm controller " \
+                                           "(connect failure)"
+    assert str(runs[2]) in line
+    # the refused part's script and pickle are gone (submitit links the submitted one's script)
+    leftovers = sorted(p.name for p in (tmp_path / "results" / "refused" / ".slurm").iterdir())
+    assert [name for name in leftovers if not name.startswith(".submission_file_")] == [
+        f"{runs[0].name}.runs.json", "4242_0_submitted.pkl", "4242_1_submitted.pkl", "4242_submission.sh"]
+    assert [(tmp_path / "results" / "refused" / ".slurm" / name).is_symlink() for name in leftovers
+            if name.startswith(".submission_file_")] == [True]
+    resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(runs[2])], cwd=tmp_path,
+                             env={**shims, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 1  # sbatch still fails: the run is failed again, not left pending
+    assert resumed.stderr.splitlines()[-1].startswith("clusterjob: error: sbatch failed: Unable to contact")
+    info = json.loads((runs[2] / "run.json").read_text())
+    assert (info["status"], info["executor"], info["restarts"]) == ("failed", "slurm", 1)
+    assert info["error"]["message"].startswith("resume failed: sbatch failed: Unable to contact slurm controller")
+
+
+def test_a_controller_that_does_not_answer_leaves_no_run(tmp_path, shims):
+    (tmp_path / "bin" / "sbatch.done").touch()  # every submission fails
+    write_spec(tmp_path)
+    done = submit(tmp_path, shims)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == ["clusterjob: error: sbatch failed: Unable to contact slurm controller "
+                                        "(connect failure); no run was left behind"]
+    assert not (tmp_path / "results").exists()
