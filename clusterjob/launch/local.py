@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import procs
+from clusterjob.core import metrics, procs
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
 
@@ -234,7 +234,11 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
 
 
 def last_progress(run: RunDir) -> Optional[str]:
-    """Rank 0's latest progress or epoch line, for the live line on the terminal."""
+    """The live line on the terminal: your own code's first metric with its latest value
+    and step, else rank 0's latest progress or epoch line."""
+    own = metrics.own_latest(run.path, run.read().entrypoint)
+    if own is not None:
+        return str(own)
     try:
         with open(run.logs / "rank0.out", "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 4096))
