@@ -53,7 +53,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
     tee = outputpump.Tee(ep.metrics, writer)
-    follower = metricsfile.follower(ep.metrics_file, run.path, writer)  # after the working directory is set
+    follower = metricsfile.follower(ep.metrics_file, run.path, writer)  # takes the working directory as it starts
     api._start(_session(spec, env, run, stop, writer, tee))
     try:
         with tee, follower:

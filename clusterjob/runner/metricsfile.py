@@ -57,10 +57,9 @@ class Follower:
     as a context manager around the code; the last read is at the exit."""
 
     def __init__(self, pattern: str, run_dir: Path, writer: metrics.StepWriter, poll_s: float = POLL_S):
-        filled = pattern.replace("{run_dir}", glob.escape(str(run_dir)))
-        self.pattern = os.path.join(glob.escape(os.getcwd()), filled)
+        self.pattern = pattern.replace("{run_dir}", glob.escape(str(run_dir)))
         self.writer, self.poll_s = writer, poll_s
-        self.before = _stamps(self.pattern)  # files of earlier runs: read only once they change
+        self.before: dict = {}
         self.source: Optional[Source] = None
         self.values = 0  # values handed to the writer
         self.error: Optional[BaseException] = None
@@ -68,8 +67,15 @@ class Follower:
         self._thread = threading.Thread(target=self._loop, name="metrics-file", daemon=True)
 
     def __enter__(self) -> "Follower":
+        self.start()
         self._thread.start()
         return self
+
+    def start(self) -> None:
+        """Take the working directory the code runs in, and the files already there
+        (of earlier runs: read only once they change)."""
+        self.pattern = os.path.join(glob.escape(os.getcwd()), self.pattern)
+        self.before = _stamps(self.pattern)
 
     def __exit__(self, kind: Optional[type], *rest: object) -> None:
         self._stop.set()

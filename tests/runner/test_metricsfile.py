@@ -22,7 +22,9 @@ def here(tmp_path, monkeypatch) -> Path:
 
 
 def follower(here: Path, pattern: str) -> Follower:
-    return Follower(pattern, here / "run", StepWriter(here / "metrics.jsonl"))
+    found = Follower(pattern, here / "run", StepWriter(here / "metrics.jsonl"))
+    found.start()  # polled here, without its thread
+    return found
 
 
 def lines(here: Path) -> list:
