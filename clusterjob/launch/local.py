@@ -33,7 +33,7 @@ from typing import Callable, Mapping, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics, procs
-from clusterjob.core.errors import BadInput
+from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
@@ -238,7 +238,7 @@ def last_progress(run: RunDir) -> Optional[str]:
     and step, else rank 0's latest progress or epoch line."""
     own = metrics.own_latest(run.path, run.read().entrypoint)
     if own is not None:
-        return str(own)
+        return escape(str(own))  # names from the code's own file: safe for a terminal
     try:
         with open(run.logs / "rank0.out", "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 4096))

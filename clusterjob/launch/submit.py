@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from clusterjob.core import metrics
-from clusterjob.core.errors import BadInput
+from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, make_runs
 from clusterjob.spec.schema import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
 
@@ -203,12 +203,12 @@ def summary_line(info: RunRecord, run: RunDir) -> str:
         if isinstance(final.get(key), (int, float)):
             parts.append(f"{key} {final[key]:.4f}")
     if own:
-        parts.append(str(own))
+        parts.append(escape(str(own)))  # names from the code's own file: safe for a terminal
     elif "epoch" in final:
         parts.append(f"epoch {final['epoch']}")
     if info.error is not None:
         parts.append(f"error (rank {info.error.rank}): {info.error.message}")
-    return "\n".join(["  ".join(parts) + f"  -> {run.path}", *(f"  warning: {w}" for w in info.warnings)])
+    return "\n".join(["  ".join(parts) + f"  -> {run.path}", *(f"  warning: {escape(w)}" for w in info.warnings)])
 
 
 def print_report(runs: list[RunDir]) -> None:
