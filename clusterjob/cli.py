@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("logs", help="a run's per-rank output")
     p.add_argument("run", help="run folder (or run id under results/)")
     p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing what is appended until the run ends (Ctrl-C stops)")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("cancel", help="cancel a pending or running run")

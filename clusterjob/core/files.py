@@ -133,19 +133,34 @@ def loads(text: str) -> Any:
         return NOT_JSON
 
 
-def read_text(path: "str | os.PathLike", limit: Optional[int] = None) -> tuple:
-    """(text, problem): a regular file's text with bad bytes replaced; text None with the
-    reason when it is absent, not a regular file (a FIFO would block), or over ``limit``."""
+def open_regular(path: "str | os.PathLike") -> tuple:
+    """(descriptor, stat, None) of a regular file opened for reading, or (None, None, why)
+    when it is absent or no regular file (a FIFO would block its reader). The caller
+    closes the descriptor."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError, ValueError):
-        return None, "is missing"
+        return None, None, "is missing"
     except OSError as err:
-        return None, f"cannot be read ({err.strerror})"
+        return None, None, f"cannot be read ({err.strerror})"
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file"
+    except OSError as err:
+        os.close(fd)
+        return None, None, f"cannot be read ({err.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None, None, "is not a regular file"
+    return fd, st, None
+
+
+def read_text(path: "str | os.PathLike", limit: Optional[int] = None) -> tuple:
+    """(text, problem): a regular file's text with bad bytes replaced; text None with the
+    reason when it is absent, not a regular file (a FIFO would block), or over ``limit``."""
+    fd, st, why = open_regular(path)
+    if fd is None:
+        return None, why
+    try:
         if limit is not None and st.st_size > limit:
             return None, f"is {st.st_size / 2**20:.0f} MiB, larger than any run writes"
         chunks = []
@@ -157,6 +172,27 @@ def read_text(path: "str | os.PathLike", limit: Optional[int] = None) -> tuple:
     finally:
         os.close(fd)
 
+
+def lines_from_end(path: "str | os.PathLike", limit: int, chunk: int = 1 << 16) -> Iterator[bytes]:
+    """The lines of a regular file from the last one back, within its last ``limit``
+    bytes (a line cut by that limit is not given); nothing when it cannot be read."""
+    fd, st, _ = open_regular(path)
+    if fd is None:
+        return
+    try:
+        pos, rest = st.st_size, b""
+        while pos > 0 and st.st_size - pos < limit:
+            size = min(chunk, pos)
+            pos -= size
+            first, *whole = (os.pread(fd, size, pos) + rest).split(b"\n")
+            yield from reversed(whole)
+            rest = first  # the start of this line is in the chunk before
+        if pos == 0 and rest:
+            yield rest
+    except OSError:
+        return
+    finally:
+        os.close(fd)
 
 
 def is_number(value: Any) -> bool:

@@ -1,17 +1,18 @@
-"""metrics.jsonl: one JSON object per line, each epoch (or step) exactly once, also
-across resumes.
+"""metrics.jsonl: one JSON object per line, each epoch (or each step of each metric)
+exactly once, also across resumes.
 
 The built-in trainer writes one line per epoch (epoch, step, train_loss, val_acc, ...);
-a user's own training code writes lines with a "step" (or none) and any metric names.
-``read_matrix`` is the reader of reports: every line as one float64 row, damaged lines
-and values named as problems, never raising.
+a user's own training code writes lines with a "step" (or none) and any metric names,
+each metric at its own steps (``StepWriter``): one step's metrics may stand on several
+lines, which readers meet by step. ``read_matrix`` is the reader of reports: one float64
+row per epoch (or step), damaged lines and values named as problems, never raising.
 
 Every value written is a finite number: NaN and infinities are no JSON (a strict reader
 refuses the file) and would rank an overflowed run best. Every path into the file (the
-built-in trainer's epochs, ``clusterjob.log``, the output regexes) goes through
-``finite_only``, which drops a non-finite value and says so once per metric on stderr;
-the rest of the line is kept and the run goes on. The reader counts a non-finite value
-in a file written otherwise as missing, with a problem naming it.
+built-in trainer's epochs, ``clusterjob.log``, the output regexes, a metrics file) goes
+through ``finite_only``, which drops a non-finite value and says so once per metric on
+stderr; the rest of the line is kept and the run goes on. The reader counts a non-finite
+value in a file written otherwise as missing, with a problem naming it.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import json
 import math
 import sys
 import threading
+from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from clusterjob.core.files import named_write_errors
+from clusterjob.core.files import lines_from_end, named_write_errors
 from clusterjob.core.rundir import METRICS_FILE, is_number, loads, read_text, shown, write_atomic
 
 
@@ -103,8 +105,9 @@ def read_matrix(path: str) -> tuple[list, np.ndarray, list]:
     """(metric names, float64 matrix with one row per line, problems) of a metrics.jsonl.
 
     Absent means no lines. Lines that are not JSON objects are skipped, values that are
-    not numbers (text, true/false, lists) become NaN, and a step (or epoch) logged again
-    keeps its last line; each such finding is a problem string.
+    not numbers (text, true/false, lists) become NaN, and the lines of one step (or
+    epoch) become one row with each metric's last value there (``_merge_positions``);
+    each finding is a problem string.
     """
     text, why = read_text(path)
     if text is None:
@@ -117,7 +120,7 @@ def read_matrix(path: str) -> tuple[list, np.ndarray, list]:
         names, matrix, more = _rows_to_matrix(rows, lines)
         problems += more
     matrix, infinite = _without_infinities(names, matrix)
-    matrix, more = _dedupe(names, matrix)
+    matrix, more = _merge_positions(names, matrix)
     return names, matrix, problems + infinite + more
 
 
@@ -134,8 +137,8 @@ def _without_infinities(names: list, matrix: np.ndarray) -> tuple[np.ndarray, li
 
 
 def _fast_matrix(text: str) -> tuple[list, np.ndarray]:
-    """(names, matrix) when every line is an object with the first line's keys and only
-    numbers (or null) as values; raises otherwise, which takes the slow path.
+    """(names, matrix) when every line is an object with only numbers (or null) as
+    values; raises otherwise, which takes the slow path.
 
     All lines joined into one JSON array (one ``json.loads``, about 3x faster than a call
     per line), then one C-level ``itemgetter`` call per line: this is the hot loop of a
@@ -147,13 +150,29 @@ def _fast_matrix(text: str) -> tuple[list, np.ndarray]:
     if not rows:
         return [], np.empty((0, 0))
     if type(rows[0]) is not dict or len(set(map(len, rows))) != 1:
-        raise ValueError("lines differ in their keys")
+        return _union_matrix(rows)
     names = list(rows[0])
-    table = list(map(itemgetter(*names), rows))
+    try:
+        table = list(map(itemgetter(*names), rows))
+    except KeyError:  # as many keys, other ones
+        return _union_matrix(rows)
     values = table if len(names) == 1 else chain.from_iterable(table)
     if not set(map(type, values)) <= _PLAIN:
         raise ValueError("text, true/false, lists or mappings among the values")
     return names, np.array(table, dtype=float).reshape(len(rows), len(names))
+
+
+def _union_matrix(rows: list) -> tuple[list, np.ndarray]:
+    """(names, matrix) of objects with differing keys (your code's metrics, each at its
+    own steps), NaN where a line lacks a name: still C-level passes, one per name; raises
+    for lines that are no objects or values that are no numbers."""
+    if set(map(type, rows)) != {dict}:
+        raise ValueError("a line is no JSON object")
+    names = list(dict.fromkeys(chain.from_iterable(rows)))
+    columns = [list(map(methodcaller("get", name), rows)) for name in names]
+    if not set(map(type, chain.from_iterable(columns))) <= _PLAIN:
+        raise ValueError("text, true/false, lists or mappings among the values")
+    return names, np.array(columns, dtype=float).reshape(len(names), len(rows)).T.copy()
 
 
 def _parse_lines_slowly(text: str) -> tuple[list, list, list]:
@@ -231,21 +250,33 @@ def _short_list(values: list) -> str:
     return shown_values + (", ..." if len(values) > 5 else "")
 
 
-# ----------------------------------------------------------------------------- repeated lines
+# ----------------------------------------------------------------------------- lines of one position
 
 
 def position_column(names: list, matrix: np.ndarray) -> Optional[str]:
     """The column that says where a line belongs: "epoch" when every line has one (the
-    built-in trainer), else "step" (a user's own code), else "epoch", where present."""
+    built-in trainer), unless the epochs repeat over lines of distinct steps (a user's
+    code that logs its epoch beside finer steps); else "step" (a user's own code), else
+    "epoch", where present."""
     has = {n: ~np.isnan(matrix[:, names.index(n)]) for n in ("epoch", "step") if n in names}
-    if "epoch" in has and has["epoch"].all():
+    if "epoch" in has and has["epoch"].all() and not _finer_steps(names, matrix, has):
         return "epoch"
     return next((n for n in ("step", "epoch") if n in has and has[n].any()), None)
 
 
-def _dedupe(names: list, matrix: np.ndarray) -> tuple[np.ndarray, list]:
-    """Keep the last line of each epoch (or step) in order; problems found. Lines without
-    one are kept where they are."""
+def _finer_steps(names: list, matrix: np.ndarray, has: dict) -> bool:
+    """Whether every line has a step of its own while some epoch has several lines."""
+    if "step" not in has or not has["step"].all():
+        return False
+    steps, epochs = (matrix[:, names.index(n)] for n in ("step", "epoch"))
+    return len(np.unique(steps)) == len(steps) > len(np.unique(epochs))
+
+
+def _merge_positions(names: list, matrix: np.ndarray) -> tuple[np.ndarray, list]:
+    """One row per epoch (or step) holding each metric's last value logged at it: metrics
+    logged at different rates have lines of their own, which meet here. Rows in position
+    order, or in file order when some lines have no position (those stay as they are).
+    A metric with two values at one position is a problem (the writer never does that)."""
     if len(matrix) < 2:
         return matrix, []
     if "epoch" in names and np.all(np.diff(matrix[:, names.index("epoch")]) > 0):
@@ -257,74 +288,168 @@ def _dedupe(names: list, matrix: np.ndarray) -> tuple[np.ndarray, list]:
     logged = ~np.isnan(where)
     if logged.all() and np.all(np.diff(where) > 0):
         return matrix, []
-    keep = _last_of_each(where, logged)
-    repeated = sorted(set(where[np.setdiff1d(np.arange(len(where)), keep)].tolist()))
-    if repeated:
-        problem = f"{column}s repeated ({_short_list(repeated)}); kept the last line of each"
-    elif logged.all():
-        problem = f"{column}s out of order; sorted the lines by {column}"
-    else:
-        return matrix, []
-    return matrix[keep], [f"{METRICS_FILE}: {problem}"]
-
-
-def _last_of_each(where: np.ndarray, logged: np.ndarray) -> np.ndarray:
-    """Row indexes to keep: the last row of each position value (sorted by it when every
-    row has one, else in file order), and every row without a position."""
+    rows = np.flatnonzero(logged)
+    positions, group = np.unique(where[rows], return_inverse=True)
+    merged, repeated = _last_values(matrix[rows], group, len(positions), skip=names.index(column))
+    problems = [f"{METRICS_FILE}: {column}s repeated ({_short_list(positions[repeated].tolist())}); "
+                "kept the last value of each"] if repeated.any() else []
     if logged.all():
-        _, first_of_reversed = np.unique(where[::-1], return_index=True)
-        return len(where) - 1 - first_of_reversed  # in position order
-    last = {}
-    for i, value in enumerate(where.tolist()):
-        if value == value:  # not NaN
-            last[value] = i
-    keep = set(last.values()) | set(np.flatnonzero(~logged).tolist())
-    return np.array(sorted(keep), dtype=np.int64)
+        if column == "epoch" and not problems:  # the trainer writes epochs in order: a file changed by hand
+            problems = [f"{METRICS_FILE}: epochs out of order; sorted the lines by epoch"]
+        return merged, problems
+    last_row = np.full(len(positions), -1)
+    np.maximum.at(last_row, group, rows)  # a merged row stands where its position was last logged
+    unlogged = np.flatnonzero(~logged)
+    order = np.argsort(np.concatenate([last_row, unlogged]), kind="stable")
+    return np.concatenate([merged, matrix[unlogged]])[order], problems
+
+
+def _last_values(block: np.ndarray, group: np.ndarray, count: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each group's last non-NaN value of every column, the groups where a column other
+    than ``skip`` has several values)."""
+    out = np.full((count, block.shape[1]), np.nan)
+    repeated = np.zeros(count, dtype=bool)
+    for c in range(block.shape[1]):
+        valid = np.flatnonzero(~np.isnan(block[:, c]))
+        last = np.full(count, -1)
+        np.maximum.at(last, group[valid], valid)
+        out[:, c] = np.where(last >= 0, block[np.maximum(last, 0), c], np.nan)
+        if c != skip:
+            repeated |= np.bincount(group[valid], minlength=count) > 1
+    return out, repeated
 
 
 # ----------------------------------------------------------------------------- your own code's lines
 
 
 class StepWriter:
-    """metrics.jsonl for the user's own code (``clusterjob.log`` and the output regexes).
+    """metrics.jsonl for the user's own code (``clusterjob.log``, the output regexes, a
+    metrics file).
 
-    One line per step. A step logged again, after a resume, replaces its line and the
-    lines after it, so every step appears once. ``merge`` folds values into the line of
-    the same step instead (the k-th match of each regex belongs to step k). Thread-safe:
-    the output regexes are matched on a thread of their own.
+    Each metric has its own steps: a line holds one step and the values logged at it in
+    one call, so metrics logged at different rates have lines of their own and never
+    erase each other (readers meet them by step). Every step of a metric appears once,
+    also across resumes: logging a metric at a step at or below its highest step in the
+    file first drops that metric's values from that step on (only that metric's; a line
+    left with no value goes). Lines without a step are appended as they come.
+    Thread-safe: the output regexes and the metrics file are read on threads of their own.
     """
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.last: Optional[dict] = None  # the last line written in this session
-        self._max: Optional[float] = None  # the highest step in the file (read once)
+        self._highest: Optional[dict] = None  # each metric's highest step in the file (read once)
         self._lock = threading.Lock()
 
-    def log(self, step: Optional[int], values: dict, merge: bool = False) -> Optional[dict]:
-        """Write ``values`` (non-finite ones dropped) as the line of ``step``; returns the
+    def log(self, step: Optional[float], values: dict) -> Optional[dict]:
+        """Write ``values`` (non-finite ones dropped) as one line at ``step``; returns the
         line, or None when no value was left to write."""
         values = finite_only(values)
         if not values:
             return None
+        record = dict(values) if step is None else {"step": step, **values}
         with self._lock:
-            record = dict(values) if step is None else {"step": step, **values}
-            records = None
-            if step is not None and merge and self.last is not None and self.last.get("step") == step:
-                records, record = read_epochs(self.path)[:-1], {**self.last, **values}  # this session's last line
-            elif step is not None and step <= self._highest():
-                records = [r for r in read_epochs(self.path) if not (is_number(r.get("step")) and r["step"] >= step)]
-            if records is None:
+            if step is None:
                 append_epoch(self.path, record)
+                return record
+            highest = self._highest_steps()
+            again = [name for name in values if step <= highest.get(name, -math.inf)]
+            if again:
+                kept = [r for r in (_without(line, again, step) for line in read_epochs(self.path)) if r]
+                write_atomic(self.path, _lines(kept + [record]))
             else:
-                write_atomic(self.path, _lines(records + [record]))
-            self.last = record
-            if step is not None:
-                self._max = max(self._highest(), step)
-            return record
+                append_epoch(self.path, record)
+            highest.update(dict.fromkeys(values, step))
+        return record
 
-    def _highest(self) -> float:
-        """The highest step in the file, read once; later ones are counted as they are written."""
-        if self._max is None:
-            steps = [r["step"] for r in read_epochs(self.path) if is_number(r.get("step"))]
-            self._max = max(steps, default=float("-inf"))
-        return self._max
+    def _highest_steps(self) -> dict:
+        """{metric: its highest step in the file}, read once; later ones are counted as written."""
+        if self._highest is None:
+            self._highest = {}
+            for line in read_epochs(self.path):
+                step = line.get("step")
+                for name in line if is_number(step) else ():
+                    self._highest[name] = max(self._highest.get(name, -math.inf), step)
+        return self._highest
+
+
+def _without(line: dict, names: list, step: float) -> Optional[dict]:
+    """``line`` without the values of ``names`` when it is at ``step`` or later; None when
+    no value is left."""
+    at: Any = line.get("step")
+    if not is_number(at) or at < step or not any(name in line for name in names):
+        return line
+    rest = {key: value for key, value in line.items() if key not in names}
+    return rest if any(key != "step" for key in rest) else None
+
+
+def final_values(path: Path) -> dict:
+    """run.json's ``final`` for the user's own code: each metric's latest value (the last
+    line holding it), and "step" when those values share one step."""
+    latest: dict = {}
+    steps: dict = {}
+    for line in read_epochs(path):
+        for name, value in line.items():
+            if name != "step" and is_number(value):
+                latest[name], steps[name] = value, line.get("step")
+    step = next(iter(steps.values()), None)
+    return {**({"step": step} if len(set(steps.values())) == 1 and is_number(step) else {}), **latest}
+
+
+# ----------------------------------------------------------------------------- the latest value, for a glance
+
+
+TAIL_LIMIT = 4 << 20  # bytes from the end looked through for a metric's latest value
+
+
+@dataclass(frozen=True)
+class Latest:
+    """A metric's latest value and the step it was logged at (None: logged without one)."""
+
+    name: str
+    value: float
+    step: Optional[float] = None
+
+    @property
+    def shown(self) -> str:
+        """"train_loss 1.234"."""
+        return f"{self.name} {self.value:.4g}"
+
+    @property
+    def at(self) -> str:
+        """The step as a plain number ("20"), "-" without one."""
+        step = self.step
+        if step is None:
+            return "-"
+        return str(int(step)) if float(step).is_integer() and abs(step) < 2**53 else f"{step:g}"
+
+    def __str__(self) -> str:
+        """"train_loss 1.234 (step 20)"."""
+        return self.shown + ("" if self.step is None else f" (step {self.at})")
+
+
+def latest(path: Path, name: Optional[str] = None) -> Optional[Latest]:
+    """The latest value of ``name`` in a metrics.jsonl (of the last line's first metric
+    when None), read from the end of the file (TAIL_LIMIT bytes at most); None when
+    there is none."""
+    for raw in lines_from_end(path, TAIL_LIMIT):
+        line = loads(raw.decode("utf-8", errors="replace"))
+        if not isinstance(line, dict):
+            continue
+        found = name if name is not None else next((k for k, v in line.items() if k != "step" and is_number(v)), None)
+        if found is not None and is_number(line.get(found)):
+            step = line.get("step")
+            return Latest(found, float(line[found]), step if is_number(step) else None)
+    return None
+
+
+def own_latest(run_path: Path, entrypoint: Optional[dict]) -> Optional[Latest]:
+    """What a glance shows of the user's own code (status, the --wait summary, the live
+    line): its first configured metric (else the latest one logged), with its latest
+    value and step. None for the built-in trainer (``entrypoint`` None) or before any
+    metric."""
+    if entrypoint is None:
+        return None
+    names = entrypoint.get("metrics")
+    first = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+    path = run_path / METRICS_FILE
+    return latest(path, first) or (latest(path) if first is not None else None)

@@ -54,7 +54,7 @@ class RunError:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """Every field of run.json; None (``[]`` for hosts) where absent or unreadable."""
+    """Every field of run.json; None (``[]`` for hosts and warnings) where absent or unreadable."""
 
     run_id: Optional[str] = None
     name: Optional[str] = None
@@ -83,7 +83,8 @@ class RunRecord:
     finished_at: Optional[str] = None
     stopped_at: Optional[str] = None  # a SIGTERM reached the entrypoint's rank 0
     cancel_requested_at: Optional[str] = None  # `clusterjob cancel` asked; cancelled once no rank is alive
-    final: Optional[dict] = None  # the last epoch's or step's metrics
+    final: Optional[dict] = None  # the last epoch's metrics; your code's: each metric's latest value
+    warnings: list = field(default_factory=list)  # what a finished run found wrong, one line each
     error: Optional[RunError] = None
     entrypoint: Optional[dict] = None  # what ran, its resolved args, params, snapshot
     code_dir: Optional[str] = None  # the snapshot the code ran from
@@ -257,13 +258,14 @@ def _launcher_field(raw: dict, problems: list) -> Optional[ProcessRef]:
     return ref
 
 
-def _hosts_field(raw: dict, problems: list) -> list:
-    value = raw.get("hosts")
+def _text_list_field(raw: dict, key: str, problems: list, wanted: str) -> list:
+    """A list of strings ([] when absent, or, with a problem, of another kind)."""
+    value = raw.get(key)
     if value is None:
         return []
-    if isinstance(value, list) and all(isinstance(h, str) for h in value):
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return value
-    problems.append(_bad("hosts", value, "a list of node names"))
+    problems.append(_bad(key, value, wanted))
     return []
 
 
@@ -284,8 +286,8 @@ def error_of(raw: Any) -> Optional[RunError]:
 
 def checked(raw: dict) -> tuple[RunRecord, list[str]]:
     """run.json's fields as a record, each type-checked: a field of the wrong type
-    becomes None ([] for hosts) and a problem naming it. Keys the record does not know
-    are left out; nothing here raises."""
+    becomes None ([] for hosts and warnings) and a problem naming it. Keys the record
+    does not know are left out; nothing here raises."""
     problems: list = []
     values = {key: raw.get(key) for key in _TEXT_FIELDS + _INT_FIELDS}
     for key in _TEXT_FIELDS:
@@ -297,7 +299,9 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
             values[key] = _int_field(raw, key, problems)
     return RunRecord(
         **values, slurm_job_id=_job_field(raw, problems), params=_params_field(raw, problems),
-        final=_final_field(raw, problems), error=_error_field(raw, problems), hosts=_hosts_field(raw, problems),
+        final=_final_field(raw, problems), error=_error_field(raw, problems),
+        hosts=_text_list_field(raw, "hosts", problems, "a list of node names"),
+        warnings=_text_list_field(raw, "warnings", problems, "a list of lines of text"),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems)), problems
 

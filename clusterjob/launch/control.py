@@ -10,7 +10,10 @@ with a note. ``status`` and ``logs`` write nothing; ``refresh(..., write_back=Tr
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import math
+import os
 import signal
 import sys
 import time
@@ -18,8 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional
 
-from clusterjob.core import claim, procs, slurmctl
+from clusterjob.core import claim, metrics, procs, slurmctl
 from clusterjob.core.errors import BadInput, SlurmUnreachable, escape
+from clusterjob.core.files import open_regular
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     MAX_INFO_BYTES,
@@ -44,6 +48,7 @@ SUPERVISOR_GONE = "supervisor gone"
 _MAX_STDERR_WARNINGS = 20
 CANCEL_WAIT_S = 60.0  # cancel waits this long for the ranks (a plain script is killed after its grace)
 CANCEL_POLL_S = 1.0
+_MAX_RUN_WARNINGS = 5  # of one run's, under the status table
 
 
 @dataclass(frozen=True)
@@ -208,20 +213,34 @@ def _state(info: dict) -> str:
 
 
 def status_table(runs: list[RunDir], infos: list[dict]) -> str:
-    rows = [("RUN", "STATUS", "EPOCH", "VAL_ACC", "JOB", "")]
+    """One row per run; the built-in trainer's runs show their epoch and val_acc, runs of
+    your own code (when listed) the step and latest value of their first metric. Then
+    each failed run's error and each run's warnings."""
+    own = any(info["entrypoint"] is not None for info in infos)
+    rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
     for run, info in zip(runs, infos):
-        final = info["final"] or {}
         requeues = f"requeued {info['requeues']}x" if info["requeues"] else ""
-        acc = f"{final['val_acc']:.4f}" if "val_acc" in final else "-"
-        epoch = f"{final['epoch']:g}" if "epoch" in final else "-"
-        rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), epoch, acc,
+        rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), *_progress(run, info, own),
                      info["slurm_job_id"] or "-", requeues))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for run, info in zip(runs, infos):
         if info["status"] == "failed" and info["error"]:
             lines.append(_error_lines(run, info["error"]))
+        lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info["warnings"][:_MAX_RUN_WARNINGS]]
     return "\n".join(lines)
+
+
+def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
+    """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 0.95"
+    beside runs of your own code), your code's step and first metric."""
+    if info["entrypoint"] is not None:
+        found = metrics.own_latest(run.path, info["entrypoint"])
+        return (found.at, _shown(found.shown)) if found else ("-", "-")
+    final = info["final"] or {}
+    epoch = f"{final['epoch']:g}" if "epoch" in final else "-"
+    acc = f"{'val_acc ' if own else ''}{final['val_acc']:.4f}" if "val_acc" in final else "-"
+    return epoch, acc
 
 
 def _error_lines(run: RunDir, error: dict) -> str:
@@ -283,9 +302,24 @@ def log_files(run: RunDir, rank: int) -> list[Path]:
 
 def cmd_logs(args) -> int:
     run = resolve_run(args.run)
-    files = log_files(run, args.rank)
+    if args.follow:
+        _follow(run, args.rank)
+    else:
+        _print_logs(run, args.rank)
+    error = first_error(run)
+    if error and error.rank == args.rank:
+        _write(f"==> rank {args.rank} error <==\n{error.traceback or error.message or ''}\n")
+    return 0
+
+
+def _no_logs(run: RunDir, rank: int) -> BadInput:
+    return BadInput(f"no logs for rank {rank} in {run.logs} yet (pending job, or no such rank)")
+
+
+def _print_logs(run: RunDir, rank: int) -> None:
+    files = log_files(run, rank)
     if not files:
-        raise BadInput(f"no logs for rank {args.rank} in {run.logs} yet (pending job, or no such rank)")
+        raise _no_logs(run, rank)
     for path in files:
         print(f"==> {_shown(path)} <==")
         text, why = read_text(path)
@@ -293,10 +327,81 @@ def cmd_logs(args) -> int:
             print(f"warning: {_shown(path)} {why}; skipped", file=sys.stderr)
         else:
             _write(text)
-    error = first_error(run)
-    if error and error.rank == args.rank:
-        _write(f"==> rank {args.rank} error <==\n{error.traceback or error.message or ''}\n")
-    return 0
+
+
+FOLLOW_POLL_S = 0.5  # how often `logs --follow` looks for new output
+FOLLOW_STATE_S = 2.0  # how often it asks whether the run ended (squeue, for a Slurm run)
+
+
+class LogTail:
+    """The rank's log files as they grow: what each holds past what was printed, with a
+    ``==> file <==`` line whenever the output moves to another file (as ``tail -f``)."""
+
+    def __init__(self, run: RunDir, rank: int):
+        self.run, self.rank = run, rank
+        self.offsets: dict = {}
+        self.decoders: dict = {}
+        self.last: Optional[Path] = None
+        self.found = False  # whether any of the rank's log files exists
+
+    def print_new(self) -> None:
+        files = log_files(self.run, self.rank)
+        self.found = self.found or bool(files)
+        for path in files:
+            data = _read_from(path, self.offsets.get(path, 0))
+            if not data:
+                continue
+            self.offsets[path] = self.offsets.get(path, 0) + len(data)
+            decoder = self.decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+            if self.last != path:
+                print(f"==> {_shown(path)} <==", flush=True)
+                self.last = path
+            _write(decoder.decode(data))
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    """What a regular file holds past ``offset`` (b"" when it cannot be read)."""
+    fd, st, _ = open_regular(path)
+    if fd is None:
+        return b""
+    try:
+        return os.pread(fd, max(0, st.st_size - offset), offset)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _follow(run: RunDir, rank: int) -> None:
+    """Print the rank's logs, then what is appended, until the run ended; then the rest.
+    Reads only: run.json, the logs, and (for a Slurm run) squeue and sacct."""
+    world = run.read().world_size
+    if world is not None and not 0 <= rank < world:
+        raise _no_logs(run, rank)
+    tail, asked = LogTail(run, rank), -math.inf
+    while True:
+        ended = False
+        if time.monotonic() - asked >= FOLLOW_STATE_S:
+            ended, asked = _ended(run), time.monotonic()
+        tail.print_new()  # after the question: all the run wrote before it ended is printed
+        if ended:
+            break
+        time.sleep(FOLLOW_POLL_S)
+    if not tail.found:
+        raise _no_logs(run, rank)
+
+
+def _ended(run: RunDir) -> bool:
+    """Whether the run will write no more: a final status, or stopped with nothing to
+    start it again (a local run, a Slurm job no longer queued), or its local supervisor
+    gone. Written nowhere: the view of ``status``."""
+    (view,) = views([run])
+    status = view.record.status
+    if status in FINAL_STATUSES or view.note == SUPERVISOR_GONE:
+        return True
+    if status in ("pending", "running") or view.note == UNREACHABLE or view.queue_state:
+        return False
+    return True
 
 
 def _write(text: str) -> None:

@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
-from clusterjob.core import claim, procs
+from clusterjob.core import claim, metrics, procs
 from clusterjob.core import env as envmod
-from clusterjob.core.errors import BadInput
+from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
@@ -252,7 +252,11 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
 
 
 def last_progress(run: RunDir) -> Optional[str]:
-    """Rank 0's latest progress or epoch line, for the live line on the terminal."""
+    """The live line on the terminal: your own code's first metric with its latest value
+    and step, else rank 0's latest progress or epoch line."""
+    own = metrics.own_latest(run.path, run.read().entrypoint)
+    if own is not None:
+        return escape(str(own))  # names from the code's own file: safe for a terminal
     try:
         with open(run.logs / "rank0.out", "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 4096))

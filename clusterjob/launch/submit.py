@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from clusterjob.core import claim, procs
-from clusterjob.core.errors import BadInput
+from clusterjob.core import claim, metrics, procs
+from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, make_runs
 from clusterjob.launch.handover import Window
 from clusterjob.spec.schema import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
@@ -240,17 +240,22 @@ class LiveLine:
 
 
 def summary_line(info: RunRecord, run: RunDir) -> str:
-    """`<run_id> completed val_acc 0.9512 val_loss 0.1633 epoch 5 -> <path>`, or the error."""
+    """`<run_id> completed val_acc 0.9512 val_loss 0.1633 epoch 5 -> <path>` (your own
+    code: `train_loss 1.234 (step 20)`, its first metric), or the error; then the run's
+    warnings, one line each."""
     final = info.final or {}
     parts = [run.run_id, str(info.status)]
-    for key in ("val_acc", "val_loss"):
+    own = metrics.own_latest(run.path, info.entrypoint)
+    for key in () if own else ("val_acc", "val_loss"):
         if isinstance(final.get(key), (int, float)):
             parts.append(f"{key} {final[key]:.4f}")
-    if "epoch" in final:
+    if own:
+        parts.append(escape(str(own)))  # names from the code's own file: safe for a terminal
+    elif "epoch" in final:
         parts.append(f"epoch {final['epoch']}")
     if info.error is not None:
         parts.append(f"error (rank {info.error.rank}): {info.error.message}")
-    return "  ".join(parts) + f"  -> {run.path}"
+    return "\n".join(["  ".join(parts) + f"  -> {run.path}", *(f"  warning: {escape(w)}" for w in info.warnings)])
 
 
 def print_report(runs: list[RunDir]) -> None:

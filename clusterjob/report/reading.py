@@ -40,7 +40,7 @@ from clusterjob.core.rundir import (
 __all__ = ["ResultsWarning", "Results", "collect"]
 
 CACHE_NAME = ".clusterjob-cache.npz"
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: the lines of one step meet in one row (each metric at its own steps)
 
 # Column order of the epochs table; metrics not named here follow in the order seen.
 _METRIC_ORDER = (

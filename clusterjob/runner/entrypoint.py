@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
-from clusterjob.core.rundir import RunDir, RunRecord, now_iso
-from clusterjob.runner import api, dist, outputpump, runrecord
+from clusterjob.core.rundir import RunDir, RunRecord, now_iso, shown
+from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
 
@@ -65,10 +65,11 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
     writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
     tee = outputpump.Tee(ep.metrics, writer)
+    follower = metricsfile.follower(ep.metrics_file, run.path, writer)  # takes the working directory as it starts
     session = _session(spec, env, run, stop, writer, tee)
     api._start(session)
     try:
-        with tee, _plain_while_running(stop, session, ep.stop_grace_s):
+        with tee, follower, _plain_while_running(stop, session, ep.stop_grace_s):
             result = _call(spec, args, Path(info.code_dir or submit_dir))
     except api.Requeue:
         return _requeued(run, spec, env, stop)
@@ -78,8 +79,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
         return stopping.record()  # asked to stop: whatever it ended with (a peer's closed socket) is the stop
     if env.rank == 0:
         assert writer is not None  # rank 0 made one above
-        final = _final(writer, result)
-        runrecord.finish(run, **({"final": final} if final else {}))
+        _finish(run, spec, _returned(writer, result), follower.problem())
     return "completed"
 
 
@@ -130,7 +130,8 @@ def _describe(spec: Spec, args: list[str]) -> dict:
     ep = spec.entrypoint
     assert ep is not None  # only an entrypoint is described
     kind = "script" if ep.script else "module" if ep.module else "function"
-    return {kind: getattr(ep, kind), "args": args, "params": spec.params, "snapshot": ep.snapshot}
+    return {kind: getattr(ep, kind), "args": args, "params": spec.params, "snapshot": ep.snapshot,
+            "metrics": list(ep.metrics), "metrics_file": ep.metrics_file}
 
 
 def _session(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal,
@@ -173,12 +174,28 @@ def _main(call) -> Any:
         raise ScriptExit(f"the entrypoint exited with status {exc.code!r}") from None
 
 
-def _final(writer: metrics.StepWriter, result: Any) -> Optional[dict]:
-    """A function's returned mapping of numbers (logged as a last line), else the last line."""
+def _returned(writer: metrics.StepWriter, result: Any) -> Optional[dict]:
+    """A function's returned mapping of numbers, logged as a last line; as written
+    (non-finite values dropped), or None."""
     if isinstance(result, dict) and result and all(metrics.is_number(v) for v in result.values()):
-        values = {str(k): metrics.as_float(v) for k, v in result.items()}
-        return writer.log(None, values) or writer.last  # as written: non-finite values dropped
-    return writer.last
+        return writer.log(None, {str(k): metrics.as_float(v) for k, v in result.items()})
+    return None
+
+
+def _finish(run: RunDir, spec: Spec, returned: Optional[dict], file_problem: Optional[str]) -> None:
+    """Rank 0 records the end: final (a function's returned mapping, else each metric's
+    latest value) and a warning for each configured source that gave no metric."""
+    ep = spec.entrypoint
+    assert ep is not None  # only an entrypoint is finished here
+    present = metrics.final_values(run.metrics_file)
+    warnings = [f"entrypoint.metrics.{name}: the regex {shown(rx)} never matched a number on rank 0's output, so the "
+                f"run has no {name}; compare it with a line of logs/rank0.out" for name, rx in ep.metrics.items()
+                if name not in present]
+    warnings += [file_problem] if file_problem else []
+    for line in warnings:
+        print(f"clusterjob: warning: {line}", file=sys.stderr, flush=True)
+    final = returned or present
+    runrecord.finish(run, warnings=warnings, **({"final": final} if final else {}))
 
 
 def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import math
 import os
 import re
 import selectors
@@ -95,7 +96,10 @@ class Lines:
 
 
 class Matcher:
-    """Each metric's regex (one group) over lines; the k-th match of a metric is step k."""
+    """Each metric's regex over lines. A metric's step is the number its regex's
+    ``(?P<step>...)`` group matched, else the count of its matches (the k-th is step k);
+    the value is the other group. The values one line gives at one step are one line of
+    metrics.jsonl."""
 
     def __init__(self, patterns: dict, writer: metrics.StepWriter):
         self.writer = writer
@@ -113,16 +117,19 @@ class Matcher:
 
     def match(self, raw: bytes) -> None:
         line = raw.decode(errors="replace")
+        by_step: dict = {}
         for name, pattern in list(self.patterns.items()):
             try:
                 found = list(pattern.finditer(line, timeout=MATCH_BUDGET_S, concurrent=True))
             except TimeoutError:
                 self._disable(name)
                 continue
-            for value in (_number(m) for m in found):
-                if value is not None and self.open:
-                    self.counts[name] += 1
-                    self.writer.log(self.counts[name], {name: value}, merge=True)
+            for step, value in filter(None, map(_step_and_value, found)):
+                self.counts[name] += 1
+                by_step.setdefault(self.counts[name] if step is None else step, {})[name] = value
+        for step, values in by_step.items():
+            if self.open:
+                self.writer.log(step, values)
 
     def _disable(self, name: str) -> None:
         """A regex that backtracks badly would stall the output and hold the run: off it goes."""
@@ -131,10 +138,27 @@ class Matcher:
              "disabled it, the run goes on without this metric")
 
 
-def _number(found: Any) -> Optional[float]:
+def _step_and_value(found: Any) -> Optional[tuple]:
+    """(step, or None for the count, and value) of one match; None when the value is no
+    number, or the step group matched no finite number."""
+    named = found.re.groupindex.get("step")
+    value = _number(found.group(2 if named == 1 else 1))
+    if value is None:
+        return None
+    if named is None:
+        return None, value
+    step = _number(found.group(named))
+    if step is None or not math.isfinite(step):
+        return None
+    return (int(step) if step.is_integer() else step), value
+
+
+def _number(text: Optional[str]) -> Optional[float]:
+    """The number a group matched; None for a group that did not take part or no number.
+    Non-finite values stay: the writer drops them with its warning."""
     try:
-        return float(found.group(1))
-    except (TypeError, ValueError, IndexError):
+        return None if text is None else float(text)
+    except ValueError:
         return None
 
 

@@ -120,7 +120,7 @@ def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
 
 def finish(run: RunDir, **fields: Any) -> None:
     info = run.update(status="completed", finished_at=now_iso(), **fields)
-    print(f"completed {run.path}: {json.dumps(info.final)}", flush=True)
+    print(f"completed {run.path}" + (f": {json.dumps(info.final)}" if info.final else ""), flush=True)
 
 
 def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:

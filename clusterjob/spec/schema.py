@@ -233,7 +233,11 @@ class EntrypointSpec(Section):
     function: Optional[str] = opt(None, "module:function, called with no arguments", pattern=_FUNCTION)
     args: tuple[str, ...] = opt((), "the code's arguments; {params.NAME} becomes the run's value, {run_dir} "
                                     "the run folder, {submit_dir} the folder `submit` ran in")
-    metrics: dict = opt({}, "metric name -> regex with one group, matched on rank 0's output")
+    metrics: dict = opt({}, "metric name -> regex with one group around the number (and optionally one named "
+                            "step around the step), matched on rank 0's output")
+    metrics_file: Optional[str] = opt(None, "a CSV or JSON-lines file the code writes (relative to its working "
+                                            "directory; {run_dir} and glob patterns allowed), read into the metrics",
+                                      path=True)
     local_rank_arg: bool = opt(False, "append --local_rank=N, as torch.distributed.launch did")
     snapshot: bool = opt(False, "copy the code into <run>/code/ at submit and run that copy")
     workdir: Literal["submit", "run"] = opt("submit", "the code's working directory: submit (the folder `submit` "
@@ -251,6 +255,8 @@ class EntrypointSpec(Section):
                                 "e.g. script: train.py")
         for name, regex in self.metrics.items():
             _check_metric_regex(name, regex)
+        if self.metrics_file is not None:
+            _check_metrics_file(self.metrics_file)
         if self.script is not None:
             object.__setattr__(self, "script", _existing_script(self.script))
             return
@@ -268,14 +274,38 @@ def _check_metric_regex(name: Any, regex: Any) -> None:
                                                      "starting with a letter, e.g. val_acc")
     where = f"metrics.{name}"
     if name == "step":
-        raise SpecError(where, "step is the line's position (the k-th match is step k); name the metric otherwise")
+        raise SpecError(where, "step is each metric's position (the k-th match, or the regex's (?P<step>...) "
+                               "group); name the metric otherwise")
     if not isinstance(regex, str):
         raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
     _check_text(where, regex)
-    groups = _compiled(where, regex).groups
-    if groups != 1:
-        raise SpecError(where, f"{brief(regex)} has {groups} groups; it needs exactly one, around the number, "
-                               "e.g. 'Accuracy is ([0-9.]+)' (write (?:...) for other groups)")
+    _check_groups(where, regex, _compiled(where, regex))
+
+
+_STEP_GROUP = "step"  # the named group a metric's regex may take its step from
+_GROUPS_HINT = ("e.g. 'Accuracy is ([0-9.]+)', or 'iter (?P<step>[0-9]+): loss ([0-9.]+)' to take the step from "
+                "the line (write (?:...) for other groups)")
+
+
+def _check_groups(where: str, regex: str, compiled: "re.Pattern") -> None:
+    """One group around the number, and at most one more: ``(?P<step>...)``."""
+    step = _STEP_GROUP in compiled.groupindex
+    if compiled.groups == 1 + step:
+        return
+    if step and compiled.groups == 1:
+        raise SpecError(where, f"{brief(regex)} has only the step group; add a group around the number, "
+                               f"{_GROUPS_HINT}")
+    other = " (a second group must be named step: (?P<step>...))" if compiled.groups == 2 and not step else ""
+    raise SpecError(where, f"{brief(regex)} has {compiled.groups} groups{other}; it needs exactly one around the "
+                           f"number, and may have one more named step, {_GROUPS_HINT}")
+
+
+def _check_metrics_file(path: str) -> None:
+    """Only {run_dir} is filled in; any other brace pair would be read as a file name."""
+    for found in re.findall(r"\{[^{}]*\}", path):
+        if found != "{run_dir}":
+            raise SpecError("metrics_file", f"{brief(path)}: {found} is no placeholder; the only one is {{run_dir}} "
+                                            "(the run folder), e.g. '{run_dir}/log.jsonl' or 'output/*/summary.csv'")
 
 
 def _compiled(where: str, regex: str) -> "re.Pattern":

@@ -25,6 +25,7 @@ OLD_RUN_JSON = {
     "entrypoint": {"script": "train.py", "args": ["--lr", "0.05"], "params": {"lr": 0.05}, "snapshot": True},
     "code_dir": "/r/code", "snapshot_of": "/home/u/proj", "log_dir": "/r/.slurm", "stopped_at": "2024-01-01T12:04",
     "cancel_requested_at": "2024-01-01T12:04:30",
+    "warnings": ["entrypoint.metrics.acc: the regex 'acc (\\S+)' never matched a number on rank 0's output"],
 }
 
 
@@ -100,11 +101,12 @@ def test_a_damaged_run_json_is_salvaged_with_a_problem(tmp_path, text, problem, 
 
 def test_mistyped_fields_become_problems_not_crashes(tmp_path):
     raw = {"status": 5, "hosts": "n1", "error": "boom", "final": {"a": "x", "b": 1}, "launcher": 3,
-           "versions": [1], "world_size": True, "slurm_job_id": 12}
+           "versions": [1], "world_size": True, "slurm_job_id": 12, "warnings": ["fine", 3]}
     got, problems = record.checked(raw)
     assert (got.status, got.hosts, got.error, got.final, got.launcher, got.versions, got.world_size) == (
         None, [], None, {"b": 1}, None, None, None)
-    assert got.slurm_job_id == "12" and len(problems) == 7
+    assert got.slurm_job_id == "12" and got.warnings == [] and len(problems) == 8
+    assert "run.json: warnings is ['fine', 3] (a list), not a list of lines of text; ignored" in problems
     assert all(p.startswith("run.json: ") and p.endswith("; ignored") for p in problems)
 
 

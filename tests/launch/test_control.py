@@ -82,6 +82,20 @@ def test_status_shows_the_failing_rank_and_traceback(tmp_path, fake_slurm):
     assert "failed on rank 1: RuntimeError: boom" in text and "    RuntimeError: boom" in text
 
 
+def test_status_shows_your_codes_first_metric_beside_the_trainers_epoch(tmp_path, fake_slurm):
+    trainer = make_run(tmp_path, "a", status="completed", final={"epoch": 3, "val_acc": 0.9})
+    own = make_run(tmp_path, "b", status="running", entrypoint={"script": "t.py", "metrics": ["loss", "acc"]},
+                   warnings=["entrypoint.metrics.acc: never matched", "\x1b[2Jsecond"])
+    own.metrics_file.write_text('{"step": 7, "loss": 0.25}\n{"step": 2, "acc": 0.5}\n')
+    lines = control.status_table([trainer, own], control.refresh([trainer, own])).splitlines()
+    assert lines[0].split() == ["RUN", "STATUS", "EPOCH/STEP", "METRIC", "JOB"]
+    assert lines[1].split() == ["exp/a", "completed", "3", "val_acc", "0.9000", "-"]
+    assert lines[2].split() == ["exp/b", "running", "7", "loss", "0.25", "-"]
+    assert lines[3:] == ["b: warning: entrypoint.metrics.acc: never matched", "b: warning: \\x1b[2Jsecond"]
+    alone = control.status_table([trainer], control.refresh([trainer])).splitlines()
+    assert alone[0].split()[2:4] == ["EPOCH", "VAL_ACC"] and alone[1].split()[2:4] == ["3", "0.9000"]
+
+
 def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(slurmctl, "cancel", lambda job: calls.append(job) or True)

@@ -260,3 +260,22 @@ def test_user_runs_curves_are_drawn_over_steps(tmp_path):
     assert table.loc[(1, 100), ("loss", "mean")] == pytest.approx(1.0)
     page = quiet(tmp_path / "mine", fmt="html", metric="accuracy")
     assert "data:image/png;base64," in page and "accuracy at the last value logged." in page
+
+
+def test_each_metric_is_drawn_at_its_own_steps(tmp_path):
+    """A loss every step and a val loss every second, on lines of their own: both curves
+    have every point they logged and no gap filled in."""
+    from clusterjob.report import plots
+
+    lines = [{"step": s, "train_loss": 1.0 / s} for s in range(1, 5)] + [{"step": 2, "val_loss": 0.7},
+                                                                      {"step": 4, "val_loss": 0.6}]
+    write_run(tmp_path, "u", {}, lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # lines of one step at two places are no problem
+        rep = report.build_report(tmp_path / "exp", metric="val_loss")
+    table = plots.curve_table(rep.results, rep.runs, rep.groups, rep.keys, "val_loss")
+    drawn = {name: table[(name, "mean")].dropna() for name in ("val_loss", "train_loss")}
+    assert drawn["val_loss"].index.get_level_values("step").tolist() == [2, 4]
+    assert drawn["val_loss"].tolist() == [0.7, 0.6]
+    assert drawn["train_loss"].index.get_level_values("step").tolist() == [1, 2, 3, 4]
+    assert rep.runs["val_loss"].tolist() == [0.6]

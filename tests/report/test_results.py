@@ -294,7 +294,7 @@ def test_user_lines_keep_the_last_of_a_repeated_step(tmp_path):
     lines = [{"step": 10, "loss": 2.0}, {"step": 20, "loss": 1.5}, {"loss": 9.9},
              {"step": 20, "loss": 1.4}, {"step": 30, "loss": 1.0, "accuracy": 0.6}]
     write_run(tmp_path, "u", {"params.lr": 0.1}, lines)
-    with pytest.warns(ResultsWarning, match=r"metrics.jsonl: steps repeated \(20\); kept the last line of each"):
+    with pytest.warns(ResultsWarning, match=r"metrics.jsonl: steps repeated \(20\); kept the last value of each"):
         epochs = load_epochs(tmp_path / "exp")
     assert epochs["step"].tolist() == [10, pd.NA, 20, 30]  # file order; a line without a step stays
     assert epochs["loss"].tolist() == [2.0, 9.9, 1.4, 1.0]

@@ -112,3 +112,39 @@ def test_a_swept_params_key_reaches_the_code(tmp_path: Path):
     assert seen == [f"argv ['--lr', '{lr}'] params {{'lr': {lr}}}" for lr in (0.01, 0.05)]
     infos = [json.loads(out.parent.parent.joinpath("run.json").read_text()) for out in outs]
     assert [i["params"] for i in infos] == [{"params.lr": 0.01}, {"params.lr": 0.05}]
+
+
+GROUP_SHAPES = [
+    (r"iter (?P<step>[0-9]+): loss ([0-9.]+)", None),
+    (r"(?P<step>\d+) (?P<loss>[0-9.]+)", None),  # the value group may have a name too
+    (r"x (\d+) ([0-9.]+)", "has 2 groups (a second group must be named step: (?P<step>...)); it needs exactly one"),
+    (r"(?P<step>\d+)", "has only the step group; add a group around the number"),
+    (r"(?P<step>\d+) (a) (b)", "has 3 groups; it needs exactly one around the number, and may have one more named step"),
+    (r"(?P<it>\d+) ([0-9.]+)", "has 2 groups (a second group must be named step"),
+]
+
+
+@pytest.mark.parametrize("regex, says", GROUP_SHAPES)
+def test_a_metric_regex_may_take_its_step_from_a_named_group_and_no_other_shape(tmp_path: Path, regex: str,
+                                                                              says: "str | None"):
+    write_spec(tmp_path, own_code(metrics={"loss": regex}))
+    done = cli(tmp_path, "validate", "s.yaml")
+    if says is None:
+        assert done.returncode == 0, done.stderr
+        return
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and says in lines[0], done.stderr
+    assert lines[0].startswith("clusterjob: error: entrypoint.metrics.loss: ") and "(?P<step>" in lines[0]
+
+
+@pytest.mark.parametrize("path, says", [("{run_dir}/log.jsonl", None), ("out/*/summary.csv", None),
+                                        ("{params.lr}/log.csv", "{params.lr} is no placeholder"),
+                                        ("a\tb.csv", "control character")])
+def test_metrics_file_takes_run_dir_and_globs(tmp_path: Path, path: str, says: "str | None"):
+    write_spec(tmp_path, own_code(metrics_file=path))
+    done = cli(tmp_path, "submit", "--dry-run", "--executor", "local", "s.yaml")
+    if says is None:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "entrypoint.metrics_file: " in done.stderr
+    assert says in done.stderr and not (tmp_path / "results").exists()

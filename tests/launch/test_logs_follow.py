@@ -1,0 +1,70 @@
+"""`clusterjob logs RUN --follow` with real processes: it prints what the rank writes while
+it runs and ends with the run (exit 0), Ctrl-C ends it quietly (exit 130), and it writes
+nothing."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from owncode import Project
+
+pytestmark = pytest.mark.slow
+
+SLOW_PRINTS = """
+import sys, time
+for i in range(1, 7):
+    print(f"line {i}", flush=True)
+    time.sleep(0.4)
+print("to stderr", file=sys.stderr, flush=True)
+"""
+
+
+def started(own: Project, script: str) -> Path:
+    """The run of ``script``, handed to a detached local supervisor, once its rank logs."""
+    own.spec(script)
+    done = own.cli("submit", f"{own.name}.yaml", "--executor", "local")
+    assert done.returncode == 0, done.stderr
+    deadline = time.time() + 60
+    while not (own.run / "logs" / "rank0.out").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    return own.run
+
+
+def stamps(folder: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file()}
+
+
+def test_follow_prints_the_rank_as_it_writes_and_ends_with_the_run(tmp_path):
+    own = Project(tmp_path, "follow")
+    run = started(own, SLOW_PRINTS)
+    follow = own.cli("logs", str(run), "--follow", timeout=120)
+    assert follow.returncode == 0, follow.stderr
+    out = follow.stdout
+    assert [out.index(f"line {i}\n") for i in range(1, 7)] == sorted(out.index(f"line {i}\n") for i in range(1, 7))
+    assert f"==> {run}/logs/rank0.err <==\nto stderr\n" in out
+    assert own.info()["status"] == "completed"
+    deadline = time.time() + 30
+    while "completed" not in (run / "logs/supervisor.log").read_text() and time.time() < deadline:
+        time.sleep(0.05)  # the supervisor's last word, after the run's
+    before = stamps(run)
+    again = own.cli("logs", str(run), "-f", timeout=60)  # a finished run: all of it, at once
+    assert again.returncode == 0 and "line 6" in again.stdout
+    assert stamps(run) == before  # read-only
+
+
+def test_ctrl_c_ends_follow_quietly(tmp_path):
+    own = Project(tmp_path, "interrupt")
+    run = started(own, "import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    follow = own.start("logs", str(run), "--follow")
+    deadline = time.time() + 30
+    while own.info()["status"] != "running" and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130 and err == "", err
+    assert "started" in out
+    assert own.cli("cancel", str(run)).returncode == 0
