@@ -37,7 +37,7 @@ def _reads_run_folders(command: Callable[[argparse.Namespace], int]) -> Callable
 def cmd_submit(args: argparse.Namespace) -> int:
     from clusterjob.launch.submit import submit
 
-    return submit(args.spec, args.set, executor=args.executor, wait=args.wait, dry_run=args.dry_run,
+    return submit(args.spec, args.set, executor_name=args.executor, wait=args.wait, dry_run=args.dry_run,
                   preflight=not args.no_preflight)
 
 
@@ -108,6 +108,12 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     return sbatch.main(args)
 
 
+def executor_names() -> list[str]:
+    from clusterjob.launch.executor import names
+
+    return names()
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="YAML spec file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -137,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="run a spec (one run, or one per sweep point)")
     _add_spec_args(p)
-    p.add_argument("--executor", choices=("auto", "local", "slurm"), default="auto",
+    p.add_argument("--executor", choices=("auto", *executor_names()), default="auto",
                    help="auto: Slurm if sbatch works, else local processes")
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from clusterjob.core.env import clean_environ
-from clusterjob.launch.local import free_port  # noqa: F401  (re-exported for the tests)
+from clusterjob.launch.supervisor import free_port  # noqa: F401  (re-exported for the tests)
 from clusterjob.runner import checkpoint
 
 REPO = Path(__file__).resolve().parents[1]

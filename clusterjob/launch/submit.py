@@ -1,5 +1,5 @@
 """``clusterjob submit`` and ``clusterjob resume``: validate everything, make (or reopen) the
-run folders, hand them to an executor (clusterjob.launch), and with ``--wait`` follow
+run folders, hand them to an executor (clusterjob.launch.executor), and with ``--wait`` follow
 them to the end: one summary line per run, then the report.
 
 All checks run before anything is written, so bad input changes nothing on disk; a
@@ -12,105 +12,60 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from clusterjob.core import claim, metrics, procs
+from clusterjob.core import claim, metrics
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, make_runs
+from clusterjob.core.rundir import RunDir, RunRecord, make_runs
+from clusterjob.launch import executor
+from clusterjob.launch.executor import Executor, Watch
 from clusterjob.launch.handover import Window
-from clusterjob.spec.schema import Spec, SweepPoint, check_paths, dump_spec, expand_sweep, load_spec
-
-POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # Slurm polls back off from the first to the longest wait
+from clusterjob.spec.schema import Spec, check_paths, dump_spec, expand_sweep, load_spec
 
 
-def slurm_reachable(timeout_s: float = 10.0) -> bool:
-    """True when ``sbatch`` exists and the controller answers."""
-    if not shutil.which("sbatch") or not shutil.which("sinfo"):
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=timeout_s).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def choose_executor(requested: str) -> Executor:
+    """The executor ``--executor`` names (``auto``: the first available); one that is not
+    available is bad input."""
+    return executor.choose(requested)
 
 
-def choose_executor(requested: str) -> str:
-    if requested == "auto":
-        return "slurm" if slurm_reachable() else "local"
-    if requested == "slurm" and not slurm_reachable():
-        raise BadInput("--executor slurm: Slurm is not reachable from here (sbatch/sinfo missing or the "
-                       "controller does not answer); check SLURM_CONF, or use --executor local")
-    return requested
-
-
-def check_local(spec: Spec) -> None:
-    """What this machine must offer a local run, checked before any process starts."""
-    if spec.resources.nodes > 1:
-        raise BadInput(f"resources.nodes: {spec.resources.nodes} nodes cannot run with the local executor, "
-                       "which uses this machine only; submit to Slurm (--executor slurm) or set "
-                       "--set resources.nodes=1")
-    if spec.resources.gpus_per_node > 0:  # on CPU the runner hides the GPUs: nothing to count
-        from clusterjob.launch import local
-
-        visible, where = local.gpus_here(os.environ)
-        local.check_gpus(spec.resources.tasks_per_node, spec.resources.gpus_per_node, visible, where)
-
-
-def submit(spec_path: str, overrides: list[str], executor: str = "auto", wait: bool = False,
+def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
            dry_run: bool = False, preflight: bool = True) -> int:
     """``clusterjob submit``: exit status 0 when submitted (with --wait: all completed)."""
     spec = load_spec(spec_path, overrides)
     points = expand_sweep(spec)
     check_paths(spec)
-    executor = choose_executor(executor)
-    if executor == "local":
-        check_local(spec)
-    elif preflight and not dry_run:
-        _refuse_failed_preflight(spec, len(points))
+    chosen = choose_executor(executor_name)
+    chosen.check(spec, len(points), preflight=preflight and not dry_run)
     if dry_run:
-        return _dry_run(spec, points, executor)
+        for line in chosen.preview(spec, len(points)):
+            print(line)
+        return 0
     snap = _snapshot_plan(spec)
     with Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
                                      [(p.index, dump_spec(p.spec), p.run_params) for p in points],
-                                     claim_as="clusterjob submit", executor=executor,
+                                     claim_as="clusterjob submit", executor=chosen.name,
                                      **_origin()))  # resume's executor, if the start fails
         if snap is not None:
             from clusterjob.launch import snapshot
 
             snapshot.take(snap, points, runs)
-        return _start(spec, runs, executor, wait, window)
-
-
-def preflight_checks(spec: Spec, points: int) -> list:
-    """The cluster's answers for ``spec`` (clusterjob.launch.preflight), read-only."""
-    from clusterjob.launch import preflight, slurm
-
-    scripts = slurm.scripts(spec, points, Path(spec.output.root) / spec.name / ".slurm")
-    return preflight.run_checks(spec, points, scripts)
+        return _start(spec, runs, chosen, wait, window)
 
 
 def cluster_preflight(spec: Spec, points: int) -> int:
-    """``validate --cluster``: one line per check; exit 2 when any failed."""
-    choose_executor("slurm")
-    checks = preflight_checks(spec, points)
+    """``validate --cluster``: the Slurm cluster's answers, one line per check; exit 2
+    when any failed."""
+    checks = choose_executor("slurm").checks(spec, points)
     for check in checks:
         print(check.line())
     failed = sum(not c.ok for c in checks)
     print(f"{'ok' if not failed else 'refused'}: {len(checks) - failed} of {len(checks)} checks passed",
           file=sys.stderr)
     return 2 if failed else 0
-
-
-def _refuse_failed_preflight(spec: Spec, points: int) -> None:
-    failed = [c for c in preflight_checks(spec, points) if not c.ok]
-    for check in failed:
-        print(check.line(), file=sys.stderr)
-    if failed:
-        raise BadInput(f"the cluster would refuse or never run these jobs ({len(failed)} preflight check(s) failed, "
-                       "above); fix the spec, or pass --no-preflight to submit anyway")
 
 
 def _snapshot_plan(spec: Spec):
@@ -128,89 +83,31 @@ def _origin() -> dict:
     return {"submit_dir": os.getcwd(), "git_sha": git_sha()}
 
 
-def _dry_run(spec: Spec, points: list[SweepPoint], executor: str) -> int:
-    if executor == "local":
-        for point in points:
-            print(f"would run {spec.resources.tasks_per_node} local processes: "
-                  f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}")
-        return 0
-    from clusterjob.launch import slurm
-
-    folder = Path(spec.output.root) / spec.name / ".slurm"
-    for script in slurm.scripts(spec, len(points), folder):
-        print(script)
-    return 0
-
-
-def _start(spec: Spec, runs: list[RunDir], executor: str, wait: bool, window: Window) -> int:
+def _start(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool, window: Window) -> int:
     """Hand the runs (claimed by this process) to the executor, closing the ``window``;
-    that ends the claims: a Slurm run's once its job id is recorded, a local run's with
-    the run (the supervisor takes them over); with ``wait``, follow them to the end and
-    report."""
-    if executor == "local":
-        return _start_local(spec, runs, wait, window)
-    from clusterjob.launch import slurm
-
+    the executor ends the claims once it has the runs (a Slurm run's once its job id is
+    recorded, a detached local run's once its supervisor holds them); with ``wait``,
+    follow them to the end and report."""
     with window.handing_over():
-        job_ids = slurm.start(spec, runs)
-    claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
-    for job_id, run in zip(job_ids, runs):
-        print(f"{job_id}  {run.path}")
+        lines = chosen.start(spec, runs, follow=wait)
+    for line in lines:
+        print(line)
     if not wait:
         print(f"follow with: clusterjob status {runs[0].path.parent}")
         return 0
-    return _finish(runs, wait_slurm(runs))
+    live = LiveLine(sys.stdout)
+
+    def ended(run: RunDir, info: RunRecord) -> None:
+        live.clear()
+        print(summary_line(info, run))
+
+    waited = chosen.wait(spec, runs, Watch(progress=live.show, ended=ended))
+    code = _finish(runs, waited.records)
+    return 128 + waited.stop_signal if waited.stop_signal else code
 
 
-def _start_local(spec: Spec, runs: list[RunDir], wait: bool, window: Window) -> int:
-    from clusterjob.launch import local
-
-    world = spec.resources.tasks_per_node
-    if not wait:
-        with window.handing_over():
-            pid = local.detach(runs, world)
-        claim.release(*(run.path for run in runs))  # the supervisor holds them now
-        for run in runs:
-            print(f"{run.path}  (local, supervisor pid {pid})")
-        print(f"follow with: clusterjob status {runs[0].path.parent}")
-        return 0
-    line = LiveLine(sys.stdout)
-    for run in runs:
-        run.update(executor="local", launcher=procs.current())  # this process is their supervisor
-    window.close()  # this process supervises the runs: its Supervisor owns the stop signals from here
-    supervisor = local.Supervisor(world, on_tick=lambda run: line.show(local.last_progress(run))).install()
-    infos = []
-    for run in runs:
-        infos += supervisor.run_all([run])
-        line.clear()
-        print(summary_line(infos[-1], run))
-    code = _finish(runs, infos, summaries=False)
-    return 128 + supervisor.stop_signal if supervisor.stop_signal else code
-
-
-def wait_slurm(runs: list[RunDir]) -> list[RunRecord]:
-    """Poll until every run is final (run.json, reconciled with squeue/sacct and written
-    back), waiting longer between polls as time goes on. Ctrl-C stops waiting, not the jobs."""
-    from clusterjob.launch import control
-
-    pause = POLL_FIRST_S
-    try:
-        while True:
-            infos = [view.record for view in control.views(runs, write_back=True)]
-            if all(i.status in FINAL_STATUSES for i in infos):
-                return infos
-            time.sleep(pause)
-            pause = min(POLL_MAX_S, pause * 1.5)
-    except KeyboardInterrupt:
-        print(f"\nstopped waiting; the jobs go on: clusterjob status {runs[0].path.parent}", file=sys.stderr)
-        raise
-
-
-def _finish(runs: list[RunDir], infos: list[RunRecord], summaries: bool = True) -> int:
-    """Summary lines (unless printed already) and the report; 0 when all completed."""
-    if summaries:
-        for run, info in zip(runs, infos):
-            print(summary_line(info, run))
+def _finish(runs: list[RunDir], infos: list[RunRecord]) -> int:
+    """The report of the runs (their summary lines are printed); 0 when all completed."""
     print_report(runs)
     return 0 if all(i.status == "completed" for i in infos) else 1
 
@@ -282,18 +179,25 @@ def resume(run_text: str, wait: bool = False) -> int:
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     spec = load_spec(run.spec_file)
     check_paths(spec)
-    executor = "slurm" if run.read().executor == "slurm" else "local"
-    if executor == "slurm":
-        choose_executor("slurm")
-    else:
-        check_local(spec)
+    owner = _executor_of(run)
+    owner.check(spec, 1, preflight=False)
     with claim.claimed(run.path, "clusterjob resume"), Window(runs=[run]) as window:
         _check_resumable(run)  # again, now that no other command can start it
         restarts = run.read().restarts or 0
         run.update(reopen=True, status="pending", restarts=restarts + 1, finished_at=None, error=None,
-                   launcher=None, cancel_requested_at=None, **({"slurm_job_id": None} if executor == "slurm" else {}))
-        print(f"resuming {run.path} ({executor}) from its last checkpoint")
-        return _start(spec, [run], executor, wait, window)
+                   launcher=None, cancel_requested_at=None, **owner.reopened())
+        print(f"resuming {run.path} ({owner.name}) from its last checkpoint")
+        return _start(spec, [run], owner, wait, window)
+
+
+def _executor_of(run: RunDir) -> Executor:
+    """The executor the run had (one that adopts it, for a run started by hand), if it
+    is available here."""
+    owner = executor.of_record(run.read())
+    if owner is None:
+        raise BadInput(f"{run.path}: its run.json names executor {run.read().executor!r}, which this clusterjob "
+                       "does not have; submit the spec again")
+    return choose_executor(owner.name)
 
 
 def _check_resumable(run: RunDir) -> None:

@@ -17,7 +17,7 @@ import torch
 from clusterjob.core import procs, slurmctl
 from clusterjob.core.rundir import RunDir, create_run
 from clusterjob.launch import control, resources
-from clusterjob.launch import slurm as slurm_launch
+from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.runner import checkpoint
 from clusterjob.spec.schema import dump_spec, expand_sweep, spec_from_dict
 

@@ -13,7 +13,7 @@ import yaml
 from trainutil import base_env, write_spec
 
 from clusterjob.core.errors import BadInput
-from clusterjob.launch import local, submit
+from clusterjob.launch.executors import local
 from clusterjob.spec.schema import spec_from_dict
 
 SMI_TWO = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aa)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-bb)\n"
@@ -65,10 +65,10 @@ def test_enough_gpus_or_a_cpu_run_pass(tasks, gpus, visible):
 def test_submit_counts_the_gpus_only_for_a_gpu_spec(monkeypatch):
     asked = []
     monkeypatch.setattr(local, "gpus_here", lambda environ: asked.append(1) or (1, "CUDA_VISIBLE_DEVICES='0'"))
-    submit.check_local(spec_from_dict({"name": "t", "resources": {"tasks_per_node": 4}}))
+    local.LocalExecutor().check(spec_from_dict({"name": "t", "resources": {"tasks_per_node": 4}}), 1)
     assert asked == []  # on CPU: no nvidia-smi call at submit
     with pytest.raises(BadInput, match="2 needs 2 GPUs here .one per task., but 1 GPU is visible"):
-        submit.check_local(spec_from_dict({"name": "t", "resources": {"tasks_per_node": 2, "gpus_per_node": 2}}))
+        local.LocalExecutor().check(spec_from_dict({"name": "t", "resources": {"tasks_per_node": 2, "gpus_per_node": 2}}), 1)
 
 
 def test_a_local_run_of_more_gpu_tasks_than_visible_gpus_exits_2_at_submit_and_starts_nothing(tmp_path):

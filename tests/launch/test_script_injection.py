@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterjob.launch import sbatch, slurm
+from clusterjob.launch import sbatch
+from clusterjob.launch.executors import slurm
 from clusterjob.spec.schema import spec_from_dict
 
 HOSTILE = ["x $(touch {canary}) ;", "a b", "it's", 'q"uote', "`touch {canary}`", "$HOME and ${{HOME}}",
@@ -39,7 +40,7 @@ def test_teardown_passes_the_runs_file_as_one_argument(tmp_path, template):
     python = shlex.quote(sys.executable)
     assert line.startswith(python + " ")
     args = run_bash(PRINT_ARGS + line[len(python):], tmp_path, {"SLURM_ARRAY_TASK_ID": "3"})
-    assert args == ["-m", "clusterjob.launch.slurm", "finalize", str(runs_file), "3", "0"]
+    assert args == ["-m", "clusterjob.launch.executors.slurm", "finalize", str(runs_file), "3", "0"]
     assert not (tmp_path / "CANARY").exists()
 
 

@@ -37,7 +37,7 @@ def submit(folder: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
 def test_a_partition_slurm_does_not_have_is_bad_input_and_leaves_nothing(slurm_cluster, tmp_path):
     write_spec(tmp_path, sweep={"train.seed": [0, 1]})
     (tmp_path / "results" / "refused").mkdir(parents=True)  # an experiment folder from before: kept as it was
-    done = submit(tmp_path, slurm_cluster.env(), "--set", "resources.partition=nosuch")
+    done = submit(tmp_path, slurm_cluster.env(), "--set", "resources.partition=nosuch", "--no-preflight")
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.splitlines()  # submitit's echo of sbatch's stderr is not repeated
     assert line.startswith("clusterjob: error: resources.partition: sbatch refused the job: "
@@ -76,7 +76,7 @@ def shims(tmp_path):
 
 def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shims):
     write_spec(tmp_path, sweep={"train.seed": [0, 1, 2]})
-    done = submit(tmp_path, shims)
+    done = submit(tmp_path, shims, "--no-preflight")  # the shims answer sbatch, not the preflight's questions
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert line.startswith("clusterjob: error: sbatch failed: Unable to contact slurm controller (connect failure); "
@@ -106,7 +106,7 @@ def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shim
 def test_a_controller_that_does_not_answer_leaves_no_run(tmp_path, shims):
     (tmp_path / "bin" / "sbatch.done").touch()  # every submission fails
     write_spec(tmp_path)
-    done = submit(tmp_path, shims)
+    done = submit(tmp_path, shims, "--no-preflight")
     assert done.returncode == 1
     assert done.stderr.splitlines() == ["clusterjob: error: sbatch failed: Unable to contact slurm controller "
                                         "(connect failure); no run was left behind"]

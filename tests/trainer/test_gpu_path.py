@@ -267,7 +267,7 @@ def _two_ranks(rank: int, port: int, folder: str) -> None:
 
 @pytest.mark.slow
 def test_stop_agreement_gather_and_eval_under_two_ranks(tmp_path):
-    from clusterjob.launch.local import free_port
+    from clusterjob.launch.supervisor import free_port
 
     mp.spawn(_two_ranks, args=(free_port(), str(tmp_path)), nprocs=2)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -312,7 +312,7 @@ def _download_first(rank: int, port: int, folder: str) -> None:
 
 @pytest.mark.slow
 def test_a_download_longer_than_the_timeout_waits_on_the_store_before_the_process_group(tmp_path):
-    from clusterjob.launch.local import free_port
+    from clusterjob.launch.supervisor import free_port
 
     mp.spawn(_download_first, args=(free_port(), str(tmp_path)), nprocs=2)
     (in0, out0), (in1, _) = ([float(t) for t in (tmp_path / f"rank{r}").read_text().split()] for r in range(2))
@@ -361,7 +361,7 @@ def _shared_gpu(rank: int, port: int, folder: str, gpus: list, backend: str) -> 
     (["GPU-a", "GPU-a"], "cuda:gloo", {"capability": 80, "group": False}),
 ])
 def test_the_device_plans_are_checked_through_the_store_before_any_process_group(tmp_path, gpus, backend, expected):
-    from clusterjob.launch.local import free_port
+    from clusterjob.launch.supervisor import free_port
 
     mp.spawn(_shared_gpu, args=(free_port(), str(tmp_path), gpus, backend), nprocs=2)
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)] == [expected, expected]

@@ -1,11 +1,11 @@
-"""Local executor (docs/design.md, "Executors and scripts"; what its faults end in:
-"Failures"): ``tasks_per_node`` ranks of ``python -m clusterjob.run`` on this machine
-(gloo on CPU, one per GPU with CUDA), the same run folders as on Slurm, per-rank logs in
-``<run>/logs/``.
+"""The local executor's supervisor (docs/design.md, "Executors and scripts"; what its
+faults end in: "Failures"): ``tasks_per_node`` ranks of ``python -m clusterjob.run`` on
+this machine (gloo on CPU, one per GPU with CUDA), the same run folders as on Slurm,
+per-rank logs in ``<run>/logs/``.
 
 A supervisor runs the runs one after another: ``submit --wait`` itself, else a detached
-``python -m clusterjob.launch.local WORLD RUN...`` (so closing the terminal ends
-nothing). It owns its ranks:
+``python -m clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...`` (so closing the
+terminal ends nothing). It owns its ranks:
 
 - each rank has its own process group, so a Ctrl-C in the terminal reaches the supervisor
   only, and the kernel sends each rank SIGTERM when the supervisor dies (even by kill -9):
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
-from clusterjob.core import claim, metrics, procs
+from clusterjob.core import claim, metrics
 from clusterjob.core import env as envmod
-from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.errors import escape
 from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
 
 POLL_S = 0.2
@@ -48,68 +47,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def visible_gpus(cuda_visible_devices: Optional[str], smi_listing: Optional[str]) -> int:
-    """How many GPUs a rank started here will see, without torch (which the login side
-    never loads): CUDA_VISIBLE_DEVICES when set, else every GPU of ``nvidia-smi -L``
-    (None: no nvidia-smi, so no GPU)."""
-    machine = None if smi_listing is None else sum(
-        line.startswith("GPU ") for line in smi_listing.splitlines())
-    if cuda_visible_devices is None:
-        return machine or 0
-    return len(_listed_gpus(cuda_visible_devices, machine))
-
-
-def _listed_gpus(text: str, machine: Optional[int]) -> list[str]:
-    """The GPUs CUDA makes of CUDA_VISIBLE_DEVICES: the entries up to the first that names
-    no GPU of the machine ("", -1, an index past its GPUs); a repeated entry hides all."""
-    listed: list[str] = []
-    for entry in (part.strip() for part in text.split(",")):
-        uuid = entry.startswith(("GPU-", "MIG-"))
-        index_ok = entry.isdigit() and (machine is None or int(entry) < machine)
-        if not (uuid or index_ok):
-            break
-        if entry in listed:
-            return []
-        listed.append(entry)
-    return listed
-
-
-def machine_gpus() -> Optional[str]:
-    """``nvidia-smi -L``'s listing (one ``GPU n: ...`` line per GPU), None without it."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def gpus_here(environ: Mapping[str, str]) -> tuple[int, str]:
-    """(GPUs a local rank will see, where that number comes from, for an error line)."""
-    listed = environ.get("CUDA_VISIBLE_DEVICES")
-    smi = machine_gpus()
-    count = visible_gpus(listed, smi)
-    if listed is not None:
-        return count, f"CUDA_VISIBLE_DEVICES={listed!r}"
-    return count, "no nvidia-smi" if smi is None else "nvidia-smi -L"
-
-
-def check_gpus(tasks: int, gpus_per_node: int, visible: int, where: str) -> None:
-    """A local run on GPUs needs one visible GPU per task: more tasks would share a GPU,
-    which NCCL refuses only after every rank has started and loaded its data."""
-    if gpus_per_node == 0 or tasks <= visible:
-        return
-    fix = (f"set resources.tasks_per_node: {visible}, or" if visible else "submit to Slurm (--executor slurm), or set")
-    raise BadInput(f"resources.tasks_per_node: {tasks} needs {_gpus(tasks)} here (one per task), but {_gpus(visible)} "
-                   f"{'is' if visible == 1 else 'are'} visible ({where}); {fix} resources.gpus_per_node: 0 "
-                   "to train on CPU")
-
-
-def _gpus(count: int) -> str:
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def rank_environ(base: dict, rank: int, world: int, port: int) -> dict:
@@ -267,27 +204,10 @@ def last_progress(run: RunDir) -> Optional[str]:
     return shown[-1].removeprefix("[progress] ") if shown else None
 
 
-def detach(runs: list[RunDir], world: int) -> int:
-    """Start a supervisor in its own session that runs ``runs`` one after another; its pid.
-    The runs' claims this process holds are handed to it as they are (the same locks, so
-    no other command can start a run in between); each run.json records which process it
-    is (``status`` says when it is gone)."""
-    fds = [held.fd if (held := claim.held(r.path)) is not None else -1 for r in runs]
-    log = runs[0].logs / "supervisor.log"  # the supervisor of a sweep logs in its first run
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "clusterjob.launch.local", str(world),
-                                 ",".join(map(str, fds)), *(str(r.path) for r in runs)],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, pass_fds=[fd for fd in fds if fd >= 0])
-    ref = procs.current(proc.pid)
-    for run in runs:
-        run.update(executor="local", launcher=ref)
-    return proc.pid
-
-
 def main(argv: list[str]) -> int:
-    """``python -m clusterjob.launch.local WORLD CLAIM_FDS RUN...``: CLAIM_FDS are the
-    descriptors of the runs' claims that ``detach`` handed over (-1: none), in run order."""
+    """``python -m clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...``: CLAIM_FDS are the
+    descriptors of the runs' claims that the local executor handed over (-1: none), in
+    run order."""
     world, fds, paths = int(argv[0]), [int(fd) for fd in argv[1].split(",")], argv[2:]
     for fd, path in zip(fds, paths):
         if fd >= 0:

@@ -1,0 +1,223 @@
+"""What runs a run's ranks (docs/design.md, "Executors and scripts"): one protocol that
+every executor implements, and a registry of them by name.
+
+An executor is a subclass of ``Executor`` in a module of ``clusterjob/launch/executors/``,
+decorated with ``@register``; the registry imports every module there the first time
+it is asked, so adding an executor is adding that one module. submit, resume, status,
+logs and cancel speak to executors through this protocol only:
+
+- ``unavailable``: whether it can start runs from here (``--executor auto`` takes the
+  available one of the highest ``auto_rank``);
+- ``check``: what this executor cannot run, as bad input, before anything is written
+  (the local GPU count, the Slurm cluster's preflight);
+- ``start``: hand run folders this process claimed over (a job, a supervisor), or,
+  with ``follow``, keep them here; ``wait`` follows them to their end;
+- ``refresh``: what became of runs whose run.json does not say yet (the queue, the
+  processes), read-only unless ``write_back``; ``live``: why a run may still run;
+- ``cancel``: stop a run, and mark it cancelled once no rank of it is alive.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import pkgutil
+from dataclasses import dataclass, replace
+from typing import Callable, ClassVar, Optional
+
+from clusterjob.core import procs
+from clusterjob.core.errors import BadInput
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, now_iso
+from clusterjob.launch import executors
+from clusterjob.spec.schema import Spec
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as ``status`` shows it: its record reconciled by its executor, the problems
+    of its run.json, and what the executor said (``queue_state``, a ``note`` shown
+    beside the status) or could not say (``unanswered``: the warning that the recorded
+    state is shown). ``orphaned``: what settles the run's end is gone (its ranks may
+    still record their own stop)."""
+
+    record: RunRecord
+    problems: list
+    note: Optional[str] = None
+    queue_state: Optional[str] = None
+    unanswered: Optional[str] = None
+    orphaned: bool = False
+
+    def to_dict(self) -> dict:
+        """The view as one mapping: the record's fields, problems, and note or queue_state when set."""
+        extra = {key: value for key, value in (("note", self.note), ("queue_state", self.queue_state)) if value}
+        return {**self.record.to_dict(), "problems": self.problems, **extra}
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What ``submit --wait`` shows while it follows runs: ``progress`` while a run runs
+    in this process (its latest progress, for the live line), ``ended`` once a run is
+    final (its summary line)."""
+
+    progress: Callable[[Optional[str]], None] = lambda text: None
+    ended: Callable[[RunDir, RunRecord], None] = lambda run, info: None
+
+
+@dataclass(frozen=True)
+class Waited:
+    """The runs' final records, and the stop signal that ended the wait early (None:
+    every run ended by itself)."""
+
+    records: list
+    stop_signal: Optional[int] = None
+
+
+class Executor(abc.ABC):
+    """One way to run runs. Instances hold no state: the run folders do."""
+
+    name: ClassVar[str]
+    auto_rank: ClassVar[int] = 0  # `--executor auto` takes the available executor of the highest rank
+
+    @classmethod
+    @abc.abstractmethod
+    def unavailable(cls) -> Optional[str]:
+        """None when this executor can start runs from here; else why not, with the fix."""
+
+    @classmethod
+    def adopts(cls, record: RunRecord) -> bool:
+        """Whether a run whose run.json names no executor (started by hand) is this one's."""
+        return False
+
+    @abc.abstractmethod
+    def check(self, spec: Spec, points: int, preflight: bool = True) -> None:
+        """Bad input for what this executor cannot run (``points`` runs of ``spec``);
+        before anything is written. ``preflight`` False skips questions to a cluster."""
+
+    def checks(self, spec: Spec, points: int) -> list:
+        """The read-only questions to a cluster that ``validate --cluster`` prints, one
+        ``clusterjob.launch.preflight.Check`` each; none by default."""
+        return []
+
+    @abc.abstractmethod
+    def preview(self, spec: Spec, points: int) -> list[str]:
+        """What a submission would send (``--dry-run``), writing nothing."""
+
+    @abc.abstractmethod
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool) -> list[str]:
+        """Hand ``runs`` (made or reopened and claimed by this process) over, recording
+        in each run.json what has it; with ``follow`` the runs may stay with this
+        process for ``wait``. The lines to print (job ids, the supervisor)."""
+
+    @abc.abstractmethod
+    def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
+        """Follow ``runs`` of ``spec`` (started with ``follow``) until each is final."""
+
+    @abc.abstractmethod
+    def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
+        """The views of this executor's runs that are not final, with what their jobs or
+        processes say; written to run.json only with ``write_back``."""
+
+    @abc.abstractmethod
+    def live(self, run: RunDir, view: RunView) -> Optional[str]:
+        """Why the run (not final, its view refreshed) may still be running, in words;
+        None when it verifiably stopped. Reads only."""
+
+    @abc.abstractmethod
+    def cancel(self, run: RunDir, info: RunRecord, wait_s: float) -> list[str]:
+        """Stop the run; mark it cancelled once none of its ranks is alive. What was done."""
+
+    def reopened(self) -> dict:
+        """run.json fields ``resume`` clears before starting a run again."""
+        return {}
+
+
+_REGISTRY: dict[str, type[Executor]] = {}
+_SEARCHED: list[str] = []  # the folders of executors whose modules were imported
+
+
+def register(cls: type[Executor]) -> type[Executor]:
+    """Class decorator: the executor is known by ``cls.name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _known() -> dict[str, type[Executor]]:
+    """Every executor, once each module of clusterjob/launch/executors/ was imported."""
+    if _SEARCHED != list(executors.__path__):
+        for module in pkgutil.iter_modules(executors.__path__):
+            importlib.import_module(f"{executors.__name__}.{module.name}")
+        _SEARCHED[:] = executors.__path__
+    return _REGISTRY
+
+
+def names() -> list[str]:
+    """The executors' names, the one ``auto`` tries first first."""
+    return sorted(_known(), key=lambda name: (-_known()[name].auto_rank, name))
+
+
+def get(name: str) -> Executor:
+    if name not in _known():
+        raise BadInput(f"--executor {name!r}: no such executor; choose one of: auto, {', '.join(names())}")
+    return _known()[name]()
+
+
+def choose(requested: str) -> Executor:
+    """The executor of ``--executor``: ``auto`` is the first available; a named one that
+    is not available is bad input saying why."""
+    if requested == "auto":
+        found = next((name for name in names() if _known()[name].unavailable() is None), None)
+        if found is None:
+            raise BadInput("--executor auto: no executor can run here")
+        return get(found)
+    executor = get(requested)
+    why = executor.unavailable()
+    if why is not None:
+        raise BadInput(f"--executor {requested}: {why}")
+    return executor
+
+
+def of_record(record: RunRecord) -> Optional[Executor]:
+    """The executor a run.json names, else the one that adopts a run naming none (or a
+    name no executor has)."""
+    known = _known()
+    if record.executor in known:
+        return known[record.executor]()
+    adopter = next((cls for cls in known.values() if cls.adopts(record)), None)
+    return adopter() if adopter is not None else None
+
+
+def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
+    """Each run's run.json (type-checked, with its problems), refreshed by its executor
+    where it is not final: one call per executor for all of its runs. With
+    ``write_back``, what an answer taught is written to run.json; without, nothing."""
+    found = [RunView(*run.read_checked()) for run in runs]
+    groups: dict[str, list[int]] = {}
+    for index, view in enumerate(found):
+        executor = of_record(view.record) if view.record.status not in FINAL_STATUSES else None
+        if executor is not None:
+            groups.setdefault(executor.name, []).append(index)
+    for name, indices in groups.items():
+        fresh = get(name).refresh([(runs[i], found[i]) for i in indices], write_back)
+        for index, view in zip(indices, fresh):
+            found[index] = view
+    return found
+
+
+def learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
+    """The view with what the executor learnt (a job's or the processes' end); written
+    with ``write_back``, unless the run recorded its own end meanwhile (its word wins)."""
+    if not write_back:
+        return replace(view, record=replace(view.record, **fields))
+    now = run.read()
+    if now.status in FINAL_STATUSES:
+        return RunView(now, view.problems)
+    return RunView(run.update(**fields), view.problems)
+
+
+def cancel_unstarted(run: RunDir, info: RunRecord) -> list[str]:
+    """No rank recorded yet: a live supervisor skips the run (or its rank 0 stops at once);
+    with none, nothing will start it."""
+    if info.launcher is not None and procs.check(info.launcher) is None:
+        return ["no rank started yet: its supervisor will not start it (or stops it at once)"]
+    run.update(status="cancelled", finished_at=now_iso())
+    return ["no rank process recorded yet: the run will not start"]

@@ -1,0 +1,1 @@
+"""The executors, one module each (clusterjob.launch.executor finds them all here)."""

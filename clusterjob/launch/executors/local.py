@@ -1,0 +1,295 @@
+"""The local executor (docs/design.md, "Executors and scripts"): the runs go to a
+supervisor on this machine (clusterjob.launch.supervisor), ``submit --wait`` itself or a
+detached process, which runs them one after another with ``tasks_per_node`` ranks each.
+
+Checked at submit (and resume), before anything is written: one node only, and with
+``gpus_per_node > 0`` one visible GPU per task, counted without torch. A run lives in
+its recorded processes (its supervisor, its ranks), each verified by its start time:
+when every one of them ended without the run recording its end, the run is failed.
+``cancel`` signals only processes it verified.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional
+
+from clusterjob.core import claim, procs
+from clusterjob.core.errors import BadInput
+from clusterjob.core.rundir import RunDir, RunRecord, failure, loads, natural_key, now_iso, read_text
+from clusterjob.launch import supervisor as sup
+from clusterjob.launch.executor import Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
+from clusterjob.spec.schema import Spec
+
+CANCEL_POLL_S = 1.0
+SUPERVISOR_GONE = "supervisor gone"
+
+
+@register
+class LocalExecutor(Executor):
+    """Processes on this machine, under a supervisor."""
+
+    name = "local"
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        return None
+
+    @classmethod
+    def adopts(cls, record: RunRecord) -> bool:
+        return record.slurm_job_id is None  # started by hand, outside Slurm
+
+    def check(self, spec: Spec, points: int, preflight: bool = True) -> None:
+        """What this machine must offer a local run, checked before any process starts."""
+        if spec.resources.nodes > 1:
+            raise BadInput(f"resources.nodes: {spec.resources.nodes} nodes cannot run with the local executor, "
+                           "which uses this machine only; submit to Slurm (--executor slurm) or set "
+                           "--set resources.nodes=1")
+        if spec.resources.gpus_per_node > 0:  # on CPU the runner hides the GPUs: nothing to count
+            visible, where = gpus_here(os.environ)
+            check_gpus(spec.resources.tasks_per_node, spec.resources.gpus_per_node, visible, where)
+
+    def preview(self, spec: Spec, points: int) -> list[str]:
+        from clusterjob.spec.schema import expand_sweep
+
+        return [f"would run {spec.resources.tasks_per_node} local processes: "
+                f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}" for point in expand_sweep(spec)]
+
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool) -> list[str]:
+        """A detached supervisor takes the runs and their claims; with ``follow`` this
+        process is their supervisor (``wait`` runs them) and keeps the claims."""
+        if follow:
+            for run in runs:
+                run.update(executor="local", launcher=procs.current())
+            return []
+        pid = detach(runs, spec.resources.tasks_per_node)
+        claim.release(*(run.path for run in runs))  # the supervisor holds them now
+        return [f"{run.path}  (local, supervisor pid {pid})" for run in runs]
+
+    def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
+        """Run the runs here, one after another; a stop signal cancels them (see
+        clusterjob.launch.supervisor)."""
+        supervisor = sup.Supervisor(spec.resources.tasks_per_node,
+                                    on_tick=lambda run: watch.progress(sup.last_progress(run))).install()
+        records = []
+        for run in runs:
+            records += supervisor.run_all([run])
+            watch.ended(run, records[-1])
+        return Waited(records, supervisor.stop_signal)
+
+    def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
+        return [_reconcile(run, view, write_back) for run, view in found]
+
+    def live(self, run: RunDir, view: RunView) -> Optional[str]:
+        found = processes(run, view.record)
+        if found.alive:
+            return f"its processes are alive: {', '.join(found.alive)}"
+        if found.elsewhere and view.record.status in ("pending", "running"):
+            return f"its processes ran {', '.join(found.elsewhere)}; this host cannot tell whether they still run"
+        return None
+
+    def cancel(self, run: RunDir, info: RunRecord, wait_s: float) -> list[str]:
+        """Verified local ranks get SIGTERM, then SIGKILL if they outlive ``wait_s``;
+        ranks on other hosts, or not started yet, read the request in run.json (rank 0
+        stops, or the supervisor skips the run)."""
+        run.update(cancel_requested_at=now_iso())
+        refs = _rank_refs(run)
+        if not refs:
+            return cancel_unstarted(run, info)
+        lines = [_stop_rank(rank, ref) for rank, ref in refs]
+        here = [(rank, ref) for rank, ref in refs if _on_this_host(ref)]
+        lines += _await_ranks(here, wait_s)
+        if len(here) == len(refs) and not _alive(here):
+            run.update(status="cancelled", finished_at=now_iso())
+        return lines
+
+
+def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
+    """A run without a Slurm job lives in its recorded processes: its supervisor (while
+    the run is pending or running) and its ranks, each verified by its start time, not
+    just its pid. When every one of them ended (kill -9 of all, the OOM killer, a
+    reboot) the run is failed, whatever run.json still says; with ``write_back`` that is
+    recorded. A supervisor gone while ranks live on: they got SIGTERM from the kernel
+    and record their own stop, and the view says so meanwhile."""
+    if view.record.status not in ("pending", "running"):
+        return view  # stopped (preempted, timeout): its ranks recorded it
+    found = processes(run, view.record)
+    if found.alive or found.elsewhere or not found.gone:
+        supervisor_gone = any(line.startswith(SUPERVISOR_WORD) for line in found.gone)
+        return replace(view, note=SUPERVISOR_GONE, orphaned=True) if found.alive and supervisor_gone else view
+    fields = {"status": "failed", "finished_at": now_iso(), "error": failure(
+        run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
+             f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
+    return learnt(run, view, fields, write_back)
+
+
+def detach(runs: list[RunDir], world: int) -> int:
+    """Start a supervisor in its own session that runs ``runs`` one after another; its pid.
+    The runs' claims this process holds are handed to it as they are (the same locks, so
+    no other command can start a run in between); each run.json records which process it
+    is (``status`` says when it is gone)."""
+    fds = [held.fd if (held := claim.held(r.path)) is not None else -1 for r in runs]
+    log = runs[0].logs / "supervisor.log"  # the supervisor of a sweep logs in its first run
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", sup.__name__, str(world),
+                                 ",".join(map(str, fds)), *(str(r.path) for r in runs)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=[fd for fd in fds if fd >= 0])
+    ref = procs.current(proc.pid)
+    for run in runs:
+        run.update(executor="local", launcher=ref)
+    return proc.pid
+
+
+def visible_gpus(cuda_visible_devices: Optional[str], smi_listing: Optional[str]) -> int:
+    """How many GPUs a rank started here will see, without torch (which the login side
+    never loads): CUDA_VISIBLE_DEVICES when set, else every GPU of ``nvidia-smi -L``
+    (None: no nvidia-smi, so no GPU)."""
+    machine = None if smi_listing is None else sum(
+        line.startswith("GPU ") for line in smi_listing.splitlines())
+    if cuda_visible_devices is None:
+        return machine or 0
+    return len(_listed_gpus(cuda_visible_devices, machine))
+
+
+def _listed_gpus(text: str, machine: Optional[int]) -> list[str]:
+    """The GPUs CUDA makes of CUDA_VISIBLE_DEVICES: the entries up to the first that names
+    no GPU of the machine ("", -1, an index past its GPUs); a repeated entry hides all."""
+    listed: list[str] = []
+    for entry in (part.strip() for part in text.split(",")):
+        uuid = entry.startswith(("GPU-", "MIG-"))
+        index_ok = entry.isdigit() and (machine is None or int(entry) < machine)
+        if not (uuid or index_ok):
+            break
+        if entry in listed:
+            return []
+        listed.append(entry)
+    return listed
+
+
+def machine_gpus() -> Optional[str]:
+    """``nvidia-smi -L``'s listing (one ``GPU n: ...`` line per GPU), None without it."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def gpus_here(environ: Mapping[str, str]) -> tuple[int, str]:
+    """(GPUs a local rank will see, where that number comes from, for an error line)."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    smi = machine_gpus()
+    count = visible_gpus(listed, smi)
+    if listed is not None:
+        return count, f"CUDA_VISIBLE_DEVICES={listed!r}"
+    return count, "no nvidia-smi" if smi is None else "nvidia-smi -L"
+
+
+def check_gpus(tasks: int, gpus_per_node: int, visible: int, where: str) -> None:
+    """A local run on GPUs needs one visible GPU per task: more tasks would share a GPU,
+    which NCCL refuses only after every rank has started and loaded its data."""
+    if gpus_per_node == 0 or tasks <= visible:
+        return
+    fix = (f"set resources.tasks_per_node: {visible}, or" if visible else "submit to Slurm (--executor slurm), or set")
+    raise BadInput(f"resources.tasks_per_node: {tasks} needs {_gpus(tasks)} here (one per task), but {_gpus(visible)} "
+                   f"{'is' if visible == 1 else 'are'} visible ({where}); {fix} resources.gpus_per_node: 0 "
+                   "to train on CPU")
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+SUPERVISOR_WORD = "supervisor"
+
+
+@dataclass(frozen=True)
+class Processes:
+    """A run's recorded processes by what became of them, each as "supervisor pid N" or
+    "rank R pid N" (with why, for the ended): alive on this host, on another host (this
+    one cannot tell), or verifiably ended (exited, its pid reused, its host rebooted)."""
+
+    alive: list
+    elsewhere: list
+    gone: list
+
+
+def processes(run: RunDir, info: RunRecord) -> Processes:
+    """What became of the run's supervisor (counted while the run is pending or running:
+    a supervisor of a sweep lives on after this run) and of its ranks (once it left
+    pending: those of a pending run are of an earlier start); reads only."""
+    refs = [] if info.status == "pending" else [(f"rank {rank}", ref) for rank, ref in _rank_refs(run)]
+    if info.launcher is not None and info.status in ("pending", "running"):
+        refs.insert(0, (SUPERVISOR_WORD, info.launcher))
+    found = Processes([], [], [])
+    for who, ref in refs:
+        why = procs.check(ref)
+        if why is None:
+            found.alive.append(f"{who} pid {ref.pid}")
+        elif why.kind == "elsewhere":
+            found.elsewhere.append(f"{who} on {ref.host}")
+        else:
+            found.gone.append(f"{who} pid {ref.pid} {why.kind}")
+    return found
+
+
+def _on_this_host(ref: procs.ProcessRef) -> bool:
+    why = procs.check(ref)
+    return why is None or why.kind != "elsewhere"
+
+
+def _alive(ranks: list) -> list:
+    return [(rank, ref) for rank, ref in ranks if procs.check(ref) is None]
+
+
+def _await_ranks(ranks: list, wait_s: float) -> list[str]:
+    """Wait until the ranks of this host ended; SIGKILL (verified) those alive after ``wait_s``."""
+    started = time.monotonic()
+    while _alive(ranks) and time.monotonic() - started < wait_s:
+        time.sleep(CANCEL_POLL_S / 4)
+    lines = []
+    for rank, ref in _alive(ranks):
+        if procs.terminate(ref, signal.SIGKILL) is None:
+            lines.append(f"rank {rank}: still running after {wait_s:g} s: sent SIGKILL to pid {ref.pid}")
+    kill_deadline = time.monotonic() + 10
+    while _alive(ranks) and time.monotonic() < kill_deadline:
+        time.sleep(0.05)
+    left = _alive(ranks)
+    if left:
+        lines.append(f"{len(left)} rank(s) still alive; the run is not marked cancelled yet")
+    elif ranks:
+        lines.append(f"all {len(ranks)} rank(s) here ended after {time.monotonic() - started:.1f} s")
+    return lines
+
+
+def _rank_refs(run: RunDir) -> list:
+    """(rank, ProcessRef) of each rank that recorded which process it is."""
+    found = []
+    for path in sorted(run.logs.glob("rank*.proc.json"), key=lambda p: natural_key(p.name)):
+        text, _ = read_text(path, limit=4096)
+        ref = procs.ProcessRef.from_dict(loads(text or ""))
+        if ref is not None:
+            found.append((path.name.split(".")[0][len("rank"):], ref))
+    return found
+
+
+def _stop_rank(rank: str, ref) -> str:
+    why = procs.terminate(ref)
+    if why is None:
+        return f"rank {rank}: sent SIGTERM to pid {ref.pid}"
+    if why.kind == "elsewhere":
+        return f"rank {rank}: {why.message}; its rank 0 reads the cancel and stops"
+    if why.kind == "exited":
+        return f"rank {rank}: {why.message}"
+    return f"rank {rank}: not signalled: {why.message}"
+
+

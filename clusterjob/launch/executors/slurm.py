@@ -1,0 +1,395 @@
+"""The Slurm executor, through submitit: one job per run, one job array per sweep.
+
+``start`` submits run folders that already exist and records each one's job id in its
+run.json. Every task runs ``RunTask``: ``python -m clusterjob.run`` on its run folder's
+spec.yaml, which owns SIGUSR2 (it checkpoints and requeues the array task itself), so the
+same behaviour holds for the raw sbatch templates. A teardown line after srun records a
+run that ended without saying so (a task killed by a signal) as failed in its run.json.
+
+A run whose run.json does not say it ended is what the queue (squeue), then accounting
+(sacct) say of its job; a job that left the queue with no accounting and no final record
+is failed, never "unknown". Only an answer from Slurm counts: when squeue cannot answer,
+the recorded state is shown with a note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+from clusterjob.core import claim, slurmctl
+from clusterjob.core import env as envmod
+from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
+from clusterjob.core.rundir import (
+    FINAL_STATUSES,
+    RunDir,
+    RunError,
+    RunRecord,
+    failure,
+    is_job_id,
+    mark_failed,
+    now_iso,
+    tail_lines,
+)
+from clusterjob.launch.executor import (
+    Executor,
+    RunView,
+    Waited,
+    Watch,
+    cancel_unstarted,
+    learnt,
+    register,
+    views,
+)
+from clusterjob.launch.resources import submitit_parameters
+from clusterjob.spec.schema import Spec
+
+# sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
+_SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
+                "BOOT_FAIL": "failed", "DEADLINE": "timeout", "TIMEOUT": "timeout", "PREEMPTED": "preempted",
+                "CANCELLED": "cancelled"}
+UNREACHABLE = "Slurm unreachable"
+POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # `submit --wait` polls back off from the first to the longest wait
+CANCEL_POLL_S = 1.0
+
+
+@register
+class SlurmExecutor(Executor):
+    """Jobs on the Slurm cluster this machine reaches (SLURM_CONF)."""
+
+    name = "slurm"
+    auto_rank = 10
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        if reachable():
+            return None
+        return ("Slurm is not reachable from here (sbatch/sinfo missing or the controller does not answer); "
+                "check SLURM_CONF, or use --executor local")
+
+    @classmethod
+    def adopts(cls, record: RunRecord) -> bool:
+        return is_job_id(record.slurm_job_id)  # a raw sbatch template's run
+
+    def check(self, spec: Spec, points: int, preflight: bool = True) -> None:
+        """The cluster's preflight (clusterjob.launch.preflight): each failed check on
+        stderr, then bad input; ``preflight`` False asks nothing."""
+        if not preflight:
+            return
+        failed = [check for check in self.checks(spec, points) if not check.ok]
+        for check in failed:
+            print(check.line(), file=sys.stderr)
+        if failed:
+            raise BadInput(f"the cluster would refuse or never run these jobs ({len(failed)} preflight check(s) "
+                           "failed, above); fix the spec, or pass --no-preflight to submit anyway")
+
+    def checks(self, spec: Spec, points: int) -> list:
+        """The cluster's answers for ``points`` runs of ``spec``, one Check each; read-only."""
+        from clusterjob.launch import preflight
+
+        return preflight.run_checks(spec, points, scripts(spec, points, _folder(spec)))
+
+    def preview(self, spec: Spec, points: int) -> list[str]:
+        return scripts(spec, points, _folder(spec))
+
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool) -> list[str]:
+        job_ids = submit_runs(spec, runs)
+        claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
+        return [f"{job_id}  {run.path}" for job_id, run in zip(job_ids, runs)]
+
+    def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
+        """Poll until every run is final (run.json, reconciled with squeue/sacct and
+        written back), waiting longer between polls as time goes on. Ctrl-C stops
+        waiting, not the jobs."""
+        pause = POLL_FIRST_S
+        try:
+            while True:
+                records = [view.record for view in views(runs, write_back=True)]
+                if all(r.status in FINAL_STATUSES for r in records):
+                    break
+                time.sleep(pause)
+                pause = min(POLL_MAX_S, pause * 1.5)
+        except KeyboardInterrupt:
+            print(f"\nstopped waiting; the jobs go on: clusterjob status {runs[0].path.parent}", file=sys.stderr)
+            raise
+        for run, record in zip(runs, records):
+            watch.ended(run, record)
+        return Waited(records)
+
+    def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
+        """One squeue for the jobs of all runs, one sacct for those that left the queue."""
+        live = {job for _, view in found if (job := view.record.slurm_job_id) is not None and is_job_id(job)}
+        queued = slurmctl.queue_states(sorted(live))
+        gone = [] if queued is None else sorted(live - queued.keys())
+        accounted = slurmctl.accounting_states(gone) or {}
+        return [_reconcile(run, view, queued, accounted, write_back) for run, view in found]
+
+    def live(self, run: RunDir, view: RunView) -> Optional[str]:
+        if view.note == UNREACHABLE:
+            return f"Slurm unreachable: cannot tell whether job {view.record.slurm_job_id} still runs"
+        return None  # the queue and accounting said it left (the view is refreshed)
+
+    def cancel(self, run: RunDir, info: RunRecord, wait_s: float) -> list[str]:
+        job = info.slurm_job_id
+        if job is None or not is_job_id(job):
+            run.update(cancel_requested_at=now_iso())
+            return cancel_unstarted(run, info)
+        return _cancel_job(run, job, wait_s)
+
+    def reopened(self) -> dict:
+        return {"slurm_job_id": None}
+
+
+def reachable(timeout_s: float = 10.0) -> bool:
+    """True when ``sbatch`` exists and the controller answers."""
+    if not shutil.which("sbatch") or not shutil.which("sinfo"):
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=timeout_s).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _folder(spec: Spec) -> Path:
+    """Where submitit keeps the scripts and logs of ``spec``'s jobs."""
+    return Path(spec.output.root) / spec.name / ".slurm"
+
+
+def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: dict, write_back: bool) -> RunView:
+    """The run as its job's state says: in the queue, or gone (accounting's final state;
+    failed when there is none)."""
+    info = view.record
+    job = info.slurm_job_id
+    if job is None or not is_job_id(job):  # no job (yet), or a recorded id no Slurm command would take
+        return view
+    if queued is None:
+        return replace(view, note=UNREACHABLE, unanswered="squeue did not answer; showing the states the runs recorded")
+    if job in queued:
+        return replace(view, queue_state=queued[job])
+    final = "cancelled" if info.cancel_requested_at else _SLURM_FINAL.get(accounted.get(job, ""), "failed")
+    fields: dict = {"status": final, "finished_at": now_iso()}
+    if final == "failed":
+        fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
+                                       "without the run recording its end")
+    return learnt(run, view, fields, write_back)
+
+
+def _cancel_job(run: RunDir, job: str, wait_s: float) -> list[str]:
+    """scancel (Slurm sends SIGTERM, then SIGKILL after KillWait), then wait until the job
+    left the queue before the run is marked cancelled."""
+    if not slurmctl.cancel(job):
+        raise SlurmUnreachable(f"scancel {job} failed: Slurm is unreachable from here (or refused the cancel); "
+                               f"the run is not marked cancelled: run `clusterjob cancel {run.path}` again "
+                               "where scancel works")
+    run.update(cancel_requested_at=now_iso())
+    deadline = time.monotonic() + wait_s
+    while (queued := slurmctl.queue_states([job])) is None or job in queued:
+        if time.monotonic() > deadline:
+            return [f"cancelled Slurm job {job}; it is still ending (state {(queued or {}).get(job, 'unknown')}): "
+                    "`clusterjob status` shows it cancelled once it left the queue"]
+        time.sleep(CANCEL_POLL_S)
+    run.update(status="cancelled", finished_at=now_iso())
+    return [f"cancelled Slurm job {job}"]
+
+
+class RunTask:
+    """The callable a submitit task runs (pickled by reference, so the submitting process
+    never imports the trainer): it replaces the task's process with
+    ``python -m clusterjob.run SPEC``, the entry every launch uses. The runner then owns
+    the stop signals alone; submitit's own handlers go with the replaced process."""
+
+    def __init__(self, spec_file: str) -> None:
+        self.spec_file = spec_file
+
+    def __call__(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-u", "-m", "clusterjob.run", self.spec_file])
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _teardown(runs_file: Path) -> list[str]:
+    """The line after srun in the job script ($? is then srun's exit status); every path
+    quoted, as output.root may hold spaces or shell characters."""
+    command = [sys.executable, "-m", "clusterjob.launch.executors.slurm", "finalize", str(runs_file)]
+    return [f'{shlex.join(command)} "${{SLURM_ARRAY_TASK_ID:-0}}" "$?"']
+
+
+def _executor(spec: Spec, folder: Path, runs_file: Path):
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
+    executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file)))
+    return executor
+
+
+def scripts(spec: Spec, points: int, folder: Path) -> list[str]:
+    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``)."""
+    params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"))
+    return [_render(params, folder, len(part) if points > 1 else None)
+            for part in chunks(list(range(points)), slurmctl.max_array_size())]
+
+
+def _render(params: dict, folder: Path, array: Optional[int]) -> str:
+    """The script submitit writes for a job of ``params`` (an array of ``array`` tasks).
+    submitit 1.5 has no public call that renders a script without submitting it, so this
+    is the one place that calls its private ``_make_sbatch_string`` (what its executor
+    calls for each submission)."""
+    from submitit.slurm import slurm
+
+    command = shlex.join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
+    return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, **params)
+
+
+def submit_runs(spec: Spec, runs: list[RunDir]) -> list[str]:
+    """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks); each run.json
+    gets its job id (``<array>_<task>`` for arrays). Returns the job ids in run order."""
+    folder = runs[0].path.parent / ".slurm"
+    folder.mkdir(exist_ok=True)
+    with envmod.scrubbed_environ():
+        for part in chunks(runs, slurmctl.max_array_size()):
+            _submit_part(spec, part, folder)
+    return [str(run.read().slurm_job_id) for run in runs]
+
+
+def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
+    runs_file = folder / f"{runs[0].run_id}.runs.json"
+    before = set(os.listdir(folder))
+    try:
+        runs_file.write_text(json.dumps([str(r.path.resolve()) for r in runs]))
+        jobs = _sbatch(spec, runs, folder, runs_file)
+    except BaseException as err:
+        _remove_leftovers(folder, before)
+        if isinstance(err, (OSError, RuntimeError)):  # submitit's errors are RuntimeErrors
+            raise refusal(spec, err) from None
+        raise
+    for run, job in zip(runs, jobs):
+        run.update(executor="slurm", slurm_job_id=job.job_id, log_dir=str(folder.resolve()))
+        _link_logs(run, folder, job.job_id, spec.world_size)
+
+
+def _sbatch(spec: Spec, runs: list[RunDir], folder: Path, runs_file: Path) -> list:
+    """submitit's jobs of ``runs``; submitit echoes a refusing sbatch's stderr, which the
+    error says once (``refusal``)."""
+    executor = _executor(spec, folder, runs_file)
+    with contextlib.redirect_stderr(io.StringIO()):
+        if len(runs) == 1:
+            return [executor.submit(RunTask(str(runs[0].spec_file.resolve())))]
+        with executor.batch():
+            jobs = [executor.submit(RunTask(str(r.spec_file.resolve()))) for r in runs]
+        return jobs
+
+
+def _remove_leftovers(folder: Path, before: set) -> None:
+    """The files a submission that failed left in ``folder``: its runs file, submitit's
+    pickles and sbatch script (named by a fresh uuid each, so never another's)."""
+    for name in set(os.listdir(folder)) - before:
+        if name.endswith((".runs.json", ".pkl")) or name.startswith(".submission_file_"):
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+
+
+# sbatch's words for a request this cluster cannot take, and the spec key that asked for it
+# (the first named wins: "Invalid account or account/partition combination" is the account's).
+_REFUSED_KEYS = (("account", "resources.account"), ("partition", "resources.partition"),
+                 ("qos", "resources.qos"), ("feature", "resources.constraint"),
+                 ("generic resource", "resources.gpus_per_node"), ("gres", "resources.gpus_per_node"),
+                 ("time limit", "resources.time_min"), ("memory", "resources.mem_gb"),
+                 ("node count", "resources.nodes"), ("processors", "resources.cpus_per_task"))
+_REFUSED = re.compile(r"invalid|not available|not permitted|than permitted|denied|exceeds", re.IGNORECASE)
+
+
+def refusal(spec: Spec, err: Exception) -> Exception:
+    """The error of a submission that failed: bad input (exit 2) naming the spec key when
+    sbatch refused what the spec asked for (an account, a partition, a time limit the
+    cluster does not have), else a Failure (exit 1: the controller is down, ...)."""
+    if isinstance(err, OSError):
+        return Failure(f"sbatch could not run: {err.strerror or err}; check that Slurm's commands work here")
+    reason = _sbatch_reason(str(err))
+    if not _REFUSED.search(reason):
+        return Failure(f"sbatch failed: {reason}")
+    key = next((key for word, key in _REFUSED_KEYS if word in reason.lower()), "resources")
+    name = key.partition(".")[2]
+    value = f" ({key}: {getattr(spec.resources, name)!r})" if name else ""
+    return BadInput(f"{key}: sbatch refused the job: {reason}{value}; use a value this cluster offers "
+                    "(sinfo, sacctmgr show assoc user=$USER) or leave it out for the default")
+
+
+def _sbatch_reason(text: str) -> str:
+    """sbatch's reason ("Invalid partition name specified") from its error output."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "submission failed:" in line:
+            return line.split("submission failed:", 1)[1].strip()
+    return lines[-1].removeprefix("sbatch: error: ") if lines else "no reason given"
+
+
+def _link_logs(run: RunDir, folder: Path, job_id: str, world: int) -> None:
+    """``<run>/logs/rank<N>.out`` -> submitit's per-task files, so each run holds its logs."""
+    for rank in range(world):
+        for kind in ("out", "err"):
+            link = run.logs / f"rank{rank}.{kind}"
+            if not (link.exists() or link.is_symlink()):
+                link.symlink_to(folder.resolve() / f"{job_id}_{rank}_log.{kind}")
+
+
+def finalize(runs_file: str, index: str, srun_status: str) -> int:
+    """After srun: record a task that died without a traceback (killed by a signal) as the
+    cause, over the other ranks' collateral "connection closed" errors; and mark a run
+    that is still pending/running as failed."""
+    run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
+    info = run.read()
+    if srun_status == "0" or info.status not in ("pending", "running", "failed"):
+        return 0
+    killed = killed_task(_batch_log(info))
+    if killed and not run.error_file(killed[0]).exists():
+        rank, node, reason = killed
+        run.update(status="failed", finished_at=now_iso(), error=RunError(
+            rank, f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
+            "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
+    elif info.status != "failed":
+        mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
+                         f"(see `clusterjob logs {run.path}`)")
+    return 0
+
+
+_SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
+
+
+def killed_task(batch_log: str) -> Optional[tuple[int, str, str]]:
+    """(rank, node, reason) of the first task srun reports as ended by a signal of its own;
+    "Exited with exit code" (a traceback exists) and "Terminated" (srun's own kill of the
+    other tasks) are not causes."""
+    for node, rank, reason in _SRUN_TASK_ERROR.findall(batch_log):
+        if not reason.startswith(("Exited with exit code", "Terminated")):
+            return int(rank), node, reason.strip()
+    return None
+
+
+def _batch_log(info: RunRecord) -> str:
+    """The batch script's stderr, where srun reports its tasks (submitit: task 0's file)."""
+    path = Path(info.log_dir or ".") / f"{info.slurm_job_id}_0_log.err"
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["finalize"]:
+        sys.exit(finalize(*sys.argv[2:5]))
+    sys.exit(f"usage: {sys.argv[0]} finalize RUNS_FILE INDEX SRUN_STATUS")

@@ -1,0 +1,73 @@
+"""The executor protocol and its registry: names, auto, the executor of a run.json, and
+an executor added as one module of clusterjob/launch/executors/."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterjob.core.errors import BadInput
+from clusterjob.core.record import RunRecord
+from clusterjob.launch import executor, executors
+from clusterjob.launch.executors.local import LocalExecutor
+from clusterjob.launch.executors.slurm import SlurmExecutor
+
+PLUGIN = '''
+from clusterjob.launch.executor import Executor, register
+
+
+@register
+class Elsewhere(Executor):
+    name = "elsewhere"
+    auto_rank = 99
+
+    @classmethod
+    def unavailable(cls):
+        return "no elsewhere here; use --executor local"
+
+    def check(self, spec, points, preflight=True): ...
+    def preview(self, spec, points): return ["elsewhere"]
+    def start(self, spec, runs, follow): return []
+    def wait(self, spec, runs, watch): ...
+    def refresh(self, found, write_back): return [view for _, view in found]
+    def live(self, run, view): return None
+    def cancel(self, run, info, wait_s): return []
+'''
+
+
+def test_the_registry_names_every_executor_auto_first():
+    assert executor.names() == ["slurm", "local"]
+    assert isinstance(executor.get("local"), LocalExecutor) and isinstance(executor.get("slurm"), SlurmExecutor)
+    with pytest.raises(BadInput, match="--executor 'nope': no such executor; choose one of: auto, slurm, local"):
+        executor.get("nope")
+
+
+def test_auto_takes_the_first_available(monkeypatch):
+    monkeypatch.setattr(SlurmExecutor, "unavailable", classmethod(lambda cls: "no Slurm"))
+    assert executor.choose("auto").name == "local"
+    with pytest.raises(BadInput, match="^--executor slurm: no Slurm$"):
+        executor.choose("slurm")
+    monkeypatch.setattr(SlurmExecutor, "unavailable", classmethod(lambda cls: None))
+    assert executor.choose("auto").name == "slurm"
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"executor": "local", "slurm_job_id": None}, "local"),
+    ({"executor": "slurm", "slurm_job_id": None}, "slurm"),
+    ({"executor": None, "slurm_job_id": None}, "local"),  # started by hand
+    ({"executor": None, "slurm_job_id": "12_3"}, "slurm"),  # a raw sbatch template's run
+    ({"executor": "gone", "slurm_job_id": "12"}, "slurm"),  # a name this version does not have
+    ({"executor": None, "slurm_job_id": "12; rm -rf /"}, None),  # no executor takes it
+])
+def test_the_executor_of_a_run_json(fields, name):
+    found = executor.of_record(RunRecord(**fields))
+    assert (found.name if found else None) == name
+
+
+def test_an_executor_is_one_module_in_the_executors_folder(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere.py").write_text(PLUGIN)
+    monkeypatch.setattr(executors, "__path__", [*executors.__path__, str(tmp_path)])
+    monkeypatch.setattr(executor, "_REGISTRY", dict(executor._REGISTRY))
+    assert executor.names() == ["elsewhere", "slurm", "local"]
+    assert executor.get("elsewhere").preview(None, 1) == ["elsewhere"]
+    with pytest.raises(BadInput, match="no elsewhere here"):
+        executor.choose("elsewhere")
