@@ -5,7 +5,6 @@ entrypoints, snapshots, and bad entrypoint specs."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
