@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import procs, slurmctl
-from clusterjob.core.errors import BadInput, SlurmUnreachable, escape
+from clusterjob.core.errors import BadInput, SlurmUnreachable, escape, traceback_excerpt
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     MAX_INFO_BYTES,
@@ -165,7 +165,8 @@ def status_table(runs: list[RunDir], infos: list[dict]) -> str:
 
 
 def _error_lines(run: RunDir, error: dict) -> str:
-    tail = "\n    ".join(_shown(line) for line in (error["traceback"] or "").strip().splitlines()[-4:])
+    """The run's error, then its traceback's last frame, source line and exception line."""
+    tail = "\n    ".join(_shown(line) for line in traceback_excerpt(error["traceback"] or ""))
     head = f"{_shown(run.run_id)}: failed on rank {error['rank']}: {_shown(error['message'])}"
     return head + (f"\n    {tail}" if tail else "")
 

@@ -82,6 +82,38 @@ def test_status_shows_the_failing_rank_and_traceback(tmp_path, fake_slurm):
     assert "failed on rank 1: RuntimeError: boom" in text and "    RuntimeError: boom" in text
 
 
+CHAINED = """Traceback (most recent call last):
+  File "/x/a.py", line 3, in f
+    return g()
+           ^^^
+KeyError: 'lr'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/x/run.py", line 73, in run_task
+    outcome = target(run, stop)
+              ^^^^^^^^^^^^^^^^^
+  File "/x/train.py", line 279, in take_window
+    raise DivergedError(
+clusterjob.trainer.train.DivergedError: the loss is not finite
+"""
+
+
+@pytest.mark.parametrize("traceback, excerpt", [
+    (CHAINED, ['File "/x/train.py", line 279, in take_window', "  raise DivergedError(",
+               "clusterjob.trainer.train.DivergedError: the loss is not finite"]),
+    ('  File "<string>", line 1, in <module>\nValueError: x\n', ['File "<string>", line 1, in <module>',
+                                                                  "ValueError: x"]),
+    ("rank 1 was killed by SIGKILL\nsome\nstderr\nlines\ntail", ["some", "stderr", "lines", "tail"]),
+])
+def test_status_shows_the_last_frame_its_source_and_the_exception(tmp_path, fake_slurm, traceback, excerpt):
+    run = make_run(tmp_path, status="failed", error={"rank": 0, "message": "E: m", "traceback": traceback})
+    lines = control.status_table([run], control.refresh([run])).splitlines()
+    at = next(i for i, line in enumerate(lines) if "failed on rank 0: E: m" in line)
+    assert lines[at + 1:] == ["    " + line for line in excerpt]  # no caret line, not mid-traceback
+
+
 def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(slurmctl, "cancel", lambda job: calls.append(job) or True)
