@@ -3,9 +3,9 @@
 The grouped table has one row per group of runs, ranked by the primary metric's
 mean with the best group marked (stats.py says how the metric, the groups, the
 runs that count and the numbers are chosen): the group keys by their dotted names,
-``n``, ``completed`` and ``counted`` (runs), then ``<metric>_mean`` and
-``<metric>_std`` for the primary metric and the standard ones (val_acc,
-best_val_acc, val_loss, wall_time_s) that exist. The status line above the table
+``n``, then ``<metric>_mean`` and ``<metric>_std`` for the primary metric and the
+standard ones (val_acc, best_val_acc, val_loss, wall_time_s) that exist, then
+``completed`` and ``counted`` (runs). The status line above the table
 says how many runs are not completed; the markdown table shows ``n`` as
 ``completed/all`` for groups that hold such runs, and which ones they are. Numbers
 are written in one unit per quantity (``clusterjob.core.units``).
@@ -79,18 +79,21 @@ def _markdown(report: Report, runs: bool, width: int) -> str:
 
 
 def _runs_columns(report: Report) -> list:
-    """Columns of the per-run table: run_id, status, swept keys, the run metrics (the
-    epochs the spec asked for after the epochs), the error."""
+    """Columns of the per-run table: run_id, status, swept keys, the run metrics, then
+    (last, so that the columns before keep their places) the epochs the spec asked for
+    and the error."""
     keys = [k for k in report.swept if k != "name"]
     lead = ["name"] if "name" in report.swept else []
-    metrics = [name for m in run_metrics(report) for name in ([m, "planned_epochs"] if m == "epochs" else [m])]
-    return lead + ["run_id", "status", *keys, *metrics, "error"]
+    metrics = run_metrics(report)
+    planned = ["planned_epochs"] if "epochs" in metrics else []
+    return lead + ["run_id", "status", *keys, *metrics, *planned, "error"]
 
 
 def _group_columns(report: Report) -> list:
-    """Columns of the grouped table: keys, n, completed, counted, metric mean/std."""
+    """Columns of the grouped table: keys, n, metric mean/std, then completed and counted
+    (last, so that the columns before keep their places)."""
     stats = [f"{m}_{s}" for m in report.metrics for s in ("mean", "std")]
-    return [*report.keys, "n", "completed", "counted", *stats]
+    return [*report.keys, "n", *stats, "completed", "counted"]
 
 
 def _data_frame(report: Report, runs: bool) -> pd.DataFrame:

@@ -15,10 +15,10 @@ from clusterjob.core.errors import BadInput
 from clusterjob.report import build as report
 from clusterjob.report.results import ResultsWarning
 
-GROUP_CSV = ["train.lr", "n", "completed", "counted", "val_acc_mean", "val_acc_std", "best_val_acc_mean", "best_val_acc_std",
-             "val_loss_mean", "val_loss_std", "wall_time_s_mean", "wall_time_s_std"]
-RUNS_CSV = ["run_id", "status", "train.lr", "train.seed", "epochs", "planned_epochs", "val_acc", "best_val_acc",
-            "val_loss", "wall_time_s", "samples_per_s", "error"]
+GROUP_CSV = ["train.lr", "n", "val_acc_mean", "val_acc_std", "best_val_acc_mean", "best_val_acc_std",
+             "val_loss_mean", "val_loss_std", "wall_time_s_mean", "wall_time_s_std", "completed", "counted"]
+RUNS_CSV = ["run_id", "status", "train.lr", "train.seed", "epochs", "val_acc", "best_val_acc",
+            "val_loss", "wall_time_s", "samples_per_s", "planned_epochs", "error"]
 
 
 @pytest.fixture
