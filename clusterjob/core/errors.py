@@ -76,3 +76,24 @@ def key_text(key: Any) -> str:
 def shown(value: Any) -> str:
     """``brief(value)`` with its type: "'x' (str)"."""
     return f"{brief(value)} ({type(value).__name__})"
+
+
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+_MARKS = re.compile(r"^\s*[\^~]+\s*$")  # the carets under a source line (Python 3.11+)
+
+
+def traceback_excerpt(text: str, fallback: int = 4) -> list:
+    """The lines of a traceback worth a glance: the last frame ('File "x.py", line 3,
+    in f'), its source line and the exception line. Text with no frame (a signal's
+    stderr tail) gives its last ``fallback`` lines. Caret lines are left out."""
+    lines = [line.rstrip() for line in text.strip().splitlines() if not _MARKS.match(line)]
+    frames = [i for i, line in enumerate(lines) if _FRAME.match(line)]
+    if not frames:
+        return lines[-fallback:]
+    last = frames[-1]
+    source = lines[last + 1:last + 2]
+    if source and not source[0].startswith((" ", "\t")):  # no source: the exception line follows
+        source = []
+    rest = lines[last + 1 + len(source):]
+    exception = [line for line in rest if line and not line.startswith((" ", "\t"))][:1]
+    return [lines[last].strip(), *("  " + s.strip() for s in source), *exception]

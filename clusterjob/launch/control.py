@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-from clusterjob.core import claim, metrics
-from clusterjob.core.errors import BadInput, escape
+from clusterjob.core import claim, metrics, units
+from clusterjob.core.errors import BadInput, escape, traceback_excerpt
 from clusterjob.core.files import open_regular
 from clusterjob.core.rundir import FINAL_STATUSES, MAX_INFO_BYTES, RunDir, RunRecord, find_runs, first_error, read_text
 from clusterjob.launch import executor
@@ -99,12 +99,13 @@ def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
         return (found.at, _shown(found.shown)) if found else ("-", "-")
     final = info["final"] or {}
     epoch = f"{final['epoch']:g}" if "epoch" in final else "-"
-    acc = f"{'val_acc ' if own else ''}{final['val_acc']:.4f}" if "val_acc" in final else "-"
+    acc = f"{'val_acc ' if own else ''}{units.quantity('val_acc', final['val_acc'])}" if "val_acc" in final else "-"
     return epoch, acc
 
 
 def _error_lines(run: RunDir, error: dict) -> str:
-    tail = "\n    ".join(_shown(line) for line in (error["traceback"] or "").strip().splitlines()[-4:])
+    """The run's error, then its traceback's last frame, source line and exception line."""
+    tail = "\n    ".join(_shown(line) for line in traceback_excerpt(error["traceback"] or ""))
     head = f"{_shown(run.run_id)}: failed on rank {error['rank']}: {_shown(error['message'])}"
     return head + (f"\n    {tail}" if tail else "")
 

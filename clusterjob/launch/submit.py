@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from clusterjob.core import claim, metrics
+from clusterjob.core import claim, metrics, units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import RunDir, RunRecord, make_runs
 from clusterjob.launch import executor
@@ -137,7 +137,7 @@ class LiveLine:
 
 
 def summary_line(info: RunRecord, run: RunDir) -> str:
-    """`<run_id> completed val_acc 0.9512 val_loss 0.1633 epoch 5 -> <path>` (your own
+    """`<run_id> completed val_acc 95.12% val_loss 0.163 epoch 5 -> <path>` (your own
     code: `train_loss 1.234 (step 20)`, its first metric), or the error; then the run's
     warnings, one line each."""
     final = info.final or {}
@@ -145,7 +145,7 @@ def summary_line(info: RunRecord, run: RunDir) -> str:
     own = metrics.own_latest(run.path, info.entrypoint)
     for key in () if own else ("val_acc", "val_loss"):
         if isinstance(final.get(key), (int, float)):
-            parts.append(f"{key} {final[key]:.4f}")
+            parts.append(f"{key} {units.quantity(key, final[key])}")  # one unit per quantity, as the report
     if own:
         parts.append(escape(str(own)))  # names from the code's own file: safe for a terminal
     elif "epoch" in final:

@@ -1,16 +1,19 @@
 """``clusterjob report DIR``: which config wins, and how sure that is.
 
 The grouped table has one row per group of runs, ranked by the primary metric's
-mean with the best group marked (stats.py says how the metric, the groups and
-the numbers are chosen): the group keys by their dotted names, ``n``, then
-``<metric>_mean`` and ``<metric>_std`` for the primary metric and the standard
-ones (val_acc, best_val_acc, val_loss, wall_time_s) that exist. The status line
-above the table says how many runs are not completed, and the markdown table
-shows ``n`` as ``completed/all`` for groups that hold such runs.
+mean with the best group marked (stats.py says how the metric, the groups, the
+runs that count and the numbers are chosen): the group keys by their dotted names,
+``n``, then ``<metric>_mean`` and ``<metric>_std`` for the primary metric and the
+standard ones (val_acc, best_val_acc, val_loss, wall_time_s) that exist, then
+``completed`` and ``counted`` (runs). The status line above the table
+says how many runs are not completed; the markdown table shows ``n`` as
+``completed/all`` for groups that hold such runs, and which ones they are. Numbers
+are written in one unit per quantity (``clusterjob.core.units``).
 
 Formats: ``md`` (the terminal default, fitted to the terminal's width), ``csv``
 (data only), ``json``, ``html`` (one self-contained page with learning curves
-when matplotlib is installed).
+when matplotlib is installed). The per-run table also lists each run's error:
+under the markdown table, in a column of csv, json and html.
 
 Problems with run folders are ``ResultsWarning``s in the Python API
 (``format_report``); the CLI (``main``) prints them to stderr, the md status
@@ -35,7 +38,7 @@ import pandas as pd
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import atomic_open
 from clusterjob.report import htmlpage, termtable
-from clusterjob.report.cells import group_display, group_legend, id_prefix, runs_display, runs_legend
+from clusterjob.report.cells import error_lines, group_display, group_legend, id_prefix, runs_display, runs_legend
 from clusterjob.report.results import ResultsWarning
 from clusterjob.report.stats import (
     GROUP_METRICS,
@@ -60,29 +63,37 @@ _MAX_STDERR_WARNINGS = 20
 
 
 def _markdown(report: Report, runs: bool, width: int) -> str:
-    """The markdown report: title, status line, legend, table."""
+    """The markdown report: title, status line, legend, table (and the runs' errors)."""
     lines = [f"## {report.title}", "", *termtable.wrap(status_line(report), width), ""]
+    errors: list = []
     if runs:
         prefix = id_prefix([str(r) for r in report.runs["run_id"]])
         legend = runs_legend(report, prefix)
         columns, heading = runs_display(report, prefix), 2 + len(report.swept)
+        errors = error_lines(report, prefix, width)
     else:
         legend, columns, heading = group_legend(report), group_display(report), 1 + len(report.keys)
     lines += [*termtable.wrap(legend, width), "", *termtable.fit(columns, heading, width)]
+    lines += ["", *errors] if errors else []
     return "\n".join(lines) + "\n"
 
 
 def _runs_columns(report: Report) -> list:
-    """Columns of the per-run table: run_id, status, swept keys, the run metrics."""
+    """Columns of the per-run table: run_id, status, swept keys, the run metrics, then
+    (last, so that the columns before keep their places) the epochs the spec asked for
+    and the error."""
     keys = [k for k in report.swept if k != "name"]
     lead = ["name"] if "name" in report.swept else []
-    return lead + ["run_id", "status", *keys, *run_metrics(report)]
+    metrics = run_metrics(report)
+    planned = ["planned_epochs"] if "epochs" in metrics else []
+    return lead + ["run_id", "status", *keys, *metrics, *planned, "error"]
 
 
 def _group_columns(report: Report) -> list:
-    """Columns of the grouped table: keys, n, metric mean/std."""
+    """Columns of the grouped table: keys, n, metric mean/std, then completed and counted
+    (last, so that the columns before keep their places)."""
     stats = [f"{m}_{s}" for m in report.metrics for s in ("mean", "std")]
-    return [*report.keys, "n", *stats]
+    return [*report.keys, "n", *stats, "completed", "counted"]
 
 
 def _data_frame(report: Report, runs: bool) -> pd.DataFrame:

@@ -5,10 +5,12 @@ the terminal (markdown) and the HTML report.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import textwrap
+from typing import Any
 
 import pandas as pd
 
+from clusterjob.core import units
 from clusterjob.core.errors import escape
 from clusterjob.report.stats import Report, plain, run_metrics
 from clusterjob.report.termtable import Column
@@ -22,77 +24,39 @@ def key_text(value: Any) -> str:
     return escape(f"{value:g}" if isinstance(value, float) else str(value))
 
 
-def _pct(value: float) -> str:
-    """A fraction as a percentage with two decimals."""
-    return f"{100 * value:.2f}"
-
-
-def _loss(value: float) -> str:
-    """A loss with three decimals."""
-    return f"{value:.3f}"
-
-
-def _general(value: float) -> str:
-    """A metric of unknown scale (a user's own): four significant digits."""
-    return f"{value:.4g}"
-
-
-def _duration(seconds: float) -> str:
-    """Seconds as 42s, 7m05s or 3h12m."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def _duration_pair(mean: float, std: float, spaced: bool) -> str:
-    """Mean and std of durations in the mean's unit: "31.1 ± 4.6 m" ("31.1±4.6m")."""
-    unit, scale = ("h", 3600.0) if mean >= 3600 else ("m", 60.0) if mean >= 60 else ("s", 1.0)
-    digits = 2 if unit == "h" else 1  # 1.1 h would hide a 6-minute difference
-    if spaced:
-        unit = " " + unit
-    if pd.isna(std):
-        return f"{mean / scale:.{digits}f}{unit}"
-    sep = " ± " if spaced else "±"
-    return f"{mean / scale:.{digits}f}{sep}{std / scale:.{digits}f}{unit}"
-
-
-def _number(fmt: Callable) -> Callable:
-    """``fmt`` that shows "-" for a missing value."""
-    return lambda value: "-" if pd.isna(value) else fmt(value)
-
-
-def _mean_std(mean: float, std: float, fmt: Callable, spaced: bool) -> str:
-    """"81.23 ± 0.42" ("81.23±0.42" compact); the mean alone when std is undefined."""
+def _mean_std(metric: str, mean: float, std: float, spaced: bool) -> str:
+    """"81.23 ± 0.42" ("81.23±0.42" compact) in the metric's unit (units.number); the mean
+    alone when std is undefined; durations carry their unit: "36.3 ± 5.9 s"."""
     if pd.isna(mean):
         return "-"
-    if fmt is _duration:
-        return _duration_pair(mean, std, spaced)
+    if metric in units.DURATIONS:
+        return units.duration(mean, None if pd.isna(std) else std, compact=not spaced)
     if pd.isna(std):
-        return fmt(mean)
-    return f"{fmt(mean)} ± {fmt(std)}" if spaced else f"{fmt(mean)}±{fmt(std)}"
+        return units.number(metric, mean)
+    sep = " ± " if spaced else "±"
+    return f"{units.number(metric, mean)}{sep}{units.number(metric, std)}"
 
 
-_METRIC_TEXT = {  # metric: (full header, short header, formatter)
-    "val_acc": ("val_acc", "acc", _pct),  # the legends say "accuracies in %"
-    "best_val_acc": ("best_val_acc", "best", _pct),
-    "val_loss": ("val_loss", "loss", _loss),
-    "wall_time_s": ("wall_time", "time", _duration),
-    "samples_per_s": ("samples/s", "smp/s", lambda v: f"{v:.0f}"),
-    "epochs": ("epochs", "ep", lambda v: f"{v:.0f}"),
-    "step": ("step", "step", lambda v: f"{v:.0f}"),
+def _value(metric: str, value: Any) -> str:
+    """One run's value in the metric's unit; "-" when missing."""
+    return "-" if pd.isna(value) else units.number(metric, value)
+
+
+_HEADERS = {  # metric: (header, compact header); never cut to a word another metric could claim
+    "best_val_acc": ("best_val_acc", "best_acc"),  # the legends say what it is
+    "wall_time_s": ("wall_time", "wall_time"),
+    "samples_per_s": (units.THROUGHPUT_UNIT, units.THROUGHPUT_UNIT),
+    "epochs": ("epoch", "epoch"),
 }
-_PERCENT = ("val_acc", "best_val_acc")  # shown in %
 
 
 def metric_text(metric: str) -> tuple:
-    """(full header, short header, formatter) of a metric column."""
-    if metric in _METRIC_TEXT:
-        return _METRIC_TEXT[metric]
-    name = escape(metric)
-    return name, name if len(name) <= 12 else name[:11] + "…", _general
+    """(header, compact header) of a metric column; a metric shown in % says so in both:
+    "val_acc %" and "val_acc%"."""
+    header, short = _HEADERS.get(metric, (escape(metric), escape(metric)))
+    if units.unit(metric) == "%":
+        return f"{header} %", f"{short}%"
+    return header, short
 
 
 def _key_header(key: str, keys: list) -> str:
@@ -116,19 +80,32 @@ def _n_cells(groups: pd.DataFrame) -> list:
     return [str(n) if done == n else f"{done}/{n}" for n, done in zip(groups["n"], groups["completed"])]
 
 
+def group_states(groups: pd.DataFrame) -> list:
+    """Per group: "" (every run completed), "partial" (some did), "unfinished" (none did,
+    some still may) or "failed" (every run failed or was cancelled)."""
+    states = []
+    for n, done, counted in zip(groups["n"], groups["completed"], groups["counted"]):
+        states.append("" if done == n else "partial" if done else "unfinished" if counted else "failed")
+    return states
+
+
 def group_display(report: Report) -> list:
-    """Display columns of the grouped table, the best-group marker first."""
+    """Display columns of the grouped table: the best-group marker, keys, n, the metrics,
+    and which runs did not complete (when some did not)."""
     groups = report.groups
     marks = ["*" if i == 0 and report.best is not None else "" for i in range(len(groups))]
     columns = [Column("", "", marks, marks, right=False, tight=True), *_key_columns(groups, report.keys)]
     n = _n_cells(groups)
     columns.append(Column("n", "n", n, n))
     for metric in report.metrics:
-        header, short, fmt = metric_text(metric)
+        header, short = metric_text(metric)
         pairs = list(zip(groups[f"{metric}_mean"], groups[f"{metric}_std"]))
-        full = [_mean_std(m, s, fmt, True) for m, s in pairs]
-        compact = [_mean_std(m, s, fmt, False) for m, s in pairs]
+        full = [_mean_std(metric, m, s, True) for m, s in pairs]
+        compact = [_mean_std(metric, m, s, False) for m, s in pairs]
         columns.append(Column(header, short, full, compact))
+    others = [escape(text) for text in groups["not_completed"]]
+    if any(others):
+        columns.append(Column("not completed", "not completed", others, others, right=False, css="state"))
     return columns
 
 
@@ -145,6 +122,13 @@ def id_prefix(ids: list) -> str:
     return common[:cut] if cut >= 6 else ""
 
 
+def _epoch_cells(runs: pd.DataFrame) -> list:
+    """"1/3": the last epoch logged of the epochs the spec asked for ("7" when unknown)."""
+    planned = runs["planned_epochs"] if "planned_epochs" in runs.columns else [pd.NA] * len(runs)
+    return [_value("epochs", last) if pd.isna(total) else f"{_value('epochs', last)}/{total}"
+            for last, total in zip(runs["epochs"], planned)]
+
+
 def runs_display(report: Report, prefix: str) -> list:
     """Display columns of the per-run table; run ids lose ``prefix``."""
     runs = report.runs
@@ -153,18 +137,29 @@ def runs_display(report: Report, prefix: str) -> list:
     ids = [escape(str(r)[len(prefix):]) for r in runs["run_id"]]
     columns.append(Column("run_id", "run", ids, ids, right=False))
     status = [escape(str(s)) for s in runs["status"]]
-    columns.append(Column("status", "status", status, status, right=False))
+    columns.append(Column("status", "status", status, status, right=False, css="status"))
     columns += _key_columns(runs, keys)
     for metric in run_metrics(report):
-        header, short, fmt = metric_text(metric)
-        cells = [_number(fmt)(v) for v in runs[metric]]
+        header, short = metric_text(metric)
+        cells = _epoch_cells(runs) if metric == "epochs" else [_value(metric, v) for v in runs[metric]]
         columns.append(Column(header, short, cells, cells))
     return columns
 
 
-def _percent(metrics: list) -> str:
-    """" accuracies in %;" when some of ``metrics`` are shown in %, else ""."""
-    return " accuracies in %;" if any(m in _PERCENT for m in metrics) else ""
+def run_errors(report: Report) -> list:
+    """Each run's recorded error line ("" when none), in the runs table's order."""
+    return ["" if pd.isna(e) else escape(str(e)) for e in report.runs["error"]]
+
+
+def error_lines(report: Report, prefix: str, width: int) -> list:
+    """"Errors:" and one wrapped item per run that recorded one (none: [])."""
+    runs = report.runs
+    lines = []
+    for run_id, status, error in zip(runs["run_id"], runs["status"], run_errors(report)):
+        if error:
+            item = f"- {escape(str(run_id)[len(prefix):])} ({escape(str(status))}): {error}"
+            lines += textwrap.wrap(item, width=width, subsequent_indent="  ", break_on_hyphens=False)
+    return ["Errors:", *lines] if lines else []
 
 
 def ranking_text(report: Report) -> str:
@@ -176,23 +171,41 @@ def ranking_text(report: Report) -> str:
     return text if primary.name == "val_acc" else f"{text} (mode {primary.mode}: {primary.why})"
 
 
+def _counting_text(groups: pd.DataFrame, has_best: bool) -> str:
+    """What counts when some runs did not complete ("" when all did)."""
+    text = ""
+    if ((groups["completed"] > 0) & (groups["completed"] < groups["n"])).any():
+        text += " An n like 2/3: 2 of the group's 3 runs completed, and only they count."
+    if ((groups["completed"] == 0) & (groups["counted"] > 0)).any():
+        text += (" A group with no completed run (0/3) shows its unfinished runs at their latest"
+                 " epoch, below the others.")
+    if (groups["counted"] < groups["n"]).any():
+        text += " Failed and cancelled runs never count; the per-run table (--runs) gives their errors."
+    if not has_best and not groups.empty:
+        text += " No group has a completed run, so none is best."
+    return text
+
+
+def _best_text(metrics: list) -> str:
+    """What best_val_acc is, when it is shown ("" when not)."""
+    return " best_val_acc (best_acc): a run's best val_acc of any epoch;" if "best_val_acc" in metrics else ""
+
+
 def group_legend(report: Report, marker: str = "* = best") -> str:
     """What the grouped table's numbers mean; ``marker`` says how the best group shows."""
     by = ", ".join(map(escape, report.keys)) if report.keys else "nothing (one group of all runs)"
-    text = (f"Grouped by {by}. Cells: mean ± std over the group's runs (sample std, ddof=1; "
-            f"none for one run);{_percent(report.metrics)} {ranking_text(report)}")
+    text = (f"Grouped by {by}. Cells: mean ± std over the group's counted runs (sample std, ddof=1; "
+            f"none for one run);{_best_text(report.metrics)} {ranking_text(report)}")
     text += f" ({marker})." if report.best is not None else "."
-    if (report.groups["completed"] < report.groups["n"]).any():
-        text += (" An n like 2/3: 2 of the group's 3 runs completed; the others count"
-                 " at their latest epoch.")
-    return text
+    return text + _counting_text(report.groups, report.best is not None)
 
 
 def runs_legend(report: Report, prefix: str) -> str:
     """What the per-run table's numbers mean."""
     if report.primary.name == "val_acc":
-        legend = "One row per run; accuracies in %; val_acc and val_loss at the last epoch logged."
+        legend = ("One row per run; epoch: the last one logged of those the spec asked for; "
+                  "val_acc and val_loss at the last epoch logged;")
     else:
-        legend = (f"One row per run;{_percent(run_metrics(report))} {escape(report.primary.name)} "
-                  "at the last value logged.")
+        legend = f"One row per run; {escape(report.primary.name)} at the last value logged;"
+    legend = (legend + _best_text(run_metrics(report))).rstrip(";") + "."
     return legend + (f" Run ids: {escape(prefix)}<run>." if prefix else "")

@@ -1,73 +1,158 @@
-"""The HTML report: one self-contained page (inline CSS, curves as an embedded PNG,
+"""The HTML report: one self-contained page (inline CSS, curves as embedded SVG images,
 no script) with the status line, warnings, grouped table, curves and runs.
+
+It reads on any screen: a viewport meta, tables that scroll sideways inside their
+box with a shadow on the side that has more, curve panels side by side on a wide
+screen and stacked on a narrow one (each an SVG whose text stays readable), and
+the legend as text that wraps. Failures show: failed and partial groups are
+tinted and say which runs did not complete, failed runs are marked and carry their
+error line.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-from typing import Optional
 
-from clusterjob.report.cells import group_display, group_legend, runs_display
+from clusterjob.report import plots
+from clusterjob.report.cells import (
+    group_display,
+    group_legend,
+    group_states,
+    run_errors,
+    runs_display,
+    runs_legend,
+)
 from clusterjob.report.stats import Report, status_line
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
        max-width: 1150px; padding: 0 1em; color: #1d2330; }
-h1 { font-size: 1.5em; margin-bottom: .2em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+h1 { font-size: 1.5em; margin-bottom: .2em; overflow-wrap: anywhere; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 .status { font-size: 1.05em; } .legend { color: #555; }
 table { border-collapse: collapse; margin: .5em 0; font-variant-numeric: tabular-nums; }
-.scroll { overflow-x: auto; max-width: 100%; }
+/* A table wider than the screen scrolls inside its box; a shadow on a side says there is
+   more that way (white covers scroll with the table and hide the shadow at its ends). */
+.scroll { overflow-x: auto; max-width: 100%;
+  background: linear-gradient(to right, #fff 30%, rgba(255,255,255,0)) left / 40px 100% no-repeat local,
+    linear-gradient(to left, #fff 30%, rgba(255,255,255,0)) right / 40px 100% no-repeat local,
+    radial-gradient(farthest-side at 0 50%, rgba(0,0,0,.35), rgba(0,0,0,0)) left / 16px 100% no-repeat scroll,
+    radial-gradient(farthest-side at 100% 50%, rgba(0,0,0,.35), rgba(0,0,0,0)) right / 16px 100% no-repeat scroll; }
 th, td { padding: .28em .6em; border-bottom: 1px solid #dde1e8; white-space: nowrap; }
 table.runs { font-size: 13px; }
-th { background: #f2f4f8; text-align: left; } td.r, th.r { text-align: right; }
-tr.best td { background: #e6f4ea; font-weight: 600; }
+th { background: rgba(29,35,48,.06); text-align: left; } td.r, th.r { text-align: right; }
+tr.best td { background: rgba(46,160,67,.14); font-weight: 600; }
+tr.partial td { background: rgba(240,180,40,.16); } tr.unfinished td { background: rgba(80,120,200,.10); }
+tr.failed td, tr.st-failed td { background: rgba(215,58,73,.09); }
+td.state { font-weight: 600; }
+tr.failed td.state, tr.st-failed td.status { background: #b31d28; color: #fff; font-weight: 700; }
+tr.noted td { border-bottom: none; }
+td.error { white-space: normal; font: 12px/1.4 ui-monospace, monospace; color: #8a1420; padding-top: 0; }
+td.error > div { position: sticky; left: .6em; max-width: calc(100vw - 4em); overflow-wrap: anywhere; }
 .warnings { background: #fff6e0; border: 1px solid #f0c36d; padding: .5em 1em; border-radius: 4px; }
-.warnings li { font-family: ui-monospace, monospace; font-size: 12.5px; }
+.warnings li { font-family: ui-monospace, monospace; font-size: 12.5px; overflow-wrap: anywhere; }
 .fold { display: none; } .fold:not(:checked) + .scroll tr.more { display: none; }
 label { color: #1a5fb4; cursor: pointer; text-decoration: underline; font-size: 13px; }
 .fold:checked ~ label .more-label, .fold:not(:checked) ~ label .less-label { display: none; }
-img { max-width: 100%; } .note { background: #eef3fb; padding: .6em 1em; border-radius: 4px; }
+.panels { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(440px, 100%), 1fr)); gap: .5em 1.2em; }
+.panels figure { margin: 0; } .panels img { width: 100%; max-width: 600px; height: auto; display: block; }
+ul.curves { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: .3em 1.4em; }
+ul.curves li { display: flex; align-items: center; gap: .45em; }
+.swatch { display: inline-block; width: 2em; border-top: 3px solid; } .swatch.failed { border-top-style: dashed; }
+li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
+.note { background: #eef3fb; padding: .6em 1em; border-radius: 4px; }
+/* A narrow screen: each row becomes a card of "header value" lines. */
+@media (max-width: 640px) {
+  .scroll table, .scroll tbody, .scroll tr, .scroll td { display: block; }
+  .scroll thead { display: none; } .scroll tr { border-bottom: 2px solid #c3c9d4; padding: .25em 0; }
+  .scroll tr.noted { border-bottom: none; padding-bottom: 0; }
+  .scroll td { display: flex; justify-content: space-between; gap: 1em; border: none; padding: .1em .6em;
+               white-space: normal; text-align: right; overflow-wrap: anywhere; }
+  .scroll td[data-label]::before { content: attr(data-label); font-weight: 600; color: #555; text-align: left; }
+  .scroll tr.failed td.state::before, .scroll tr.st-failed td.status::before { color: #fff; }
+  .scroll td:empty, .scroll td.error::before { display: none; } .scroll td.error { display: block; text-align: left; }
+}
 """
 
 
-def _table(columns: list, best_row: Optional[int] = None, css: str = "", show: int = 0) -> str:
-    """A display table as HTML (cells escaped), scrolling sideways when too wide.
+def _cell(tag: str, text: str, column) -> str:
+    """One cell, escaped, with its column's classes (and its header, for the cards)."""
+    classes = " ".join(c for c in ("r" if column.right else "", column.css) if c)
+    label = f' data-label="{html.escape(column.header, quote=True)}"' if tag == "td" and column.header else ""
+    return f'<{tag} class="{classes}"{label}>{html.escape(text)}</{tag}>'
+
+
+def _rows(columns: list, row_classes: list, notes: list, show: int) -> list:
+    """The body's rows; a row with a note (an error line) is followed by a row holding it."""
+    body = []
+    for i, cells in enumerate(zip(*[c.cells for c in columns])):
+        tds = "".join(_cell("td", v, c) for v, c in zip(cells, columns))
+        classes = f"{row_classes[i]} {'more' if show and i >= show else ''}".strip()
+        if not notes or not notes[i]:
+            body.append(f'<tr class="{classes}">{tds}</tr>')
+            continue
+        body.append(f'<tr class="{classes} noted">{tds}</tr><tr class="{classes}"><td class="error" '
+                    f'colspan="{len(columns)}"><div>{html.escape(notes[i])}</div></td></tr>')
+    return body
+
+
+def _table(columns: list, row_classes: list, css: str = "", show: int = 0, notes: tuple = ()) -> str:
+    """A display table as HTML (cells escaped), scrolling sideways when too wide; a
+    row's ``notes`` entry (an error) goes in a full-width row under it.
 
     With ``show``, rows past the first ``show`` stay folded behind a "show all"
     toggle (a checkbox and CSS: the page has no script), so the curves below a
     100-group table are still in sight.
     """
-    head = "".join(f'<th class="{"r" if c.right else ""}">{html.escape(c.header)}</th>' for c in columns)
-    body = []
-    for i, cells in enumerate(zip(*[c.cells for c in columns])):
-        tds = "".join(f'<td class="{"r" if c.right else ""}">{html.escape(v)}</td>'
-                      for v, c in zip(cells, columns))
-        classes = ("best " if i == best_row else "") + ("more" if show and i >= show else "")
-        body.append(f'<tr class="{classes.strip()}">{tds}</tr>')
+    head = "".join(_cell("th", c.header, c) for c in columns)
+    body = _rows(columns, row_classes, list(notes), show)
     table = (f'<div class="scroll"><table class="{css}"><thead><tr>{head}</tr></thead>'
              f'<tbody>{"".join(body)}</tbody></table></div>')
-    if not show or len(body) <= show:
+    count = len(row_classes)
+    if not show or count <= show:
         return table
     toggle = f"fold-{css or 'table'}"
-    label = (f'<label for="{toggle}"><span class="more-label">show all {len(body)} rows</span>'
+    label = (f'<label for="{toggle}"><span class="more-label">show all {count} rows</span>'
              f'<span class="less-label">show the first {show} rows</span></label>')
     return f'<input type="checkbox" class="fold" id="{toggle}">{table}{label}'
 
 
-def _curves(report: Report) -> str:
-    """Learning curves as an embedded PNG, or how to get them."""
-    from clusterjob.report import plots
+def _group_rows(report: Report) -> list:
+    """Row classes of the grouped table: best, partial, unfinished, failed."""
+    states = group_states(report.groups)
+    return ["best" if i == 0 and report.best is not None else state for i, state in enumerate(states)]
 
-    png = plots.curves_png(report.results, report.runs, report.groups, report.keys, report.primary)
-    if png is None:
+
+def _panel(metric: str, title: str, svg: bytes, x: str) -> str:
+    """One curve panel: an SVG image with a text alternative."""
+    data = base64.b64encode(svg).decode("ascii")
+    alt = html.escape(f"{title} per {x}: mean per group, a band of one std", quote=True)
+    size = f'width="{plots.WIDTH_PX}" height="{plots.HEIGHT_PX}"'
+    return (f'<figure><img alt="{alt}" {size} data-metric="{html.escape(metric, quote=True)}" '
+            f'src="data:image/svg+xml;base64,{data}"></figure>')
+
+
+def _legend_item(look) -> str:
+    """A group's colour, line and name; failed groups say so."""
+    classes = " ".join(c for c in ("best" if look.best else "", "failed" if look.failed else "") if c)
+    tail = f" ({look.note})" if look.note else ""
+    return (f'<li class="{classes}"><span class="swatch{" failed" if look.failed else ""}" '
+            f'style="border-color: {look.color}"></span>{html.escape(look.label + tail)}</li>')
+
+
+def _curves(report: Report) -> str:
+    """Learning curves as embedded SVG panels and a legend, or why there are none."""
+    curves = plots.draw(report)
+    if curves is None:
         return ('<p class="note">Learning curves need matplotlib: '
                 "<code>pip install 'clusterjob[plots]'</code></p>")
-    if not png:
+    if not curves.panels:
         return '<p class="note">No epochs or steps logged yet: no curves to draw.</p>'
-    data = base64.b64encode(png).decode("ascii")
-    alt = html.escape(f"{report.primary.name} per epoch or step: mean per group with a band of one std")
-    return f'<img alt="{alt}" src="data:image/png;base64,{data}">'
+    x = plots.x_axis(report.results) or "epoch"
+    figures = "".join(_panel(metric, title, svg, x) for metric, title, svg in curves.panels)
+    legend = "".join(_legend_item(look) for look in curves.looks)
+    note = f'<p class="legend">{html.escape(curves.note)}</p>' if curves.note else ""
+    return f'<div class="panels">{figures}</div><ul class="curves">{legend}</ul>{note}'
 
 
 def _warnings(report: Report) -> str:
@@ -78,23 +163,28 @@ def _warnings(report: Report) -> str:
     return f'<div class="warnings"><b>Warnings</b><ul>{items}</ul></div>'
 
 
+def _runs_section(report: Report) -> str:
+    """The per-run table with each run's error, failed runs marked."""
+    prefix = ""  # the page has room for whole run ids, and people copy them from it
+    rows = [f"st-{status}" for status in report.runs["status"].astype(str)]
+    table = _table(runs_display(report, prefix), rows, "runs", 25, tuple(run_errors(report)))
+    return f'<p class="legend">{html.escape(runs_legend(report, prefix))}</p>{table}'
+
+
 def page(report: Report, runs: bool) -> str:
     """One self-contained page: status, grouped table, curves, per-run table."""
-    prefix = ""  # the page has room for whole run ids, and people copy them from it
-    groups = _table(group_display(report)[1:], 0 if report.best is not None else None, "groups", 12)
-    per_run = _table(runs_display(report, prefix), css="runs", show=25)
-    last = ("val_acc and val_loss at the last epoch logged." if report.primary.name == "val_acc"
-            else f"{report.primary.name} at the last value logged.")
+    groups = _table(group_display(report)[1:], _group_rows(report), "groups", 12)
     sections = [
         ("Groups", f'<p class="legend">{html.escape(group_legend(report, "best highlighted"))}</p>{groups}'),
         ("Learning curves", _curves(report)),
-        ("Runs", f'<p class="legend">{html.escape(last)}</p>{per_run}'),
+        ("Runs", _runs_section(report)),
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections)
-    title = html.escape(f"clusterjob report: {report.title}")
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-            f"<style>{_CSS}</style></head><body><h1>{title}</h1>"
+    body = "".join(f"<h2>{name}</h2>{content}" for name, content in sections)
+    heading = html.escape(f"clusterjob report: {report.title}")
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{heading}</title><style>{_CSS}</style></head><body><h1>{heading}</h1>"
             f'<p class="status">{html.escape(status_line(report))}</p>{_warnings(report)}'
             f"{body}</body></html>\n")

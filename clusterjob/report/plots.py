@@ -1,27 +1,71 @@
-"""Learning curves for the HTML report.
+"""Learning curves for the HTML report: one SVG per panel, the legend left to the page.
 
 matplotlib is the optional ``plots`` extra (``pip install 'clusterjob[plots]'``):
-it is imported here, lazily, and only the object-oriented ``Figure`` API is used,
-so no pyplot backend or global state of the caller is touched. The curves follow
-the report's primary metric (and train_loss, or another loss, beside it) over
-"epoch" when the runs logged one, else over "step".
+it is imported here, lazily, and only the object-oriented ``Figure`` API is used
+(settings through a restored ``rc_context``), so no pyplot backend or global state
+of the caller is touched. Panels (``panels``): the primary metric, the other
+metrics of the grouped table logged per epoch (val_loss), then the train curve
+(train_loss, else another loss, else the next metric logged), over "epoch" when the
+runs logged one, else over "step".
+
+What is drawn per group is what its table row counts (``stats.counted_runs``): the
+mean of its counted runs, a band of one std clipped to the metric's range. A group
+none of whose runs counts (all failed or cancelled) is drawn from those runs, dashed,
+so that a failure stays in sight, but it never sets the axes while another group
+can: its points beyond them sit on the edge as triangles labelled with their value.
+Accuracies are drawn 0-100 %, metrics that never go below 0 (losses) from 0. Every
+point is marked on short curves, so a group with one epoch is a dot, not nothing.
 """
 
 from __future__ import annotations
 
 import io
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pandas as pd
 
+from clusterjob.core import units
+from clusterjob.report.stats import counted_runs, group_has, group_ids
+
 if TYPE_CHECKING:
     from clusterjob.report.reading import Results
-    from clusterjob.report.stats import Primary
+    from clusterjob.report.stats import Report
 
 MAX_GROUPS = 8  # more lines than this make a plot nobody can read
-_PERCENT = ("val_acc", "val_acc_ema", "val_acc_tta", "train_acc")  # fractions, drawn in %
+MARKED = 12  # curves with at most this many points show each point
+# matplotlib's default colour cycle (tab10): the page's legend uses the same colours.
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf")
 _NOT_CURVES = ("epoch", "step", "lr", "epoch_time_s", "samples_per_s")
+# Drawn size (inches) and font: at 420 px of screen a panel is ~0.75 of its size, and
+# 11 pt text stays about 11 px tall.
+_SIZE, _FONT = (5.4, 3.5), 11
+WIDTH_PX, HEIGHT_PX = round(_SIZE[0] * 96), round(_SIZE[1] * 96)  # its size on a page (CSS px)
+OUTLIER = 3.0  # a failed group's point beyond this many times the others' top is off the scale
+
+
+@dataclass(frozen=True)
+class Look:
+    """How one group is drawn, and named in the page's legend."""
+
+    label: str
+    color: str
+    best: bool
+    failed: bool  # none of its runs counts: dashed, never sets the axes
+    note: str = ""  # for the legend: "best", "failed: no run completed", "2 of 3 completed"
+
+
+@dataclass(frozen=True)
+class Curves:
+    """The panels as (metric, title, SVG bytes), the groups drawn, and a note (the best
+    of how many groups) for the page."""
+
+    panels: list
+    looks: list
+    note: str = ""
 
 
 def group_labels(frame: pd.DataFrame, keys: list) -> list:
@@ -53,20 +97,33 @@ def x_axis(results: "Results") -> Optional[str]:
     return None
 
 
-def panels(results: "Results", primary_name: str = "val_acc") -> list:
-    """[(metric, title, scale)]: the primary metric (val_acc for best_val_acc), then
-    train_loss, else another loss, else the next metric logged."""
-    first = "val_acc" if primary_name == "best_val_acc" else primary_name
-    others = [n for n in results.columns if n not in _NOT_CURVES and n != first and not n.startswith("lr_")]
-    second = next((n for n in ["train_loss", *others] if n in others and "loss" in n), None)
-    second = second or next(iter(others), None)
-    names = [n for n in (first, second) if n is not None and n in results.columns]
-    return [(n, f"{n} (%)" if n in _PERCENT else n, 100.0 if n in _PERCENT else 1.0) for n in names]
+def _curve_name(name: str) -> str:
+    """The logged metric a table column follows: best_val_acc is val_acc's best."""
+    return "val_acc" if name == "best_val_acc" else name
+
+
+def panels(results: "Results", primary_name: str = "val_acc", table: tuple = ()) -> list:
+    """[(metric, title, scale)]: the primary metric, the other ``table`` metrics logged
+    per line, then the train curve: train_loss, else another loss, else the next
+    metric logged."""
+    logged = [n for n in results.columns if n not in _NOT_CURVES and not n.startswith("lr_")]
+    names = list(dict.fromkeys(n for n in map(_curve_name, (primary_name, *table)) if n in logged))
+    rest = [n for n in logged if n not in names]
+    train = next((n for n in ["train_loss", *rest] if n in rest and "loss" in n), next(iter(rest), None))
+    names += [train] if train is not None else []
+    return [(n, f"{n} (%)" if units.unit(n) == "%" else n, 100.0 if units.unit(n) == "%" else 1.0) for n in names]
+
+
+def _drawn_runs(runs: pd.DataFrame, keys: list) -> np.ndarray:
+    """Which runs a curve averages: the counted ones; all of a group that counts none."""
+    counted = counted_runs(runs, keys).to_numpy()
+    return counted | ~group_has(counted, group_ids(runs, keys))
 
 
 def curve_table(results: "Results", runs: pd.DataFrame, groups: pd.DataFrame, keys: list,
-                primary_name: str = "val_acc") -> pd.DataFrame:
-    """Mean and std (ddof=1) per shown group and epoch (or step) of the panels' metrics.
+                primary_name: str = "val_acc", table: tuple = ()) -> pd.DataFrame:
+    """Mean and std (ddof=1) per shown group and epoch (or step) of the panels' metrics,
+    over the runs ``_drawn_runs`` picks; a metric missing at some lines is left out there.
 
     ``groups`` is sorted best first; a run's group is its rank there, and only the
     first MAX_GROUPS ranks are kept. ``runs`` may be re-sorted: its index is the
@@ -75,7 +132,8 @@ def curve_table(results: "Results", runs: pd.DataFrame, groups: pd.DataFrame, ke
     rank = {label: i for i, label in enumerate(group_labels(groups, keys)[:MAX_GROUPS])}
     in_order = runs.sort_index()
     run_rank = np.array([rank.get(label, -1) for label in group_labels(in_order, keys)])
-    metrics = [name for name, _, _ in panels(results, primary_name)]
+    run_rank = np.where(_drawn_runs(in_order, keys), run_rank, -1)
+    metrics = [name for name, _, _ in panels(results, primary_name, table)]
     x = x_axis(results)
     if x is None or not metrics:
         return pd.DataFrame()
@@ -86,55 +144,149 @@ def curve_table(results: "Results", runs: pd.DataFrame, groups: pd.DataFrame, ke
     return frame.groupby(["group", x])[metrics].agg(["mean", "std"])
 
 
-def _draw(ax, table: pd.DataFrame, labels: list, metric: str, scale: float) -> None:
-    """One panel: a mean line and a +-1 std band per group, the best one bold."""
-    from matplotlib.ticker import MaxNLocator  # matplotlib is there: curves_png checked
-
-    for group in table.index.get_level_values("group").unique():
-        part = table.loc[group].dropna(subset=[(metric, "mean")])
-        x = part.index.to_numpy(dtype=float)
-        mean, std = part[(metric, "mean")].to_numpy() * scale, part[(metric, "std")].to_numpy() * scale
-        color = f"C{group % 10}"
-        best = group == 0  # drawn bold and on top of the others
-        ax.plot(x, mean, color=color, lw=2.6 if best else 1.4, zorder=3 if best else 2, label=_plain(labels[group]))
-        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.18, lw=0, zorder=1)
-    ax.set_xlabel(table.index.names[1])
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 1.5" ticks on short runs
-    ax.grid(alpha=0.3)
+def value_range(metric: str, values: np.ndarray) -> tuple:
+    """(low, high) a metric's values can take, drawn scale: 0-100 for accuracies in %,
+    from 0 for a metric never logged below 0 (losses), else unbounded."""
+    if units.unit(metric) == "%":
+        return 0.0, 100.0
+    finite = values[np.isfinite(values)]
+    return (0.0 if finite.size and finite.min() >= 0 else -math.inf), math.inf
 
 
-def _legend(fig, ax, count: int) -> None:
-    """The legend below both panels (inside the first on matplotlib < 3.7)."""
-    handles, labels = ax.get_legend_handles_labels()
+def band(mean: np.ndarray, std: np.ndarray, bounds: tuple) -> tuple:
+    """mean -/+ std clipped to ``bounds`` (no std: the mean itself)."""
+    std = np.nan_to_num(std, nan=0.0)
+    return np.clip(mean - std, *bounds), np.clip(mean + std, *bounds)
+
+
+def _series(table: pd.DataFrame, group: int, metric: str, scale: float) -> tuple:
+    """(x, mean, std) of one group's logged points, drawn scale."""
+    part = pd.DataFrame(table.loc[group])
+    part = part[part[(metric, "mean")].notna()]
+    return (part.index.to_numpy(dtype=float), part[(metric, "mean")].to_numpy() * scale,
+            part[(metric, "std")].to_numpy() * scale)
+
+
+def y_limits(data: dict, looks: list, metric: str, bounds: tuple) -> tuple:
+    """The y-axis of a panel (``data``: {group: (x, mean, std)}): the metric's range for
+    accuracies; else from ``bounds``' low end (0 for losses) to the top of the bands of
+    the groups that are not failed, raised for a failed group's points up to OUTLIER
+    times that (all groups set it when every one failed)."""
+    if units.unit(metric) == "%":
+        return -2.0, 102.0  # a margin, so that a line at 0 or 100 % shows whole
+    healthy = [g for g in data if not looks[g].failed]
+    spans = [band(data[g][1], data[g][2], bounds) for g in healthy or data]
+    low = min((float(np.min(lo)) for lo, _ in spans if len(lo)), default=0.0)
+    high = max((float(np.max(hi)) for _, hi in spans if len(hi)), default=1.0)
+    if healthy:
+        failed = np.concatenate([data[g][1] for g in data if looks[g].failed] or [np.array([])])
+        near = failed[np.abs(failed) <= OUTLIER * max(abs(high), abs(low))]
+        low, high = min(low, *near, high), max(high, *near, low)
+    low = bounds[0] if math.isfinite(bounds[0]) else low
+    pad = 0.06 * (high - low) or 0.5 * abs(high) or 1.0
+    return low - (0.02 * pad if math.isfinite(bounds[0]) else pad), high + pad
+
+
+def _off_scale(ax, x: np.ndarray, y: np.ndarray, limits: tuple, color: str, row: int) -> np.ndarray:
+    """Points beyond ``limits`` drawn on the edge as a triangle with their value (the
+    ``row``-th failed group's labels one line lower, so that two do not overlap); the
+    values clipped to the limits, for the line."""
+    low, high = limits
+    for xi, yi in zip(x, y):
+        if yi > high or yi < low:
+            edge = high if yi > high else low
+            ax.plot([xi], [edge], marker="^" if yi > high else "v", ms=9, color=color, zorder=4, clip_on=False)
+            ax.annotate(f"{yi:.5g}", (xi, edge), xytext=(7, -13 - 12 * row if yi > high else 4 + 12 * row),
+                        textcoords="offset points", fontsize=_FONT - 2, color=color)
+    return np.clip(y, low, high)
+
+
+def _draw_group(ax, x: np.ndarray, mean: np.ndarray, std: np.ndarray, look: Look, limits: tuple,
+                bounds: tuple, row: int = 0) -> None:
+    """One group's line (dots on short curves), its band, or the dashed failed line (the
+    ``row``-th failed one)."""
+    marker = "o" if len(x) <= MARKED else None
+    if look.failed:
+        shown = _off_scale(ax, x, mean, limits, look.color, row)
+        ax.plot(x, shown, color=look.color, lw=1.4, ls="--", marker="x", ms=7, zorder=2)
+        return
+    ax.plot(x, mean, color=look.color, lw=2.6 if look.best else 1.4, zorder=3 if look.best else 2,
+            marker=marker, ms=5 if look.best else 4)
+    low, high = band(mean, std, bounds)
+    ax.fill_between(x, low, high, color=look.color, alpha=0.18, lw=0, zorder=1)
+
+
+def _x_limits(ax, table: pd.DataFrame) -> None:
+    """Integer ticks; one epoch (or step) gets room on both sides, not 0.95 ... 1.05."""
+    from matplotlib.ticker import MaxNLocator  # matplotlib is there: draw checked
+
+    xs = table.index.get_level_values(1).to_numpy(dtype=float)
+    if xs.size and xs.min() == xs.max():
+        ax.set_xlim(xs.min() - 1, xs.max() + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _panel_svg(table: pd.DataFrame, looks: list, metric: str, title: str, scale: float) -> bytes:
+    """One panel as SVG (text kept as text: it scales with the image and can be read)."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    data = {g: _series(table, g, metric, scale) for g in table.index.get_level_values("group").unique()}
+    bounds = value_range(metric, np.concatenate([mean for _, mean, _ in data.values()]))
+    limits = y_limits(data, looks, metric, bounds)
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "clusterjob", "font.size": _FONT}):
+        fig = Figure(figsize=_SIZE, dpi=100, layout="constrained")
+        ax = fig.subplots()
+        failed = [g for g in data if looks[g].failed]
+        for group, (x, mean, std) in data.items():
+            _draw_group(ax, x, mean, std, looks[group], limits, bounds, failed.index(group) if group in failed else 0)
+        ax.set_ylim(*limits)
+        _x_limits(ax, table)
+        ax.set_xlabel(str(table.index.names[1]))
+        ax.set_title(_plain(title))
+        ax.grid(alpha=0.3)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()
+
+
+def _note(best: bool, n: int, completed: int, counted: int) -> str:
+    """What the legend says of a group beside its name."""
+    if best:
+        return "best"
+    if not counted:
+        return "failed: no run completed"
+    return f"{completed} of {n} completed" if completed < n else ""
+
+
+def _looks(report: "Report") -> list:
+    """How each of the first MAX_GROUPS groups is drawn and named, best first."""
+    groups = report.groups.head(MAX_GROUPS)
+    labels = group_labels(groups, report.keys)
+    looks = []
+    counts = zip(groups["n"], groups["completed"], groups["counted"])
+    for i, (label, (n, completed, counted)) in enumerate(zip(labels, counts)):
+        best = i == 0 and report.best is not None
+        looks.append(Look(label, COLORS[i % len(COLORS)], best, counted == 0, _note(best, n, completed, counted)))
+    return looks
+
+
+def draw(report: "Report") -> Optional[Curves]:
+    """The report's learning curves; None when matplotlib is not installed, no panels
+    when nothing was logged over epochs or steps."""
     try:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(count, 3), frameon=False)
-    except (ValueError, TypeError):
-        ax.legend(fontsize=8)
-
-
-def curves_png(results: "Results", runs: pd.DataFrame, groups: pd.DataFrame, keys: list,
-               primary: "Optional[Primary]" = None) -> Optional[bytes]:
-    """The learning curves as PNG bytes; b"" when nothing was logged over epochs or
-    steps; None when matplotlib is not installed."""
-    try:
-        from matplotlib.figure import Figure
+        import matplotlib.figure  # noqa: F401  (only whether it is there)
     except ImportError:
         return None
-    name = primary.name if primary is not None else "val_acc"
-    table = curve_table(results, runs, groups, keys, name)
+    table_metrics = tuple(report.metrics)
+    table = curve_table(report.results, report.runs, report.groups, report.keys, report.primary.name,
+                        table_metrics)
     if table.empty:
-        return b""
-    labels = group_labels(groups, keys)
-    shown_panels = [p for p in panels(results, name) if (p[0], "mean") in table.columns]
-    fig = Figure(figsize=(11, 4.6), dpi=100, layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(shown_panels)))
-    for ax, (metric, title, scale) in zip(axes, shown_panels):
-        _draw(ax, table, labels, metric, scale)
-        ax.set_title(_plain(title))
-    shown = table.index.get_level_values("group").nunique()
-    _legend(fig, axes[0], shown)
-    if len(groups) > shown:
-        fig.suptitle(_plain(f"the {shown} best of {len(groups)} groups by mean {name}"))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
+        return Curves([], [])
+    looks = _looks(report)
+    shown = [p for p in panels(report.results, report.primary.name, table_metrics) if (p[0], "mean") in table.columns]
+    svgs = [(metric, title, _panel_svg(table, looks, metric, title, scale)) for metric, title, scale in shown]
+    drawn = sorted(table.index.get_level_values("group").unique())
+    note = (f"The {len(looks)} best of {len(report.groups)} groups by mean {report.primary.name}."
+            if len(report.groups) > len(looks) else "")
+    return Curves(svgs, [looks[g] for g in drawn], note)

@@ -5,8 +5,14 @@ The primary metric is ``--metric`` (with ``--mode max|min``), else val_acc (max)
 when the runs logged it, else the first metric they logged (min when its name
 says loss or err, else max). Groups are formed by the swept keys but the seeds;
 they are ranked by the primary metric's mean, the best first. The std is pandas'
-sample std (ddof=1), so a group of one run has none. Every run counts, whatever
-its status (a running run counts with its latest value).
+sample std (ddof=1), so a group of one run has none.
+
+Which runs count (``counted_runs``): a group's numbers are those of its completed
+runs; a group with none completed counts its unfinished runs (running, pending,
+preempted, timeout, unknown) at their latest values; failed and cancelled runs never
+count, so a diverged run cannot drag a healthy group's mean. Groups with completed
+runs rank first, then the unfinished ones, then those with nothing to count; only a
+group with completed runs can be best.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import pandas as pd
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN
 from clusterjob.report.reading import Results, collect
-from clusterjob.report.tables import RUN_FIELDS, runs_frame
+from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
 GROUP_METRICS = ("val_acc", "best_val_acc", "val_loss", "wall_time_s")
@@ -55,7 +61,7 @@ class Report:
 
     root: Path
     results: Results
-    runs: pd.DataFrame  # load_runs' table (plus the primary metric when it is a user's own)
+    runs: pd.DataFrame  # load_runs' table, planned_epochs (and the primary metric when it is a user's own)
     swept: list  # the swept keys ("name" first when the root holds several names)
     keys: list  # the group keys
     groups: pd.DataFrame  # group_table(runs, keys, primary, metrics)
@@ -69,8 +75,10 @@ class Report:
 
     @property
     def best(self) -> Optional[dict]:
-        """Group keys and values of the best group (None when no run has the metric)."""
-        if self.groups.empty or pd.isna(self.groups[f"{self.primary.name}_mean"].iloc[0]):
+        """Group keys and values of the best group: the first, when it has completed runs
+        with the metric (None when no group has)."""
+        if self.groups.empty or self.groups["completed"].iloc[0] == 0 \
+                or pd.isna(self.groups[f"{self.primary.name}_mean"].iloc[0]):
             return None
         return {key: plain(self.groups[key].iloc[0]) for key in self.keys}
 
@@ -202,19 +210,71 @@ def group_keys(runs: pd.DataFrame, swept: list, group_by: Optional[list] = None)
     return list(dict.fromkeys(_resolve_key(key, swept, runs) for key in wanted))
 
 
+# Statuses whose runs never count in their group's numbers: they ended without a result.
+NEVER_COUNTED = ("failed", "cancelled")
+
+
+def group_ids(runs: pd.DataFrame, keys: list) -> np.ndarray:
+    """Each run's group as a number (all runs one group without keys)."""
+    if not keys:
+        return np.zeros(len(runs), dtype=np.int64)
+    return runs.groupby(keys, dropna=False, sort=False, observed=True).ngroup().to_numpy()
+
+
+def group_has(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Per run: whether some run of its group (``ids``) is in ``mask``."""
+    return np.bincount(ids, weights=mask, minlength=ids.max(initial=-1) + 1)[ids] > 0
+
+
+def counted_runs(runs: pd.DataFrame, keys: list) -> pd.Series:
+    """Whether each run counts in its group's numbers (see the module docstring)."""
+    status = runs["status"].astype(object)
+    completed = (status == "completed").to_numpy()
+    unfinished = ~status.isin(NEVER_COUNTED).to_numpy()
+    counted = completed | (~group_has(completed, group_ids(runs, keys)) & unfinished)
+    return pd.Series(counted, index=runs.index)
+
+
+def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
+    """Per group (``ids`` numbers each run's): "2 failed, 1 running", the runs that are
+    not completed ("" when none), the documented states first."""
+    names = status.astype(object).to_numpy()
+    order = [s for s in (*STATUSES, UNKNOWN) if s != "completed"]
+    order += sorted(set(names) - {*order, "completed"})
+    column = {name: i for i, name in enumerate(order)}
+    codes = np.array([column.get(name, -1) for name in names], dtype=np.int64)
+    counts = np.zeros((ids.max(initial=-1) + 1, len(order)), dtype=np.int64)
+    np.add.at(counts, (ids[codes >= 0], codes[codes >= 0]), 1)
+    return [", ".join(f"{n} {name}" for n, name in zip(row, order) if n) for row in counts]
+
+
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str]) -> pd.DataFrame:
-    """One row per group: keys, n, <metric>_mean/_std (ddof=1), completed; best first."""
-    frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _all=0)
+    """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
+    completed, counted, not_completed ("1 failed"); ranked as the module docstring says."""
+    counted = counted_runs(runs, keys)
+    frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
+    for metric in metrics:  # a run that does not count has no value in its group
+        frame[metric] = frame[metric].where(counted)
     grouped = frame.groupby(keys or ["_all"], dropna=False, sort=False, observed=True)
     table = grouped.size().rename("n").to_frame()
     for metric in metrics:
         table[f"{metric}_mean"] = grouped[metric].mean()
         table[f"{metric}_std"] = grouped[metric].std(ddof=1)
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
+    table["counted"] = grouped["_counted"].sum().astype(np.int64)
+    table["not_completed"] = _not_completed(frame["status"], grouped.ngroup().to_numpy())
     table = table.reset_index().drop(columns=["_all"], errors="ignore")
-    order = table[f"{primary.name}_mean"].sort_values(ascending=primary.ascending, na_position="last",
-                                                       kind="stable").index
-    return table.loc[order].reset_index(drop=True)
+    return _ranked(table, primary)
+
+
+def _ranked(table: pd.DataFrame, primary: Primary) -> pd.DataFrame:
+    """Groups with completed runs first, then unfinished ones, then those with nothing
+    counted; by the primary metric's mean within each (missing means last)."""
+    tier = np.where(table["completed"] > 0, 0, np.where(table["counted"] > 0, 1, 2))
+    mean = table[f"{primary.name}_mean"].to_numpy(dtype=float)
+    value = mean if primary.ascending else -mean
+    order = np.lexsort((np.where(np.isnan(value), np.inf, value), tier))  # stable: ties keep their order
+    return table.iloc[order].reset_index(drop=True)
 
 
 def _sorted_runs(runs: pd.DataFrame, keys: list) -> pd.DataFrame:
@@ -237,6 +297,7 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
         raise BadInput(f"no runs under {root}: a run folder holds run.json or metrics.jsonl")
     primary = choose_primary(results, metric, mode)
     runs = runs_frame(results, _extra_columns(results, primary))
+    runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
     swept = _swept_keys(results, runs)
     keys = group_keys(runs, swept, group_by)
     metrics = group_metrics(runs, primary)

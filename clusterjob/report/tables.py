@@ -161,20 +161,55 @@ def _spec_value(loader: Any, node: Any, key: str) -> Any:
     return loader.construct_object(node, deep=True) if plain else None
 
 
-def _params_from_spec(path: str, keys: list) -> dict:
-    """Swept values read back from spec.yaml, for a run whose run.json lost them."""
+def _spec_root(path: str) -> Optional[tuple]:
+    """(loader, root node) of the run's spec.yaml, composed, never constructed whole;
+    None when there is none to read."""
     text, _ = read_text(f"{path}/{SPEC_FILE}", MAX_INFO_BYTES)
     if not text:
-        return {}
+        return None
     try:
-        import yaml  # only damaged runs need it
+        import yaml  # only the runs that need their spec read it
 
         loader = yaml.SafeLoader(text)
-        root = loader.get_single_node()
-        found = {key: _spec_value(loader, root, key) for key in keys}
+        return loader, loader.get_single_node()
+    except Exception:  # no readable spec
+        return None
+
+
+def _params_from_spec(path: str, keys: list) -> dict:
+    """Swept values read back from spec.yaml, for a run whose run.json lost them."""
+    spec = _spec_root(path)
+    try:
+        found = {key: _spec_value(spec[0], spec[1], key) for key in keys} if spec else {}
     except Exception:  # no readable spec either: the run stays in a group of unknown keys
         return {}
     return {key: value for key, value in found.items() if value is not None}
+
+
+def _spec_epochs(path: str) -> Optional[int]:
+    """train.epochs of the run's spec.yaml; None for your own code (an entrypoint, which
+    has no epochs of ours) or a spec that does not say."""
+    found = _params_from_spec(path, ["train.epochs", "entrypoint.script", "entrypoint.module",
+                                     "entrypoint.function"])
+    epochs = found.pop("train.epochs", None)
+    if found or type(epochs) is not int or epochs < 1:
+        return None
+    return epochs
+
+
+def planned_epochs(results: Results, runs: pd.DataFrame) -> pd.arrays.IntegerArray:
+    """The epochs each run's spec asked for (nullable Int64, in ``results`` order). A
+    completed run of the built-in trainer (it records its amp) ran them all; the spec of
+    any other run is read (few: the failed, stopped and running ones)."""
+    status = runs["status"].astype(object).to_numpy()
+    epochs = runs["epochs"].to_numpy()
+    values = []
+    for i, info in enumerate(results.infos):
+        if status[i] == "completed":
+            values.append(int(epochs[i]) if info["amp"] is not None and epochs[i] > 0 else None)
+        else:
+            values.append(_spec_epochs(info["path"]))
+    return _int_column(values)
 
 
 def _params_table(results: Results) -> dict:
@@ -231,7 +266,7 @@ def _run_fields(results: Results) -> dict:
 
 
 # Columns of the runs table that are no metric: a metric of the same name cannot be shown.
-RUN_FIELDS = ("run_id", "name", "status", "epochs", "best_val_acc", "best_epoch", "wall_time_s",
+RUN_FIELDS = ("run_id", "name", "status", "epochs", "planned_epochs", "best_val_acc", "best_epoch", "wall_time_s",
               "samples_per_s", "world_size", "slurm_job_id", "requeues", "started_at", "finished_at",
               "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings")
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+from typing import Optional
 
-PADDINGS = ((False, (" ", " ")), (True, (" ", " ")), (True, (" ", "")), (True, ("", "")))
+# Layouts from the roomiest: (headers, cells) in the full or compact style, cell padding.
+LAYOUTS = ((False, False, (" ", " ")), (True, False, (" ", " ")), (True, True, (" ", " ")),
+           (True, True, (" ", "")), (True, True, ("", "")))
 
 
 @dataclass(frozen=True)
@@ -21,12 +24,14 @@ class Column:
     right: bool = True
     key: bool = False  # shown as "header=value" in the block layout
     tight: bool = False  # no padding: the one-character best-group marker
+    css: str = ""  # the HTML class of its cells ("status", "error"): how the page marks them
 
 
-def pipe_table(columns: list, compact: bool, pad: tuple) -> list:
-    """A GitHub-style pipe table as lines; ``pad`` is the (left, right) padding of
-    a cell, which a ``tight`` column never gets."""
-    headers = [c.short if compact else c.header for c in columns]
+def pipe_table(columns: list, compact: bool, pad: tuple, short: Optional[bool] = None) -> list:
+    """A GitHub-style pipe table as lines: ``compact`` cells, ``short`` headers (as
+    ``compact`` when not given); ``pad`` is the (left, right) padding of a cell, which a
+    ``tight`` column never gets."""
+    headers = [c.short if (compact if short is None else short) else c.header for c in columns]
     rows = list(zip(*[c.compact if compact else c.cells for c in columns]))
     pads = [("", "") if c.tight else pad for c in columns]
     # A right-aligned rule cell needs two characters ("-:"), padding included.
@@ -68,10 +73,10 @@ def blocks(columns: list, heading: int, width: int) -> list:
 
 
 def fit(columns: list, heading: int, width: int) -> list:
-    """The roomiest layout that fits ``width``: padded table, compact table,
-    left-padded, bare, else blocks (which wrap to any width)."""
-    for compact, pad in PADDINGS:
-        lines = pipe_table(columns, compact, pad)
+    """The roomiest layout that fits ``width``: padded table, the same with short
+    headers, compact table, left-padded, bare, else blocks (which wrap to any width)."""
+    for short, compact, pad in LAYOUTS:
+        lines = pipe_table(columns, compact, pad, short)
         if max(map(len, lines)) <= width:
             return lines
     return blocks(columns, heading, width)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import metrics, slurmctl
+from clusterjob.core import metrics, slurmctl, units
 from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
 
@@ -112,10 +112,11 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
 
 def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
     run.update(final=metrics.append_epoch(run.metrics_file, record))  # as written: finite values only
-    print(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} "
-          f"train_acc {record['train_acc']:.4f} val_loss {record['val_loss']:.4f} "
-          f"val_acc {record['val_acc']:.4f} lr {record['lr']:.4g} {record['epoch_time_s']:.1f}s "
-          f"{record['samples_per_s']:.0f} img/s", flush=True)
+    shown = " ".join(f"{name} {units.quantity(name, record.get(name))}"
+                     for name in ("train_loss", "train_acc", "val_loss", "val_acc"))
+    print(f"epoch {record['epoch']}/{epochs} {shown} lr {record['lr']:.4g} "
+          f"{units.quantity('epoch_time_s', record.get('epoch_time_s'))} "
+          f"{units.quantity(units.THROUGHPUT, record.get(units.THROUGHPUT))}", flush=True)
 
 
 def finish(run: RunDir, **fields: Any) -> None:

@@ -313,12 +313,25 @@ def _compiled(where: str, regex: str) -> "re.Pattern":
     nesting too deep for the parser (RecursionError), a repeat count past C's limits
     (OverflowError), and whatever else the engine refuses."""
     try:
-        return re.compile(regex)
+        compiled = re.compile(regex)
+        _pump_engine_takes(regex)
+        return compiled
     except RecursionError:
         why = "it nests too deeply for Python's regex parser"
     except Exception as err:  # re.error, OverflowError, MemoryError...: all bad input
         why = str(err).splitlines()[0] if str(err) else type(err).__name__
     raise SpecError(where, f"{brief(regex)} is not a regex ({why}); e.g. 'Accuracy is ([0-9.]+)'")
+
+
+def _pump_engine_takes(text: str) -> None:
+    """The output pump matches with the ``regex`` engine (it has a time budget per line);
+    a pattern ``re`` takes but it refuses is refused here, not switched off mid-run."""
+    import regex  # only for specs with metric regexes
+
+    try:
+        regex.compile(text)
+    except regex.error as err:
+        raise ValueError(f"the output pump's regex engine refuses it: {err}") from None
 
 
 def _existing_script(path: str) -> str:

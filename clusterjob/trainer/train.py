@@ -11,6 +11,7 @@ import contextlib
 import copy
 import functools
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -22,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from clusterjob.core.errors import BadInput
 from clusterjob.runner import dist
 from clusterjob.spec.schema import Spec
-from clusterjob.trainer.device import DevicePlan
+from clusterjob.trainer.device import BF16_CAPABILITY, DevicePlan
 from clusterjob.trainer.models import CONV_ARCHS
 from clusterjob.trainer.optim import build_optimizer, build_scheduler
 
@@ -206,7 +207,7 @@ def _sync_context(no_sync: Optional[Callable[[], Any]], sync: bool) -> Any:
     return contextlib.nullcontext() if sync or no_sync is None else no_sync()
 
 
-Progress = Callable[[int, int, float, float], None]  # (step in epoch, steps, loss, images/s)
+Progress = Callable[[int, int, float, float], None]  # (step in epoch, steps, loss, samples/s)
 
 
 class DivergedError(RuntimeError):
@@ -278,13 +279,28 @@ class Meter:
         if samples and not finite:
             raise DivergedError(
                 f"the loss is not finite (nan or inf) in any step of epoch {epoch} from step {since} to {t.step}: "
-                f"training diverged; lower train.lr (now {t.spec.train.lr:g}), or use train.amp: bf16 rather than fp16")
+                f"training diverged; {divergence_hint(t)}")
         return loss_sum, finite
 
     def state(self, batches: int, seconds: float, finished: bool = False) -> EpochState:
         self.fold()
         loss_sum, correct, loss_samples = self.sums.tolist()
         return EpochState(batches, (loss_sum, correct, loss_samples, self.samples), seconds, finished)
+
+
+def divergence_hint(t: "Trainer") -> str:
+    """What to change after a divergence, only what applies to this run: a lower lr (the
+    peak lr too, when lr_scaling changed it), and under fp16 the AMP mode that does not
+    overflow (bf16 where the GPUs run it natively, else off)."""
+    train = t.spec.train
+    peak = t.scheduler.base_lrs[0]  # the default group's lr after lr_scaling, before the schedule
+    scaled = f", {peak:g} after lr_scaling: {train.lr_scaling}" if not math.isclose(peak, train.lr) else ""
+    hint = f"lower train.lr (now {train.lr:g}{scaled})"
+    if t.plan.amp_name != "fp16":
+        return hint
+    native_bf16 = t.plan.capability is None or t.plan.capability >= BF16_CAPABILITY
+    return hint + (", or use train.amp: bf16 rather than fp16" if native_bf16
+                   else ", or use train.amp: off (fp16 overflows; these GPUs have no native bf16)")
 
 
 def _finite_loss_sums(losses: tuple, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,7 +382,7 @@ def _optimizer_step(t: Trainer) -> None:
 
 def progress_line(t: Trainer, meter: Meter, line: ProgressLine, progress: Progress) -> None:
     """The host sync of a progress line: this rank's mean loss since the last line and the
-    global images/s of this session; DivergedError on divergence."""
+    global samples/s of this session; DivergedError on divergence."""
     loss_sum, finite = meter.take_window(t, line.epoch)
     seen = (t.step - line.first_step) * t.spec.train.batch_size * t.spec.train.grad_accum * dist.world_size()
     progress(line.step_in_epoch, t.steps_per_epoch, loss_sum / max(finite, 1.0), seen / max(line.clock.session(), 1e-9))

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from clusterjob.core import metrics
+from clusterjob.core import metrics, units
 from clusterjob.core.env import DistEnv
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import checkpoint, dist, runrecord
@@ -136,9 +136,9 @@ def _quiet(*_: object) -> None:
 
 
 def _progress_printer(epoch: int, epochs: int):
-    def show(step: int, steps: int, loss: float, images_per_s: float) -> None:
+    def show(step: int, steps: int, loss: float, samples_per_s: float) -> None:
         print(f"[progress] epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f} "
-              f"{images_per_s:.0f} img/s", flush=True)
+              f"{units.quantity(units.THROUGHPUT, samples_per_s)}", flush=True)
     return show
 
 

@@ -89,11 +89,43 @@ def test_status_shows_your_codes_first_metric_beside_the_trainers_epoch(tmp_path
     own.metrics_file.write_text('{"step": 7, "loss": 0.25}\n{"step": 2, "acc": 0.5}\n')
     lines = control.status_table([trainer, own], control.refresh([trainer, own])).splitlines()
     assert lines[0].split() == ["RUN", "STATUS", "EPOCH/STEP", "METRIC", "JOB"]
-    assert lines[1].split() == ["exp/a", "completed", "3", "val_acc", "0.9000", "-"]
+    assert lines[1].split() == ["exp/a", "completed", "3", "val_acc", "90.00%", "-"]
     assert lines[2].split() == ["exp/b", "running", "7", "loss", "0.25", "-"]
     assert lines[3:] == ["b: warning: entrypoint.metrics.acc: never matched", "b: warning: \\x1b[2Jsecond"]
     alone = control.status_table([trainer], control.refresh([trainer])).splitlines()
-    assert alone[0].split()[2:4] == ["EPOCH", "VAL_ACC"] and alone[1].split()[2:4] == ["3", "0.9000"]
+    assert alone[0].split()[2:4] == ["EPOCH", "VAL_ACC"] and alone[1].split()[2:4] == ["3", "90.00%"]
+
+
+CHAINED = """Traceback (most recent call last):
+  File "/x/a.py", line 3, in f
+    return g()
+           ^^^
+KeyError: 'lr'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/x/run.py", line 73, in run_task
+    outcome = target(run, stop)
+              ^^^^^^^^^^^^^^^^^
+  File "/x/train.py", line 279, in take_window
+    raise DivergedError(
+clusterjob.trainer.train.DivergedError: the loss is not finite
+"""
+
+
+@pytest.mark.parametrize("traceback, excerpt", [
+    (CHAINED, ['File "/x/train.py", line 279, in take_window', "  raise DivergedError(",
+               "clusterjob.trainer.train.DivergedError: the loss is not finite"]),
+    ('  File "<string>", line 1, in <module>\nValueError: x\n', ['File "<string>", line 1, in <module>',
+                                                                  "ValueError: x"]),
+    ("rank 1 was killed by SIGKILL\nsome\nstderr\nlines\ntail", ["some", "stderr", "lines", "tail"]),
+])
+def test_status_shows_the_last_frame_its_source_and_the_exception(tmp_path, fake_slurm, traceback, excerpt):
+    run = make_run(tmp_path, status="failed", error={"rank": 0, "message": "E: m", "traceback": traceback})
+    lines = control.status_table([run], control.refresh([run])).splitlines()
+    at = next(i for i, line in enumerate(lines) if "failed on rank 0: E: m" in line)
+    assert lines[at + 1:] == ["    " + line for line in excerpt]  # no caret line, not mid-traceback
 
 
 def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):

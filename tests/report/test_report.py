@@ -16,9 +16,9 @@ from clusterjob.report import build as report
 from clusterjob.report.results import ResultsWarning
 
 GROUP_CSV = ["train.lr", "n", "val_acc_mean", "val_acc_std", "best_val_acc_mean", "best_val_acc_std",
-             "val_loss_mean", "val_loss_std", "wall_time_s_mean", "wall_time_s_std"]
+             "val_loss_mean", "val_loss_std", "wall_time_s_mean", "wall_time_s_std", "completed", "counted"]
 RUNS_CSV = ["run_id", "status", "train.lr", "train.seed", "epochs", "val_acc", "best_val_acc",
-            "val_loss", "wall_time_s", "samples_per_s"]
+            "val_loss", "wall_time_s", "samples_per_s", "planned_epochs", "error"]
 
 
 @pytest.fixture
@@ -62,10 +62,13 @@ def test_markdown_table_status_line_and_best_mark(exp):
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert rows[2].startswith("|*|") and "0.1" in rows[2] and "82.00 ± 2.00" in rows[2]
     assert "74.00 ± 4.00" in rows[3] and not rows[3].startswith("|*")
-    assert "1.8 ± 0.2 m" in rows[2] and "30.0 ± 0.0 s" in rows[3]
+    assert "1.8 ± 0.2 min" in rows[2] and "30.0 ± 0.0 s" in rows[3]
     headers = [cell.strip() for cell in rows[0].split("|")[2:-1]]
-    assert headers == ["train.lr", "n", "val_acc", "best_val_acc", "val_loss", "wall_time"]
+    assert headers == ["lr", "n", "val_acc%", "best_acc%", "val_loss", "wall_time"]  # 80 columns: short
     assert max(map(len, text.splitlines())) <= 80
+    wide = [line for line in quiet(exp, width=120).splitlines() if line.startswith("|")]
+    assert [cell.strip() for cell in wide[0].split("|")[2:-1]] == \
+        ["train.lr", "n", "val_acc %", "best_val_acc %", "val_loss", "wall_time"]
 
 
 def test_markdown_fits_narrow_terminals(tmp_path):
@@ -88,6 +91,7 @@ def test_csv_columns_exact_and_values(exp):
     assert runs["val_acc"].tolist() == pytest.approx(sorted(FINAL[0.05]) + FINAL[0.1])  # ordered by lr, seed
     assert runs["best_val_acc"].tolist() == pytest.approx([a + 0.01 for a in FINAL[0.05] + FINAL[0.1]])
     assert runs["status"].tolist() == ["completed"] * 6 and runs["epochs"].tolist() == [3] * 6
+    assert runs["planned_epochs"].tolist() == [3] * 6 and runs["error"].isna().all()
 
 
 def test_json_parses(exp):
@@ -104,14 +108,14 @@ def test_html_has_tables_and_embedded_curves(exp):
     page = quiet(exp, fmt="html")
     assert page.startswith("<!doctype html>") and page.count("<table") == 2
     assert "82.00 ± 2.00" in page and 'class="best"' in page and "r5" in page
-    assert "data:image/png;base64," in page and "src=\"http" not in page
+    assert "data:image/svg+xml;base64," in page and "src=\"http" not in page
 
 
 def test_html_without_matplotlib_still_has_tables(exp, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
     page = quiet(exp, fmt="html")
     assert "pip install 'clusterjob[plots]'" in page and page.count("<table") == 2
-    assert "data:image/png" not in page
+    assert "data:image/svg" not in page
 
 
 def test_group_by_choices(exp):
@@ -196,7 +200,8 @@ def test_default_metric_of_user_runs_is_the_first_logged(tmp_path):
     assert (rep.primary.name, rep.primary.mode) == ("loss", "min")
     assert rep.keys == ["params.lr"]  # params.seed is a seed: never a group key
     groups = rep.groups
-    assert list(groups.columns) == ["params.lr", "n", "loss_mean", "loss_std", "completed"]
+    assert list(groups.columns) == ["params.lr", "n", "loss_mean", "loss_std", "completed", "counted",
+                                    "not_completed"]
     assert groups["params.lr"].tolist() == [0.1, 0.01]  # lower loss first
     assert groups["loss_mean"].tolist() == pytest.approx([0.32, 0.52])
     assert groups["loss_std"].tolist() == pytest.approx([0.02 * 2 ** 0.5, 0.02 * 2 ** 0.5])
@@ -218,7 +223,7 @@ def test_metric_and_mode_pick_the_ranking(tmp_path):
     assert (data["metric"], data["mode"], data["best"]) == ("loss", "max", {"params.lr": 0.01})
     assert data["groups"][0]["loss_mean"] == pytest.approx(0.52)
     runs = pd.read_csv(io.StringIO(quiet(root, fmt="csv", runs=True, metric="accuracy")))
-    assert list(runs.columns) == ["run_id", "status", "params.lr", "params.seed", "step", "accuracy"]
+    assert list(runs.columns) == ["run_id", "status", "params.lr", "params.seed", "step", "accuracy", "error"]
     assert runs["accuracy"].tolist() == pytest.approx([0.90, 0.92, 0.80, 0.84])  # ordered by lr, seed
     assert runs["step"].tolist() == [200] * 4  # no epochs logged: the last step instead
 
@@ -259,7 +264,7 @@ def test_user_runs_curves_are_drawn_over_steps(tmp_path):
     assert table.loc[(0, 200), ("accuracy", "mean")] == pytest.approx(0.91)  # the best group is 0
     assert table.loc[(1, 100), ("loss", "mean")] == pytest.approx(1.0)
     page = quiet(tmp_path / "mine", fmt="html", metric="accuracy")
-    assert "data:image/png;base64," in page and "accuracy at the last value logged." in page
+    assert "data:image/svg+xml;base64," in page and "accuracy at the last value logged." in page
 
 
 def test_each_metric_is_drawn_at_its_own_steps(tmp_path):

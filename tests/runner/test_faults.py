@@ -185,6 +185,7 @@ def test_a_diverged_loss_fails_the_run_with_the_epoch_and_a_hint(tmp_path):
     assert info(run)["status"] == "failed" and error["rank"] == 0
     assert error["message"].startswith("DivergedError: the loss is not finite (nan or inf) in any step of epoch 1")
     assert "lower train.lr (now 1e+30)" in error["message"]
+    assert "train.amp" not in error["message"]  # the run had AMP off: no bf16 hint
 
 
 def test_a_cancel_before_the_ranks_start_is_never_reopened(tmp_path):

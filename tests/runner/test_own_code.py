@@ -5,7 +5,6 @@ entrypoints, snapshots, and bad entrypoint specs."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -97,23 +96,6 @@ def test_the_api_example_stops_resumes_and_ends_with_the_uninterrupted_weights(m
     steps = [r["step"] for r in lines(run)]
     assert steps == sorted(set(steps)) and [r["epoch"] for r in lines(run)] == [1, 2, 3]
     assert [r["val_acc"] for r in lines(run)] == [r["val_acc"] for r in lines(whole_run)]
-
-
-def test_usr2_does_not_kill_a_plain_script(mnist_dir):
-    spec = own_spec(mnist_dir, "usr2", {"script": str(EXAMPLES / "mnist_ddp.py"),
-                                        "args": ["--epochs", "3", "--data", "data", *SMALL]})
-    proc = subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
-                            cwd=mnist_dir, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while len(list((mnist_dir / "results" / "usr2").glob("*/logs/rank*.proc.json"))) < 2 and time.time() < deadline:
-        time.sleep(0.05)
-    for ref in (mnist_dir / "results" / "usr2").glob("*/logs/rank*.proc.json"):
-        os.kill(json.loads(ref.read_text())["pid"], signal.SIGUSR2)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out + err
-    (run,) = runs_of(mnist_dir, "usr2")
-    assert json.loads((run / "run.json").read_text())["status"] == "completed"
-    assert "received SIGUSR2" in (run / "logs/rank0.out").read_text()
 
 
 PACKAGE = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_gpu_path import SyncCounter
@@ -43,9 +45,28 @@ def test_the_sums_are_the_per_step_sums_across_folds_and_a_partial_last_batch(n)
     assert (correct, finite_samples, samples) == expected[1:]
 
 
+def fake_trainer(amp: str, lr: float, peak: float, capability=None, scaling: str = "linear") -> SimpleNamespace:
+    """What a progress window and the divergence hint read of a Trainer."""
+    return SimpleNamespace(step=4, spec=SimpleNamespace(train=SimpleNamespace(lr=lr, lr_scaling=scaling)),
+                           scheduler=SimpleNamespace(base_lrs=[peak]),
+                           plan=SimpleNamespace(amp_name=amp, capability=capability))
+
+
+@pytest.mark.parametrize("amp, capability, peak, hint", [
+    ("bf16", None, 0.1, "lower train.lr (now 0.1)"),  # bf16 on CPU: no AMP hint
+    ("off", 80, 0.1, "lower train.lr (now 0.1)"),
+    ("bf16", 80, 0.2, "lower train.lr (now 0.1, 0.2 after lr_scaling: linear)"),
+    ("fp16", 80, 0.1, "lower train.lr (now 0.1), or use train.amp: bf16 rather than fp16"),
+    ("fp16", 70, 0.1, "lower train.lr (now 0.1), or use train.amp: off (fp16 overflows; these GPUs have no "
+                      "native bf16)"),
+])
+def test_the_divergence_hint_gives_only_what_applies(amp, capability, peak, hint):
+    assert train.divergence_hint(fake_trainer(amp, 0.1, peak, capability)) == hint
+
+
 def test_a_window_takes_its_steps_only_and_a_window_without_a_finite_loss_diverged():
     meter = train.Meter(train.EpochState(2, (10.0, 3.0, 8.0, 8), 1.0, False), "cpu", 0)
-    t = type("T", (), {"step": 4, "spec": type("S", (), {"train": type("Tr", (), {"lr": 0.1})})})()
+    t = fake_trainer("bf16", lr=0.1, peak=0.1)
     steps = list(_steps(5, last_size=4))
     for step in steps[:3]:
         meter.add(*step)

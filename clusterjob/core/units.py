@@ -1,0 +1,79 @@
+"""One unit per quantity: how a number clusterjob shows is written, wherever it shows.
+
+The report's tables, ``status``, the ``submit --wait`` summary and the trainer's log
+lines all go through ``quantity`` (or ``number`` beside a header that names the
+unit), so an accuracy is a percentage, a time is seconds (minutes, hours) and a
+throughput is samples/s everywhere. metrics.jsonl and run.json keep the raw values
+(accuracies as fractions, times in seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+# Metrics logged as fractions and shown in % (the built-in trainer's accuracies).
+PERCENT = frozenset({"val_acc", "best_val_acc", "train_acc", "val_acc_ema", "val_acc_tta"})
+# Metrics in seconds, shown in s, min or h by their size.
+DURATIONS = frozenset({"wall_time_s", "epoch_time_s"})
+# The built-in trainer's losses, shown with three decimals.
+LOSSES = frozenset({"train_loss", "val_loss", "val_loss_ema"})
+THROUGHPUT = "samples_per_s"
+THROUGHPUT_UNIT = "samples/s"
+
+
+def unit(name: str) -> str:
+    """The unit ``number`` writes ``name`` in: "%", "samples/s", "s" (durations pick
+    s, min or h by size: see ``duration``) or "" (a plain number)."""
+    if name in PERCENT:
+        return "%"
+    if name == THROUGHPUT:
+        return THROUGHPUT_UNIT
+    return "s" if name in DURATIONS else ""
+
+
+def number(name: str, value: float) -> str:
+    """``value`` of metric ``name`` in its unit, without the unit: 97.46 (val_acc 0.9746),
+    0.067 (val_loss), 423 (samples/s), 12 (epoch); durations as ``duration`` writes them;
+    a metric of unknown scale (a user's own) with four significant digits."""
+    if name in PERCENT:
+        return f"{100 * value:.2f}"
+    if name in DURATIONS:
+        return duration(value)
+    if name == THROUGHPUT or name in ("epoch", "epochs", "step"):
+        return f"{value:.0f}"
+    if name in LOSSES:
+        return f"{value:.3f}"
+    return f"{value:.4g}"
+
+
+def quantity(name: str, value: Optional[float]) -> str:
+    """``value`` of metric ``name`` with its unit: "97.46%", "0.067", "11.5 s",
+    "423 samples/s"; "-" for a missing or non-finite value. What ``status`` and the
+    ``submit --wait`` summary show for a run's final metrics."""
+    if value is None or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    text = number(name, value)
+    if name in PERCENT:
+        return text + "%"
+    return f"{text} {THROUGHPUT_UNIT}" if name == THROUGHPUT else text
+
+
+def _time_unit(seconds: float) -> tuple:
+    """(unit, seconds per unit, decimals) for a time of this size."""
+    if seconds >= 3600:
+        return "h", 3600.0, 2  # 1.1 h would hide a 6-minute difference
+    if seconds >= 60:
+        return "min", 60.0, 1
+    return "s", 1.0, 1
+
+
+def duration(seconds: float, std: Optional[float] = None, compact: bool = False) -> str:
+    """Seconds as "11.5 s", "1.8 min" or "1.25 h"; with ``std`` (NaN or None: left out)
+    "11.5 ± 0.3 s" in the mean's unit. ``compact`` drops the spaces: "11.5±0.3s"."""
+    name, scale, digits = _time_unit(seconds)
+    space = "" if compact else " "
+    text = f"{seconds / scale:.{digits}f}"
+    if std is not None and math.isfinite(std):
+        text += f"{space}±{space}{std / scale:.{digits}f}"
+    return f"{text}{space}{name}"
