@@ -38,7 +38,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from clusterjob.launch.submit import submit
 
     return submit(args.spec, args.set, executor_name=args.executor, wait=args.wait, dry_run=args.dry_run,
-                  preflight=not args.no_preflight)
+                  preflight=not args.no_preflight, after=args.after)
 
 
 @_reads_run_folders
@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.add_argument("--no-preflight", action="store_true",
                    help="on Slurm, skip the cluster checks (validate --cluster) that run before anything is queued")
+    p.add_argument("--after", action="append", default=[], metavar="RUN",
+                   help="start only once this run (a run folder) or every run of this folder (results/<name>) "
+                        "completed; repeatable. Its folders are {after.run_dir} / {after.run_dirs} in the args")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run from its last checkpoint")

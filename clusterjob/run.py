@@ -56,7 +56,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def run_task(argv: Optional[list[str]] = None) -> str:
-    """This task's part of the run: "completed", or "stopped" (checkpointed to resume)."""
+    """This task's part of the run: "completed", "stopped" (checkpointed to resume), or
+    "failed" (a node failure with no retry left)."""
     args = parse_args(argv)
     env = envmod.detect(argv=sys.argv if argv is None else argv)
     spec, params = _spec_point(args, env)
@@ -69,6 +70,9 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     dist.rendezvous(env, spec.dist.init_method, spec.dist.timeout_s)
     run = RunDir(Path(dist.from_rank0("run-dir", lambda: str(_choose_run(args, spec, params).path))))
     _register(run, env, stop)
+    if dist.from_rank0("retries", lambda: runrecord.after_requeue(run, spec.resources.max_retries)) == "failed":
+        dist.destroy()
+        return "failed"  # a node failure with no retry left: recorded by rank 0
     try:
         outcome = target(run, stop)
     except BaseException as exc:

@@ -188,3 +188,16 @@ def rank0_log(run: Path) -> str:
         return (run / "logs" / "rank0.out").read_text()
     except OSError:
         return ""
+
+
+def task_pid(job_id: str, rank: int) -> int:
+    """The worker process of one rank (every node shares this machine's PID namespace)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text().split("\0") if "=" in kv)
+        except OSError:
+            continue
+        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and \
+                b"clusterjob.run" in (proc / "cmdline").read_bytes():
+            return int(proc.name)
+    raise AssertionError(f"no process of rank {rank} in job {job_id}")

@@ -53,8 +53,24 @@ class RunError:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One session of a run that a failure of the machine ended (a rank killed by a
+    signal, a communication error, a node failure): when it ended, on which hosts, why,
+    and the retry it led to (its number; None: no retry left, or none allowed)."""
+
+    at: Optional[str]
+    hosts: list
+    why: Optional[str]
+    retry: Optional[int] = None
+    job: Optional[str] = None  # the Slurm job (or array task) it ran in
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "hosts": list(self.hosts), "why": self.why, "retry": self.retry, "job": self.job}
+
+
+@dataclass(frozen=True)
 class RunRecord:
-    """Every field of run.json; None (``[]`` for hosts and warnings) where absent or unreadable."""
+    """Every field of run.json; None (``[]`` for hosts, warnings, attempts and after) where absent or unreadable."""
 
     run_id: Optional[str] = None
     name: Optional[str] = None
@@ -76,6 +92,9 @@ class RunRecord:
     master_port: Optional[int] = None
     requeues: Optional[int] = None
     restarts: Optional[int] = None
+    retries: Optional[int] = None  # restarts after a failure of the machine since the last submit or resume
+    attempts: list = field(default_factory=list)  # Attempt: each session such a failure ended
+    after: list = field(default_factory=list)  # the run folders this run waits for (submit --after)
     versions: Optional[dict] = None
     git_sha: Optional[str] = None  # of the submit folder
     submit_dir: Optional[str] = None
@@ -100,9 +119,11 @@ FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
 
 
 def to_json(value: Any) -> Any:
-    """A record value as JSON holds it (errors and process refs are records too)."""
-    if isinstance(value, (RunError, ProcessRef)):
+    """A record value as JSON holds it (errors, process refs and attempts are records too)."""
+    if isinstance(value, (RunError, ProcessRef, Attempt)):
         return value.to_dict()
+    if isinstance(value, list):
+        return [to_json(item) for item in value]
     return value
 
 
@@ -154,7 +175,7 @@ def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
 _TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "device", "git_sha", "started_at",
                 "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at",
                 "cancel_requested_at", "slurm_job_submitted")
-_INT_FIELDS = ("world_size", "requeues", "restarts", "master_port")
+_INT_FIELDS = ("world_size", "requeues", "restarts", "retries", "master_port")
 _JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
 _MAX_DEPTH = 16  # a swept value nested deeper is no sweep point
 def _kind(value: Any) -> str:
@@ -258,6 +279,28 @@ def _launcher_field(raw: dict, problems: list) -> Optional[ProcessRef]:
     return ref
 
 
+def _attempts_field(raw: dict, problems: list) -> list:
+    """The attempts a failure of the machine ended, each type-checked; entries that are no
+    mapping are left out with a problem."""
+    value = raw.get("attempts")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.append(_bad("attempts", value, "a list of attempts"))
+        return []
+    found = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            problems.append(_bad(f"attempts[{index}]", item, "a mapping (at, hosts, why, retry)"))
+            continue
+        inner: list = []
+        found.append(Attempt(_text_field(item, "at", inner), _text_list_field(item, "hosts", inner, "a list of nodes"),
+                             _text_field(item, "why", inner), _int_field(item, "retry", inner),
+                             _text_field(item, "job", inner)))
+        problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: attempts[{index}].", 1) for p in inner]
+    return found
+
+
 def _text_list_field(raw: dict, key: str, problems: list, wanted: str) -> list:
     """A list of strings ([] when absent, or, with a problem, of another kind)."""
     value = raw.get(key)
@@ -302,6 +345,8 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         final=_final_field(raw, problems), error=_error_field(raw, problems),
         hosts=_text_list_field(raw, "hosts", problems, "a list of node names"),
         warnings=_text_list_field(raw, "warnings", problems, "a list of lines of text"),
+        after=_text_list_field(raw, "after", problems, "a list of run folders"),
+        attempts=_attempts_field(raw, problems),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems)), problems
 

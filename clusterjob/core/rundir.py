@@ -301,13 +301,18 @@ def _error_record(path: Path) -> Optional[RunError]:
     return record.error_of(loads(text)) if text is not None else None
 
 
-def first_error(run: RunDir) -> Optional[RunError]:
-    """The earliest crash report among the ranks' error files, if any (damaged ones skipped)."""
+def rank_errors(run: RunDir) -> list[RunError]:
+    """The crash reports of the ranks' error files (damaged ones skipped)."""
     try:
         paths = sorted(run.logs.glob("rank*.error.json"))
     except OSError:
-        return None
-    errors = [e for e in map(_error_record, paths) if e is not None]
+        return []
+    return [e for e in map(_error_record, paths) if e is not None]
+
+
+def first_error(run: RunDir) -> Optional[RunError]:
+    """The earliest crash report among the ranks' error files, if any (damaged ones skipped)."""
+    errors = rank_errors(run)
     if not errors:
         return None
     return min(errors, key=lambda e: (e.at or "", e.rank if e.rank is not None else 0))

@@ -7,8 +7,10 @@ jobs is in the queue), so that callers never take an error for "the job ended".
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
+from datetime import datetime
 from typing import Optional
 
 TIMEOUT_S = 15
@@ -44,6 +46,30 @@ def ask(cmd: list[str], stdin: Optional[str] = None) -> Optional[subprocess.Comp
 def requeue(job_id: str) -> bool:
     """Requeue one job or one array task (``123_4``), not the whole array."""
     return _run(["scontrol", "requeue", job_id]) is not None
+
+
+def start_later(job_id: str, seconds: float) -> bool:
+    """Hold a requeued (pending) job until ``seconds`` from now, unless Slurm holds it
+    longer already (its own delay of a requeued job); False when that did not work."""
+    out = _run(["scontrol", "show", "job", "-o", job_id]) or ""
+    found = re.search(r"(?:^|\s)StartTime=(\S+)", out)
+    try:
+        held_s = (datetime.fromisoformat(found.group(1)) - datetime.now()).total_seconds() if found else 0.0
+    except ValueError:  # StartTime=Unknown
+        held_s = 0.0
+    if held_s >= seconds:
+        return True
+    return _run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{math.ceil(seconds)}"]) is not None
+
+
+def previous_state(job_id: str) -> Optional[str]:
+    """How the job's session before this one ended (sacct -D lists each session of a
+    requeued job: REQUEUED, PREEMPTED, NODE_FAIL, ...); None without accounting or
+    without an earlier session."""
+    out = _run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id]) or ""
+    states = [state.split()[0] for job, _, state in (line.partition("|") for line in out.splitlines())
+              if job == job_id and state.split()]
+    return states[-2] if len(states) >= 2 else None
 
 
 def cancel(job_id: str) -> bool:

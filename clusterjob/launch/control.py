@@ -22,7 +22,7 @@ from clusterjob.core import claim, metrics, units
 from clusterjob.core.errors import BadInput, escape, traceback_excerpt
 from clusterjob.core.files import open_regular
 from clusterjob.core.rundir import FINAL_STATUSES, MAX_INFO_BYTES, RunDir, RunRecord, find_runs, first_error, read_text
-from clusterjob.launch import executor
+from clusterjob.launch import chain, executor
 from clusterjob.launch.executor import RunView
 
 _MAX_STDERR_WARNINGS = 20
@@ -75,20 +75,29 @@ def _state(info: dict) -> str:
 def status_table(runs: list[RunDir], infos: list[dict]) -> str:
     """One row per run; the built-in trainer's runs show their epoch and val_acc, runs of
     your own code (when listed) the step and latest value of their first metric. Then
-    each failed run's error and each run's warnings."""
+    what each pending run waits for, each failed run's error and each run's warnings."""
     own = any(info["entrypoint"] is not None for info in infos)
     rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
     for run, info in zip(runs, infos):
-        requeues = f"requeued {info['requeues']}x" if info["requeues"] else ""
         rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), *_progress(run, info, own),
-                     info["slurm_job_id"] or "-", requeues))
+                     info["slurm_job_id"] or "-", _restarts(info)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for run, info in zip(runs, infos):
+        if info["status"] == "pending" and info["after"]:
+            deps = chain.states(info["after"])
+            if not chain.all_done(deps):
+                lines.append(f"{_shown(run.run_id)}: {_shown(chain.waiting_line(deps))}")
         if info["status"] == "failed" and info["error"]:
             lines.append(_error_lines(run, info["error"]))
         lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info["warnings"][:_MAX_RUN_WARNINGS]]
     return "\n".join(lines)
+
+
+def _restarts(info: dict) -> str:
+    """"requeued 2x, retried 1x": preemption's requeues and the retries after a failure of the machine."""
+    said = [f"{word} {info[key]}x" for key, word in (("requeues", "requeued"), ("retries", "retried")) if info[key]]
+    return ", ".join(said)
 
 
 def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:

@@ -23,7 +23,7 @@ import abc
 import importlib
 import pkgutil
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import procs
 from clusterjob.core.errors import BadInput
@@ -51,6 +51,22 @@ class RunView:
         """The view as one mapping: the record's fields, problems, and note or queue_state when set."""
         extra = {key: value for key, value in (("note", self.note), ("queue_state", self.queue_state)) if value}
         return {**self.record.to_dict(), "problems": self.problems, **extra}
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """A run another run waits for (``submit --after``), as its executor sees it now:
+    ``state`` DONE (completed), WAITING (it may still complete) or FAILED (it never will:
+    failed, cancelled, stopped with nothing to start it, gone), with its status in words
+    (``why``) and its Slurm job while that is queued (``job``)."""
+
+    run: RunDir
+    state: str
+    why: str
+    job: Optional[str] = None
+
+
+DONE, WAITING, FAILED = "done", "waiting", "failed"
 
 
 @dataclass(frozen=True)
@@ -89,9 +105,10 @@ class Executor(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def check(self, spec: Spec, points: int, preflight: bool = True) -> None:
-        """Bad input for what this executor cannot run (``points`` runs of ``spec``);
-        before anything is written. ``preflight`` False skips questions to a cluster."""
+    def check(self, spec: Spec, points: int, preflight: bool = True, after: Sequence[Dependency] = ()) -> None:
+        """Bad input for what this executor cannot run (``points`` runs of ``spec``, each
+        waiting for ``after``); before anything is written. ``preflight`` False skips
+        questions to a cluster."""
 
     def checks(self, spec: Spec, points: int) -> list:
         """The read-only questions to a cluster that ``validate --cluster`` prints, one
@@ -99,14 +116,16 @@ class Executor(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def preview(self, spec: Spec, points: int) -> list[str]:
+    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         """What a submission would send (``--dry-run``), writing nothing."""
 
     @abc.abstractmethod
-    def start(self, spec: Spec, runs: list[RunDir], follow: bool) -> list[str]:
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
         """Hand ``runs`` (made or reopened and claimed by this process) over, recording
         in each run.json what has it; with ``follow`` the runs may stay with this
-        process for ``wait``. The lines to print (job ids, the supervisor)."""
+        process for ``wait``. Each run starts once every run of ``after`` completed
+        (their folders are in its run.json's ``after``), and is failed when one of them
+        never will. The lines to print (job ids, the supervisor)."""
 
     @abc.abstractmethod
     def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:

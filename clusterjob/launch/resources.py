@@ -7,11 +7,13 @@ Stdlib only: it runs on login nodes.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 from clusterjob.spec.schema import Spec
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
+# The job script's first line on stderr in each session of a job (a requeued job appends to its log)
+SESSION_MARK = "clusterjob: job session starts"
 
 
 def slurm_mem(gb: float) -> str:
@@ -56,9 +58,19 @@ def sbatch_options(spec: Spec, points: int = 1) -> dict[str, Optional[str]]:
     }
 
 
-def submitit_parameters(spec: Spec, teardown: list[str]) -> dict:
+def after_options(jobs: Sequence[str]) -> dict:
+    """sbatch options that make a job wait for ``jobs`` to complete: afterok on each
+    (``123``, ``123_4``), and the job cancelled by Slurm once one can no longer complete."""
+    if not jobs:
+        return {}
+    return {"dependency": "afterok:" + ":".join(jobs), "kill_on_invalid_dep": "yes"}
+
+
+def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[str] = ()) -> dict:
     """submitit's SlurmExecutor parameters: the same option values as the templates'
-    (submitit adds --array itself for a batch of jobs)."""
+    (submitit adds --array itself for a batch of jobs). With ``after_jobs`` the job
+    starts once each of those jobs (or array tasks) completed, and Slurm cancels it when
+    one of them failed (so it never waits for ever)."""
     options = sbatch_options(spec)
     passed = ("gres", "mem", "time", "partition", "account", "qos", "constraint")
     r = spec.resources
@@ -66,10 +78,11 @@ def submitit_parameters(spec: Spec, teardown: list[str]) -> dict:
         "job_name": spec.name, "nodes": r.nodes, "ntasks_per_node": r.tasks_per_node,
         "cpus_per_task": r.cpus_per_task, "signal_delay_s": signal_delay_s(spec),
         # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation
-        "setup": [*r.setup, f"export SRUN_CPUS_PER_TASK={r.cpus_per_task}"],
+        "setup": [f'echo "{SESSION_MARK}" >&2', *r.setup, f"export SRUN_CPUS_PER_TASK={r.cpus_per_task}"],
         "teardown": teardown,
         "srun_args": ["--kill-on-bad-exit=1"],  # one failed rank ends the step: no rank hangs
-        "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]}},
+        "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]},
+                                  **after_options(after_jobs)},
     }
     if r.array_parallelism:
         params["array_parallelism"] = r.array_parallelism

@@ -15,14 +15,15 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 from clusterjob.core import claim, metrics, units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import RunDir, RunRecord, make_runs
-from clusterjob.launch import executor
-from clusterjob.launch.executor import Executor, Watch
+from clusterjob.launch import chain, executor
+from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
-from clusterjob.spec.schema import Spec, check_paths, dump_spec, expand_sweep, load_spec
+from clusterjob.spec.schema import Spec, check_after_args, check_paths, dump_spec, expand_sweep, load_spec
 
 
 def choose_executor(requested: str) -> Executor:
@@ -32,28 +33,40 @@ def choose_executor(requested: str) -> Executor:
 
 
 def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
-           dry_run: bool = False, preflight: bool = True) -> int:
-    """``clusterjob submit``: exit status 0 when submitted (with --wait: all completed)."""
+           dry_run: bool = False, preflight: bool = True, after: Sequence[str] = ()) -> int:
+    """``clusterjob submit``: exit status 0 when submitted (with --wait: all completed).
+    With ``after`` (``--after``) each run starts once those runs completed."""
     spec = load_spec(spec_path, overrides)
     points = expand_sweep(spec)
     check_paths(spec)
+    deps = dependencies(spec, chain.resolve(after))
     chosen = choose_executor(executor_name)
-    chosen.check(spec, len(points), preflight=preflight and not dry_run)
+    chosen.check(spec, len(points), preflight=preflight and not dry_run, after=deps)
     if dry_run:
-        for line in chosen.preview(spec, len(points)):
+        for line in chosen.preview(spec, len(points), deps):
             print(line)
         return 0
     snap = _snapshot_plan(spec)
+    waits = {"after": [str(dep.run.path) for dep in deps]} if deps else {}
     with Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
                                      [(p.index, dump_spec(p.spec), p.run_params) for p in points],
                                      claim_as="clusterjob submit", executor=chosen.name,
-                                     **_origin()))  # resume's executor, if the start fails
+                                     **_origin(), **waits))  # resume's executor, if the start fails
         if snap is not None:
             from clusterjob.launch import snapshot
 
             snapshot.take(snap, points, runs)
-        return _start(spec, runs, chosen, wait, window)
+        return _start(spec, runs, chosen, wait, window, deps)
+
+
+def dependencies(spec: Spec, runs: Sequence[RunDir]) -> list[Dependency]:
+    """The runs a new run waits for, as they are now: bad input when one will never
+    complete, or when the code's args name them in a way their number does not fit."""
+    check_after_args(spec, len(runs))
+    deps = chain.states([run.path for run in runs])
+    chain.refuse_failed(deps)
+    return deps
 
 
 def cluster_preflight(spec: Spec, points: int) -> int:
@@ -83,13 +96,14 @@ def _origin() -> dict:
     return {"submit_dir": os.getcwd(), "git_sha": git_sha()}
 
 
-def _start(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool, window: Window) -> int:
-    """Hand the runs (claimed by this process) to the executor, closing the ``window``;
-    the executor ends the claims once it has the runs (a Slurm run's once its job id is
-    recorded, a detached local run's once its supervisor holds them); with ``wait``,
-    follow them to the end and report."""
+def _start(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool, window: Window,
+           after: Sequence[Dependency] = ()) -> int:
+    """Hand the runs (claimed by this process, each waiting for ``after``) to the
+    executor, closing the ``window``; the executor ends the claims once it has the runs
+    (a Slurm run's once its job id is recorded, a detached local run's once its
+    supervisor holds them); with ``wait``, follow them to the end and report."""
     with window.handing_over():
-        lines = chosen.start(spec, runs, follow=wait)
+        lines = chosen.start(spec, runs, follow=wait, after=after)
     for line in lines:
         print(line)
     if not wait:
@@ -180,14 +194,16 @@ def resume(run_text: str, wait: bool = False) -> int:
     spec = load_spec(run.spec_file)
     check_paths(spec)
     owner = _executor_of(run)
-    owner.check(spec, 1, preflight=False)
+    deps = dependencies(spec, [RunDir(Path(path)) for path in run.read().after])
+    owner.check(spec, 1, preflight=False, after=deps)
     with claim.claimed(run.path, "clusterjob resume"), Window(runs=[run]) as window:
         _check_resumable(run)  # again, now that no other command can start it
         restarts = run.read().restarts or 0
+        retries = {"retries": 0} if run.read().retries else {}  # a resume gives max_retries afresh
         run.update(reopen=True, status="pending", restarts=restarts + 1, finished_at=None, error=None,
-                   launcher=None, cancel_requested_at=None, **owner.reopened())
+                   launcher=None, cancel_requested_at=None, **retries, **owner.reopened())
         print(f"resuming {run.path} ({owner.name}) from its last checkpoint")
-        return _start(spec, [run], owner, wait, window)
+        return _start(spec, [run], owner, wait, window, deps)
 
 
 def _executor_of(run: RunDir) -> Executor:

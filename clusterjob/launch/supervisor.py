@@ -32,14 +32,26 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from clusterjob.core import claim, metrics
+from clusterjob.core import claim, metrics, retry
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import escape
-from clusterjob.core.rundir import RunDir, RunError, RunRecord, first_error, mark_failed, now_iso, tail_lines
+from clusterjob.core.rundir import (
+    RunDir,
+    RunError,
+    RunRecord,
+    first_error,
+    mark_failed,
+    now_iso,
+    rank_errors,
+    tail_lines,
+)
+from clusterjob.launch import chain
+from clusterjob.spec.schema import load_spec
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
 STOP_GRACE_S = 60.0   # after a stop request, time to reach a progress line and checkpoint
+DEPENDENCY_POLL_S, DEPENDENCY_POLL_MAX_S = 1.0, 10.0  # how often a waiting run asks after its dependencies
 _PR_SET_PDEATHSIG = 1
 
 
@@ -116,12 +128,77 @@ class Supervisor:
 
     def run_one(self, run: RunDir) -> RunRecord:
         """Run one run folder to its end, holding its claim the whole time (clusterjob.core.claim:
-        no resume starts it meanwhile, and the claim dies with this process); its final run.json."""
+        no resume starts it meanwhile, and the claim dies with this process); its final run.json.
+        It starts once the runs it waits for completed; a failure of the machine starts
+        it again from its last checkpoint, up to ``resources.max_retries`` times."""
         with claim.claimed(run.path, claim.SUPERVISOR):
-            ranks = start_ranks(run, self.world)
-            sent: dict[int, int] = {}  # rank -> the last signal we sent it
-            self._wait(run, ranks, sent)
-            return self._settle(run, [p.returncode for p in ranks], sent)
+            info = self._await_dependencies(run)
+            while info is None:
+                ended, cause = self._session(run)
+                info = ended if cause is None else self._retry(run, cause)
+            return info
+
+    def _session(self, run: RunDir) -> tuple[RunRecord, Optional[str]]:
+        """One start of the run's ranks until they all exited: the run's record, and why
+        the machine failed it (None: it did not)."""
+        ranks = start_ranks(run, self.world)
+        sent: dict[int, int] = {}  # rank -> the last signal we sent it
+        self._wait(run, ranks, sent)
+        codes = [p.returncode for p in ranks]
+        info = self._settle(run, codes, sent)
+        if info.status != "failed" or self.stop_signal is not None:
+            return info, None
+        killed = _killed(run, [(rank, code) for rank, code in enumerate(codes) if code != 0], sent)
+        return info, retry.machine_cause(killed and killed[1], rank_errors(run), codes)
+
+    def _retry(self, run: RunDir, cause: str) -> Optional[RunRecord]:
+        """After a failure of the machine: None once the run is reopened for a retry and
+        its back-off passed; else its final record (no retry left, or stopped meanwhile)."""
+        resources = load_spec(run.spec_file).resources
+        if resources.max_retries == 0:
+            return run.read()
+        number = retry.next_retry(run.read(), resources.max_retries)
+        info = retry.record_attempt(run, cause, number, hosts=[socket.gethostname()])
+        if number is None:
+            print(f"{run.path}: {cause}; resources.max_retries={resources.max_retries} reached", flush=True)
+            return info
+        wait_s = retry.backoff_s(resources.retry_backoff_s, number)
+        print(f"{run.path}: {cause}; retry {number} of {resources.max_retries} from the last checkpoint in "
+              f"{wait_s:g} s", flush=True)
+        return self._pause(run, wait_s)
+
+    def _await_dependencies(self, run: RunDir) -> Optional[RunRecord]:
+        """None once every run this one waits for (run.json's ``after``) completed; else
+        its final record: failed ("dependency failed") when one of them never will, or
+        cancelled by a stop meanwhile."""
+        after = run.read().after
+        pause, said = DEPENDENCY_POLL_S, False
+        while after:
+            deps = chain.states(after)
+            reason = chain.failed(deps)
+            if reason is not None:
+                print(f"{run.path}: {reason}", flush=True)
+                return run.update(status="failed", finished_at=now_iso(), error=RunError(None, reason, "", now_iso()))
+            if chain.all_done(deps):
+                break
+            if not said:
+                print(f"{run.path}: {chain.waiting_line(deps)}", flush=True)
+                said = True
+            if (stopped := self._pause(run, pause)) is not None:
+                return stopped
+            pause = min(DEPENDENCY_POLL_MAX_S, pause * 1.5)
+        return None
+
+    def _pause(self, run: RunDir, seconds: float) -> Optional[RunRecord]:
+        """Wait ``seconds`` for the run; its cancelled record when a stop signal or a
+        cancel came meanwhile, else None."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            info = run.read()
+            if self.stop_signal is not None or info.cancel_requested_at is not None or info.status == "cancelled":
+                return run.update(status="cancelled", finished_at=now_iso())
+            time.sleep(POLL_S)
+        return None
 
     def _wait(self, run: RunDir, ranks: list[subprocess.Popen], sent: dict) -> None:
         """Until every rank exited: stop the others when one fails, all on a stop request."""
@@ -171,16 +248,25 @@ def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:
             sent[rank] = sig
 
 
+def _killed(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> Optional[tuple[int, str]]:
+    """(rank, "rank R was killed by SIG") of the first rank killed by a signal nobody here
+    sent, without a traceback; None when there is none."""
+    for rank, code in bad:
+        if code < 0 and rank not in sent and not run.error_file(rank).exists():
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            return rank, f"rank {rank} was killed by {name}"
+    return None
+
+
 def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunRecord:
     """A rank killed by a signal that nobody here sent, without a traceback, is the cause
     (the others then fail on a closed connection); else the first traceback; else the
     first non-zero exit."""
-    for rank, code in bad:
-        if code < 0 and rank not in sent and not run.error_file(rank).exists():
-            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            return run.update(status="failed", finished_at=now_iso(), error=RunError(
-                rank, f"rank {rank} was killed by {name} (no traceback)",
-                "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
+    killed = _killed(run, bad, sent)
+    if killed is not None:
+        rank, said = killed
+        return run.update(status="failed", finished_at=now_iso(), error=RunError(
+            rank, f"{said} (no traceback)", "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
     if first_error(run) is not None:
         return mark_failed(run, "")
     rank, code = bad[0]

@@ -1,9 +1,10 @@
 """The Python API for your own training code: ``import clusterjob``.
 
-Six names, each a no-op or a plain fallback outside a clusterjob run (so a script that
+Seven names, each a no-op or a plain fallback outside a clusterjob run (so a script that
 uses them still runs under plain torchrun or python):
 
     clusterjob.params                  # the run's params (dict; {} outside a run)
+    clusterjob.after()                 # the folders of the runs it waited for (submit --after)
     clusterjob.log(step=None, **metrics)
     clusterjob.should_stop()           # collective: True on every rank once any got USR2/TERM
     clusterjob.save_checkpoint(state, step)
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 PARAMS_VAR = "CLUSTERJOB_PARAMS"
+AFTER_VAR = "CLUSTERJOB_AFTER"
 
 
 class Requeue(BaseException):
@@ -59,6 +61,17 @@ def params() -> dict:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def after() -> list[Path]:
+    """The folders of the runs this run waited for (``submit --after``), in the order
+    given; [] without --after and outside a run. Each holds that run's run.json,
+    metrics.jsonl and checkpoints/."""
+    try:
+        value = json.loads(os.environ.get(AFTER_VAR, "[]"))
+    except ValueError:
+        return []
+    return [Path(item) for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 def log(step: Optional[int] = None, **metrics: Any) -> None:

@@ -4,12 +4,14 @@ built-in trainer.
 
 Before the code starts: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 NODE_RANK, MASTER_ADDR and MASTER_PORT are exported; so are CLUSTERJOB_RUN_DIR,
-CLUSTERJOB_RUN_ID, CLUSTERJOB_PARAMS (JSON) and CLUSTERJOB_RESTARTS; ``{run_dir}`` and
-``{submit_dir}`` in args are those folders; the working directory is the one ``submit``
-ran in, or the run folder under ``entrypoint.workdir: run``; CUDA_VISIBLE_DEVICES stays
-as Slurm set it, but is empty under ``resources.gpus_per_node: 0`` (the runner hides the
-GPUs: the spec means CPU). A script runs in this process through runpy (``__name__ ==
-"__main__"``, ``sys.argv`` as under torchrun). The rendezvous store of the runner is
+CLUSTERJOB_RUN_ID, CLUSTERJOB_PARAMS (JSON), CLUSTERJOB_AFTER (the folders of the runs
+it waited for, JSON) and CLUSTERJOB_RESTARTS; ``{run_dir}`` and ``{submit_dir}`` in args
+are those folders, ``{after.run_dir}`` and ``{after.run_dirs}`` the runs it waited for;
+the working directory is the one ``submit`` ran in, or the run folder under
+``entrypoint.workdir: run``; CUDA_VISIBLE_DEVICES stays as Slurm set it, but is empty
+under ``resources.gpus_per_node: 0`` (the runner hides the GPUs: the spec means CPU). A
+script runs in this process through runpy (``__name__ == "__main__"``, ``sys.argv`` as
+under torchrun). The rendezvous store of the runner is
 multi-tenant, so the code's own ``init_process_group()`` (env://) shares it.
 
 Stopping (runner.preempt): code that asks ``clusterjob.should_stop()`` checkpoints at
@@ -56,7 +58,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     ep, info = spec.entrypoint, run.read()
     assert ep is not None  # this runner is chosen only for a spec with an entrypoint
     submit_dir = info.submit_dir or os.getcwd()
-    args = list(entrypoint_args(spec, str(run.path.resolve()), submit_dir))
+    args = list(entrypoint_args(spec, str(run.path.resolve()), submit_dir, after=info.after))
     args += [f"--local_rank={env.local_rank}"] if ep.local_rank_arg else []
     _export(env, run, spec, info)
     stopping = _Stopping(run, spec, env, stop)
@@ -117,8 +119,8 @@ def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> No
     assert spec.entrypoint is not None  # only an entrypoint's environment is made
     envmod.export(env)
     os.environ.update({"CLUSTERJOB_RUN_DIR": str(run.path.resolve()), "CLUSTERJOB_RUN_ID": run.run_id,
-                       api.PARAMS_VAR: json.dumps(spec.params),
-                       "CLUSTERJOB_RESTARTS": str((info.requeues or 0) + (info.restarts or 0))})
+                       api.PARAMS_VAR: json.dumps(spec.params), api.AFTER_VAR: json.dumps(info.after),
+                       "CLUSTERJOB_RESTARTS": str((info.requeues or 0) + (info.restarts or 0) + (info.retries or 0))})
     if spec.entrypoint.workdir == "run":
         os.chdir(run.path)  # the code's ./checkpoints and ./output are the run's own
     elif info.submit_dir is not None and Path(info.submit_dir).is_dir():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import metrics, slurmctl, units
+from clusterjob.core import metrics, retry, slurmctl, units
 from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
 
@@ -99,7 +99,8 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
     ``facts`` adds what the task knows of itself (backend, amp, device, entrypoint...)."""
     info = run.read()
     job = envmod.slurm_job()
-    requeues = max(info.requeues or 0, job.restart_count if job else 0)  # scontrol requeue too
+    # scontrol requeue too; the requeues of retries after a failure of the machine are counted apart
+    requeues = max(info.requeues or 0, (job.restart_count - (info.retries or 0)) if job else 0)
     # A cancelled run is reopened only by `resume` (which makes it pending first): a cancel
     # that came while the ranks were starting, or a requeue of a cancelled job, stands, and
     # rank 0's watcher stops the ranks at their first progress line.
@@ -108,6 +109,29 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
                slurm_job_id=job.run_key if job else info.slurm_job_id, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
                finished_at=None, error=None, **facts)
+
+
+def after_requeue(run: RunDir, max_retries: int) -> str:
+    """Rank 0 as a Slurm job starts again: a requeue that no stop of the run counted,
+    after a session Slurm ended with NODE_FAIL (sacct), is a retry when retries are on
+    (``resources.max_retries`` > 0): recorded as an attempt and counted in ``retries``.
+    "failed" when none was left (the run is marked failed and does not start), else "go"."""
+    job = envmod.slurm_job()
+    info = run.read()
+    if max_retries == 0 or job is None or job.restart_count <= (info.requeues or 0) + (info.retries or 0):
+        return "go"
+    if slurmctl.previous_state(job.run_key) != "NODE_FAIL":
+        return "go"  # a requeue by hand or a preemption: counted as a requeue (mark_running)
+    why = f"node failure (Slurm ended job {job.run_key} with NODE_FAIL on {', '.join(info.hosts) or 'its nodes'})"
+    number = retry.next_retry(info, max_retries)
+    retry.record_attempt(run, why, number, job=job.run_key)
+    if number is not None:
+        print(f"{why}; retry {number} of {max_retries} from the last checkpoint", flush=True)
+        return "go"
+    run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
+        f"{why}; resources.max_retries={max_retries} reached. Fix: `clusterjob resume {run.path}` continues it "
+        "from the last checkpoint")))
+    return "failed"
 
 
 def log_epoch(run: RunDir, record: dict, epochs: int) -> None:

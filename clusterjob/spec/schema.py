@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -38,7 +38,8 @@ _MODULE = (rf"{_IDENT}(?:\.{_IDENT})*", "a dotted module name such as mypkg.trai
 _FUNCTION = (rf"{_IDENT}(?:\.{_IDENT})*:{_IDENT}", "module:function, such as mypkg.train:main")
 _METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _PLACEHOLDER = re.compile(r"\{params\.([^{}]*)\}")
-_ARG_FIELD = re.compile(r"\{(params\.[^{}]*|run_dir|submit_dir)\}")  # what entrypoint.args may name
+_ARG_FIELD = re.compile(r"\{(params\.[^{}]*|run_dir|submit_dir|after\.run_dirs?)\}")  # what entrypoint.args may name
+_AFTER_ONE, _AFTER_ALL = "{after.run_dir}", "{after.run_dirs}"
 # Sections that only the built-in trainer reads; with an entrypoint they would do nothing.
 TRAINER_SECTIONS = ("data", "model", "train")
 
@@ -195,6 +196,12 @@ class ResourcesSpec(Section):
     setup: tuple[str, ...] = opt((), "shell lines run before srun (module load, conda activate)")
     array_parallelism: Optional[int] = opt(None, "at most this many array tasks at once (sbatch %N)", ge=1)
     max_requeues: int = opt(3, "requeues after preemption or time limit before giving up", ge=0)
+    max_retries: int = opt(0, "restarts from the last checkpoint after a failure that points at the machine (a rank "
+                              "killed by a signal, a NCCL or gloo communication error, Slurm's NODE_FAIL), counted "
+                              "apart from the requeues; a Python error or bad input is never retried", ge=0)
+    retry_backoff_s: float = opt(30.0, "the wait before the first retry, doubled for each further one (the local "
+                                       "supervisor; on Slurm at least Slurm's own delay of a requeued job)", ge=0,
+                                 lt=86400)
 
     def check(self) -> None:
         if self.gpus_per_node and self.tasks_per_node > self.gpus_per_node:
@@ -533,14 +540,22 @@ def _check_plain(key: str, value: Any) -> None:
         _check_kind(key, value, {})
 
 
-def entrypoint_args(spec: "Spec", run_dir: str = "{run_dir}", submit_dir: str = "{submit_dir}") -> tuple[str, ...]:
+def entrypoint_args(spec: "Spec", run_dir: str = "{run_dir}", submit_dir: str = "{submit_dir}",
+                    after: Optional[Sequence[str]] = None) -> tuple[str, ...]:
     """The entrypoint's args with each {params.NAME} replaced by the run's value (text as
     is, other values as JSON: 0.01, true, [1, 2]), {run_dir} and {submit_dir} by those
-    folders; in one pass, so a value holding a placeholder stays as it is."""
+    folders, and with ``after`` (the folders of the runs this one waited for)
+    {after.run_dir} by the one such folder and {after.run_dirs} by all of them as a JSON
+    list; in one pass, so a value holding a placeholder stays as it is."""
     folders = {"run_dir": run_dir, "submit_dir": submit_dir}
+    if after is not None:
+        check_after_args(spec, len(after))
+        folders.update({"after.run_dirs": json.dumps(list(after)), "after.run_dir": after[0] if after else ""})
 
     def value(match: "re.Match") -> str:
         name = match.group(1)
+        if name.startswith("after.") and after is None:
+            return match.group(0)  # no run to name yet (validate, a dry run)
         if name in folders:
             return folders[name]
         found = spec.params[name[len("params."):]]
@@ -548,6 +563,20 @@ def entrypoint_args(spec: "Spec", run_dir: str = "{run_dir}", submit_dir: str = 
 
     assert spec.entrypoint is not None  # only a spec with an entrypoint has args
     return tuple(_ARG_FIELD.sub(value, arg) for arg in spec.entrypoint.args)
+
+
+def check_after_args(spec: "Spec", count: int) -> None:
+    """{after.run_dir} names the one run this run waits for (``count`` runs, from
+    ``submit --after``), {after.run_dirs} any number of them, at least one."""
+    args = spec.entrypoint.args if spec.entrypoint is not None else ()
+    for index, arg in enumerate(args):
+        if _AFTER_ONE in arg and count != 1:
+            fix = "use {after.run_dirs} (a JSON list of the folders)" if count else "submit with --after RUN"
+            raise SpecError(f"entrypoint.args[{index}]", f"{_AFTER_ONE} is the folder of the one run this run waits "
+                                                         f"for, but --after names {count}; {fix}")
+        if _AFTER_ALL in arg and count == 0:
+            raise SpecError(f"entrypoint.args[{index}]", f"{_AFTER_ALL} lists the runs this run waits for, but it "
+                                                         "waits for none; submit with --after RUN")
 
 
 def _check_sweep_size(sweep: dict) -> None:

@@ -24,7 +24,9 @@ OLD_RUN_JSON = {
     "error": {"rank": 1, "message": "RuntimeError: boom", "traceback": "Traceback...", "at": "2024-01-01T12:04:59"},
     "entrypoint": {"script": "train.py", "args": ["--lr", "0.05"], "params": {"lr": 0.05}, "snapshot": True},
     "code_dir": "/r/code", "snapshot_of": "/home/u/proj", "log_dir": "/r/.slurm", "stopped_at": "2024-01-01T12:04",
-    "cancel_requested_at": "2024-01-01T12:04:30",
+    "cancel_requested_at": "2024-01-01T12:04:30", "retries": 1, "after": ["/r/train/20231231-090000-cd34"],
+    "attempts": [{"at": "2024-01-01T12:02:00", "hosts": ["node1"], "why": "rank 1 was killed by SIGKILL", "retry": 1,
+                  "job": None}],
     "warnings": ["entrypoint.metrics.acc: the regex 'acc (\\S+)' never matched a number on rank 0's output"],
 }
 

@@ -200,7 +200,8 @@ def test_slurm_parameters_follow_the_spec():
     assert params["additional_parameters"] == {"requeue": True, "gres": "gpu:4", "mem": "1536M", "time": "01:30:00",
                                                "partition": "gpu", "qos": "high"}
     assert resources.sbatch_options(spec)["mem"] == "1536M" and resources.sbatch_options(spec)["time"] == "01:30:00"
-    assert params["setup"] == ["module load x", "export SRUN_CPUS_PER_TASK=8"] and "account" not in params
+    assert params["setup"] == [f'echo "{resources.SESSION_MARK}" >&2', "module load x",
+                               "export SRUN_CPUS_PER_TASK=8"] and "account" not in params
     assert "--kill-on-bad-exit=1" in params["srun_args"]
     cpu = resources.submitit_parameters(spec_from_dict({"name": "c", "resources": {"mem_gb": 0}}), [])
     assert cpu["additional_parameters"] == {"requeue": True, "time": "01:00:00"}
@@ -233,7 +234,7 @@ def test_finalize_names_a_killed_task(tmp_path):
                                            "srun: error: node2: task 3: Killed\n")
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([str(run.path)]))
-    slurm_launch.finalize(str(runs_file), "0", "137")
+    assert slurm_launch.finalize(str(runs_file), "0", "137") == 1  # the job fails: a job waiting with afterok never starts
     error = run.read_info()["error"]
     assert error["rank"] == 3 and error["message"].startswith("task 3 on node2: Killed")
 

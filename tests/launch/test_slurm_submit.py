@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurmcluster import cli, rank0_log, submit, wait_for
+from slurmcluster import cli, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, final_state, max_abs_diff, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
@@ -32,19 +32,6 @@ LEAKS = {"SLURM_JOB_ID": "999", "SLURM_PROCID": "7", "SLURM_NTASKS": "9", "SLURM
 def status_of(cluster, run: Path) -> str:
     out = cli(cluster, run, "status", str(run)).stdout.splitlines()
     return out[1].split()[1]
-
-
-def task_pid(job_id: str, rank: int) -> int:
-    """The worker process of one rank (every node shares this machine's PID namespace)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text().split("\0") if "=" in kv)
-        except OSError:
-            continue
-        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and \
-                b"clusterjob.run" in (proc / "cmdline").read_bytes():
-            return int(proc.name)
-    raise AssertionError(f"no process of rank {rank} in job {job_id}")
 
 
 @pytest.fixture(scope="module")

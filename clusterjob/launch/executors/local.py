@@ -18,13 +18,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from clusterjob.core import claim, procs
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import RunDir, RunRecord, failure, loads, natural_key, now_iso, read_text
 from clusterjob.launch import supervisor as sup
-from clusterjob.launch.executor import Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
+from clusterjob.launch.executor import Dependency, Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
 from clusterjob.spec.schema import Spec
 
 CANCEL_POLL_S = 1.0
@@ -45,8 +45,9 @@ class LocalExecutor(Executor):
     def adopts(cls, record: RunRecord) -> bool:
         return record.slurm_job_id is None  # started by hand, outside Slurm
 
-    def check(self, spec: Spec, points: int, preflight: bool = True) -> None:
-        """What this machine must offer a local run, checked before any process starts."""
+    def check(self, spec: Spec, points: int, preflight: bool = True, after: Sequence[Dependency] = ()) -> None:
+        """What this machine must offer a local run, checked before any process starts
+        (the supervisor waits for runs of any executor: it asks theirs)."""
         if spec.resources.nodes > 1:
             raise BadInput(f"resources.nodes: {spec.resources.nodes} nodes cannot run with the local executor, "
                            "which uses this machine only; submit to Slurm (--executor slurm) or set "
@@ -55,15 +56,18 @@ class LocalExecutor(Executor):
             visible, where = gpus_here(os.environ)
             check_gpus(spec.resources.tasks_per_node, spec.resources.gpus_per_node, visible, where)
 
-    def preview(self, spec: Spec, points: int) -> list[str]:
+    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         from clusterjob.spec.schema import expand_sweep
 
+        wait = [f"each once these {len(after)} run(s) completed: {', '.join(str(d.run.path) for d in after)}"]
         return [f"would run {spec.resources.tasks_per_node} local processes: "
-                f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}" for point in expand_sweep(spec)]
+                f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}" for point in expand_sweep(spec)
+                ] + (wait if after else [])
 
-    def start(self, spec: Spec, runs: list[RunDir], follow: bool) -> list[str]:
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
         """A detached supervisor takes the runs and their claims; with ``follow`` this
-        process is their supervisor (``wait`` runs them) and keeps the claims."""
+        process is their supervisor (``wait`` runs them) and keeps the claims. The
+        supervisor waits for the runs of their run.json's ``after`` first."""
         if follow:
             for run in runs:
                 run.update(executor="local", launcher=procs.current())

@@ -21,14 +21,15 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from clusterjob.core import claim, slurmctl
+from clusterjob.core import claim, retry, slurmctl
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.rundir import (
@@ -40,9 +41,13 @@ from clusterjob.core.rundir import (
     is_job_id,
     mark_failed,
     now_iso,
+    rank_errors,
     tail_lines,
 )
+from clusterjob.launch import chain
 from clusterjob.launch.executor import (
+    WAITING,
+    Dependency,
     Executor,
     RunView,
     Waited,
@@ -52,8 +57,8 @@ from clusterjob.launch.executor import (
     register,
     views,
 )
-from clusterjob.launch.resources import submitit_parameters
-from clusterjob.spec.schema import Spec
+from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
+from clusterjob.spec.schema import Spec, load_spec
 
 # sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
 _SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
@@ -82,9 +87,14 @@ class SlurmExecutor(Executor):
     def adopts(cls, record: RunRecord) -> bool:
         return is_job_id(record.slurm_job_id)  # a raw sbatch template's run
 
-    def check(self, spec: Spec, points: int, preflight: bool = True) -> None:
-        """The cluster's preflight (clusterjob.launch.preflight): each failed check on
-        stderr, then bad input; ``preflight`` False asks nothing."""
+    def check(self, spec: Spec, points: int, preflight: bool = True, after: Sequence[Dependency] = ()) -> None:
+        """A job waits only for Slurm jobs; then the cluster's preflight
+        (clusterjob.launch.preflight): each failed check on stderr, then bad input;
+        ``preflight`` False asks nothing."""
+        for dep in after:
+            if dep.state == WAITING and dep.job is None:
+                raise BadInput(f"--after: {dep.run.path} is {dep.why}, with no Slurm job to wait for (a local run, or "
+                               "Slurm did not say); submit this one with --executor local, or once it completed")
         if not preflight:
             return
         failed = [check for check in self.checks(spec, points) if not check.ok]
@@ -100,11 +110,11 @@ class SlurmExecutor(Executor):
 
         return preflight.run_checks(spec, points, scripts(spec, points, _folder(spec)))
 
-    def preview(self, spec: Spec, points: int) -> list[str]:
-        return scripts(spec, points, _folder(spec))
+    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
+        return scripts(spec, points, _folder(spec), chain.jobs(after))
 
-    def start(self, spec: Spec, runs: list[RunDir], follow: bool) -> list[str]:
-        job_ids = submit_runs(spec, runs)
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
+        job_ids = submit_runs(spec, runs, chain.jobs(after))
         claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
         return [f"{job_id}  {run.path}" for job_id, run in zip(job_ids, runs)]
 
@@ -179,10 +189,20 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
         return replace(view, queue_state=queued[job])
     final = "cancelled" if info.cancel_requested_at else _SLURM_FINAL.get(accounted.get(job, ""), "failed")
     fields: dict = {"status": final, "finished_at": now_iso()}
-    if final == "failed":
+    never = _dependency_failed(info) if final == "cancelled" and not info.cancel_requested_at else None
+    if never is not None:  # Slurm cancelled the job as one it waited for (afterok) failed
+        fields.update(status="failed", error=RunError(None, never))
+    elif final == "failed":
         fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
                                        "without the run recording its end")
     return learnt(run, view, fields, write_back)
+
+
+def _dependency_failed(info: RunRecord) -> Optional[str]:
+    """Why a run that never started waits in vain (a run of its ``after`` failed), or None."""
+    if info.status != "pending" or not info.after:
+        return None
+    return chain.failed(chain.states(info.after))
 
 
 def _cancel_job(run: RunDir, job: str, wait_s: float) -> list[str]:
@@ -229,17 +249,17 @@ def _teardown(runs_file: Path) -> list[str]:
     return [f'{shlex.join(command)} "${{SLURM_ARRAY_TASK_ID:-0}}" "$?"']
 
 
-def _executor(spec: Spec, folder: Path, runs_file: Path):
+def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[str]):
     import submitit
 
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
-    executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file)))
+    executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file), after_jobs))
     return executor
 
 
-def scripts(spec: Spec, points: int, folder: Path) -> list[str]:
+def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = ()) -> list[str]:
     """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``)."""
-    params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"))
+    params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"), after_jobs)
     return [_render(params, folder, len(part) if points > 1 else None)
             for part in chunks(list(range(points)), slurmctl.max_array_size())]
 
@@ -255,23 +275,24 @@ def _render(params: dict, folder: Path, array: Optional[int]) -> str:
     return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, **params)
 
 
-def submit_runs(spec: Spec, runs: list[RunDir]) -> list[str]:
-    """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks); each run.json
-    gets its job id (``<array>_<task>`` for arrays). Returns the job ids in run order."""
+def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) -> list[str]:
+    """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks), each waiting
+    for ``after_jobs``; each run.json gets its job id (``<array>_<task>`` for arrays).
+    Returns the job ids in run order."""
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
     with envmod.scrubbed_environ():
         for part in chunks(runs, slurmctl.max_array_size()):
-            _submit_part(spec, part, folder)
+            _submit_part(spec, part, folder, after_jobs)
     return [str(run.read().slurm_job_id) for run in runs]
 
 
-def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
+def _submit_part(spec: Spec, runs: list[RunDir], folder: Path, after_jobs: Sequence[str]) -> None:
     runs_file = folder / f"{runs[0].run_id}.runs.json"
     before = set(os.listdir(folder))
     try:
         runs_file.write_text(json.dumps([str(r.path.resolve()) for r in runs]))
-        jobs = _sbatch(spec, runs, folder, runs_file)
+        jobs = _sbatch(spec, runs, folder, runs_file, after_jobs)
     except BaseException as err:
         _remove_leftovers(folder, before)
         if isinstance(err, (OSError, RuntimeError)):  # submitit's errors are RuntimeErrors
@@ -282,10 +303,10 @@ def _submit_part(spec: Spec, runs: list[RunDir], folder: Path) -> None:
         _link_logs(run, folder, job.job_id, spec.world_size)
 
 
-def _sbatch(spec: Spec, runs: list[RunDir], folder: Path, runs_file: Path) -> list:
+def _sbatch(spec: Spec, runs: list[RunDir], folder: Path, runs_file: Path, after_jobs: Sequence[str]) -> list:
     """submitit's jobs of ``runs``; submitit echoes a refusing sbatch's stderr, which the
     error says once (``refusal``)."""
-    executor = _executor(spec, folder, runs_file)
+    executor = _executor(spec, folder, runs_file, after_jobs)
     with contextlib.redirect_stderr(io.StringIO()):
         if len(runs) == 1:
             return [executor.submit(RunTask(str(runs[0].spec_file.resolve())))]
@@ -348,26 +369,72 @@ def _link_logs(run: RunDir, folder: Path, job_id: str, world: int) -> None:
 
 
 def finalize(runs_file: str, index: str, srun_status: str) -> int:
-    """After srun: record a task that died without a traceback (killed by a signal) as the
-    cause, over the other ranks' collateral "connection closed" errors; and mark a run
-    that is still pending/running as failed."""
+    """After srun, in the job script: record how a session that srun ended badly ended,
+    retry it when the machine failed it (``resources.max_retries``), and exit 0 only for
+    a completed run, so that Slurm counts the job failed otherwise (a job waiting for it
+    with afterok then never starts)."""
     run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
     info = run.read()
-    if srun_status == "0" or info.status not in ("pending", "running", "failed"):
-        return 0
-    killed = killed_task(_batch_log(info))
+    if srun_status != "0" and info.status in ("pending", "running", "failed"):
+        cause = _record_end(run, info, srun_status)
+        if cause is not None and _retried(run, cause):
+            return 0
+    return 0 if run.read().status == "completed" else 1
+
+
+def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]:
+    """Record a task that died without a traceback (killed by a signal) as the cause, over
+    the other ranks' collateral "connection closed" errors, and mark a run that is still
+    pending/running as failed. Why the machine failed the session, or None."""
+    log = session_log(_batch_log(info))
+    killed = killed_task(log)
+    named = None
     if killed and not run.error_file(killed[0]).exists():
         rank, node, reason = killed
         run.update(status="failed", finished_at=now_iso(), error=RunError(
             rank, f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
             "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
+        named = None if reason.startswith("Out Of Memory") else f"task {rank} on {node}: {reason}"
     elif info.status != "failed":
         mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
                          f"(see `clusterjob logs {run.path}`)")
-    return 0
+    if killed and named is None:
+        return None  # the job's own memory: a retry would end the same way
+    return retry.machine_cause(named, rank_errors(run), exit_codes(log))
+
+
+def _retried(run: RunDir, cause: str) -> bool:
+    """Requeue the job of a run the machine failed, when a retry is left: recorded as an
+    attempt, its start held back by the back-off (or Slurm's own delay, when longer)."""
+    resources = load_spec(run.spec_file).resources
+    info = run.read()
+    if resources.max_retries == 0 or info.slurm_job_id is None:
+        return False
+    number = retry.next_retry(info, resources.max_retries)
+    retry.record_attempt(run, cause, number)
+    if number is None:
+        print(f"clusterjob: {cause}; resources.max_retries={resources.max_retries} reached", file=sys.stderr)
+        return False
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
+    if not slurmctl.requeue(info.slurm_job_id):
+        run.update(status="failed", finished_at=now_iso(), error=RunError(
+            None, f"{cause}; retry {number} could not requeue job {info.slurm_job_id} (scontrol requeue failed)"))
+        return False
+    slurmctl.start_later(info.slurm_job_id, retry.backoff_s(resources.retry_backoff_s, number))
+    print(f"clusterjob: {cause}; retry {number} of {resources.max_retries}: job {info.slurm_job_id} requeued",
+          file=sys.stderr)
+    return True
 
 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
+_EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
+
+
+def session_log(batch_log: str) -> str:
+    """What the job script's stderr holds of its latest session (the log is appended to
+    by each session of a requeued job; each starts with SESSION_MARK)."""
+    start = batch_log.rfind(SESSION_MARK)
+    return batch_log[start:] if start >= 0 else batch_log
 
 
 def killed_task(batch_log: str) -> Optional[tuple[int, str, str]]:
@@ -378,6 +445,11 @@ def killed_task(batch_log: str) -> Optional[tuple[int, str, str]]:
         if not reason.startswith(("Exited with exit code", "Terminated")):
             return int(rank), node, reason.strip()
     return None
+
+
+def exit_codes(batch_log: str) -> list[int]:
+    """The exit statuses srun reports for its tasks (2: bad input)."""
+    return [int(code) for *_, reason in _SRUN_TASK_ERROR.findall(batch_log) for code in _EXIT_CODE.findall(reason)]
 
 
 def _batch_log(info: RunRecord) -> str:
