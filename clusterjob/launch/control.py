@@ -83,9 +83,12 @@ def status_table(runs: list[RunDir], infos: list[dict]) -> str:
                      info["slurm_job_id"] or "-", _restarts(info)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once
     for run, info in zip(runs, infos):
         if info["status"] == "pending" and info["after"]:
-            deps = chain.states(info["after"])
+            if tuple(info["after"]) not in waits:
+                waits[tuple(info["after"])] = chain.states(info["after"])
+            deps = waits[tuple(info["after"])]
             if not chain.all_done(deps):
                 lines.append(f"{_shown(run.run_id)}: {_shown(chain.waiting_line(deps))}")
         if info["status"] == "failed" and info["error"]:

@@ -17,7 +17,11 @@ terminal ends nothing). It owns its ranks:
   Once no rank is alive the run is ``cancelled`` (``resume`` continues it from its
   checkpoint), and so are the runs not started yet; the same after ``clusterjob cancel``;
 - when a rank fails, the others are stopped; a rank killed by a signal nobody here sent
-  is named as the cause, over the other ranks' "connection reset" errors.
+  is named as the cause, over the other ranks' "connection reset" errors;
+- a run that waits for other runs (run.json's ``after``, from ``submit --after``) starts
+  once they completed, and is failed ("dependency failed") once one never will;
+- a failure that points at the machine (clusterjob.core.retry) starts the run again
+  from its last checkpoint after a back-off, up to ``resources.max_retries`` times.
 """
 
 from __future__ import annotations
