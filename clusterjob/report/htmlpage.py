@@ -8,6 +8,7 @@ import base64
 import html
 from typing import Optional
 
+from clusterjob.report import loggerlinks
 from clusterjob.report.cells import group_display, group_legend, runs_display
 from clusterjob.report.stats import Report, status_line
 
@@ -92,7 +93,7 @@ def page(report: Report, runs: bool) -> str:
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections)
+    body = "".join(f"<h2>{title}</h2>{content}" for title, content in sections) + loggerlinks.section(report)
     title = html.escape(f"clusterjob report: {report.title}")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
             f"<style>{_CSS}</style></head><body><h1>{title}</h1>"
