@@ -76,6 +76,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.watch:
+        from clusterjob.report import watch
+
+        return watch.main(args)
     from clusterjob.report import build as report
 
     return report.main(args)
@@ -133,6 +137,11 @@ def _add_report_parser(sub) -> None:
                                                      "err, else max)")
     p.add_argument("--out", help="write to this file instead of the terminal")
     p.add_argument("--runs", action="store_true", help="one row per run instead of per group")
+    p.add_argument("--watch", action="store_true",
+                   help="redraw the report in the terminal while runs run (read-only; ends once every run "
+                        "ended, Ctrl-C leaves)")
+    p.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: seconds between redraws "
+                                                                       "(default 5)")
     p.set_defaults(func=cmd_report)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter, methodcaller
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -320,6 +320,13 @@ def _last_values(block: np.ndarray, group: np.ndarray, count: int, skip: int) ->
 
 
 # ----------------------------------------------------------------------------- your own code's lines
+
+
+class Writer(Protocol):
+    """What takes your own code's metric lines (the regexes, a metrics file, the API):
+    a ``StepWriter``, or the runner's sinks, which commit through one first."""
+
+    def log(self, step: Any, values: dict) -> Optional[dict]: ...
 
 
 class StepWriter:

@@ -109,6 +109,14 @@ class RunRecord:
     code_dir: Optional[str] = None  # the snapshot the code ran from
     snapshot_of: Optional[str] = None  # the folder the snapshot was taken of
     log_dir: Optional[str] = None  # submitit's folder of the job's logs
+    # The loggers' own runs (logging: in the spec), so that a requeued, resumed or
+    # restarted run continues the same one: set when the logger run is made.
+    tensorboard_dir: Optional[str] = None  # the folder of its event files
+    mlflow_tracking_uri: Optional[str] = None  # as resolved (a relative file: store made absolute)
+    mlflow_experiment_id: Optional[str] = None
+    mlflow_run_id: Optional[str] = None
+    wandb_run_id: Optional[str] = None
+    wandb_url: Optional[str] = None  # the run's page; None offline
 
     def to_dict(self) -> dict:
         """Every field as run.json would hold it (for tables and views that want dicts)."""
@@ -174,7 +182,8 @@ def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
 
 _TEXT_FIELDS = ("run_id", "name", "status", "executor", "backend", "amp", "device", "git_sha", "started_at",
                 "finished_at", "master_addr", "log_dir", "submit_dir", "code_dir", "snapshot_of", "stopped_at",
-                "cancel_requested_at", "slurm_job_submitted")
+                "cancel_requested_at", "slurm_job_submitted", "tensorboard_dir", "mlflow_tracking_uri",
+                "mlflow_experiment_id", "mlflow_run_id", "wandb_run_id", "wandb_url")
 _INT_FIELDS = ("world_size", "requeues", "restarts", "retries", "master_port")
 _JOB_ID = re.compile(r"[0-9]{1,18}(?:[_+][0-9]{1,9})?")  # 123, array task 123_4, het job 123+1
 _MAX_DEPTH = 16  # a swept value nested deeper is no sweep point

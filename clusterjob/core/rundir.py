@@ -44,6 +44,9 @@ SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
+LOGGERS_FILE = "loggers.json"  # what each logger (TensorBoard, MLflow, W&B) was sent: each metric's last step
+TENSORBOARD = "tensorboard"  # the TensorBoard event files
+WANDB = "wandb"  # W&B's own folder (its offline runs)
 
 STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled")
 FINAL_STATUSES = ("completed", "failed", "cancelled")
@@ -78,6 +81,18 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / LOGS
+
+    @property
+    def loggers_file(self) -> Path:
+        return self.path / LOGGERS_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def wandb(self) -> Path:
+        return self.path / WANDB
 
     @property
     def run_id(self) -> str:
@@ -125,6 +140,17 @@ def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict,
                   "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
                   "final": None, "error": None, **fields})
     return run
+
+
+_SWEEP_POINT = re.compile(r"(\d{8}-\d{6}-[0-9a-f]{4})-\d{3,}")  # make_runs: <stamp>-NNN
+_ARRAY_TASK = re.compile(r"(slurm-\d+)_\d+(?:-\d+)?")  # a raw sbatch array task: slurm-<array>_<task>
+
+
+def sweep_of(run_id: str, name: str) -> Optional[str]:
+    """The id the runs of one sweep share (``<name>-<stamp>``, or ``<name>-slurm-<array>``
+    for the tasks of a raw sbatch array); None for a run of its own."""
+    found = _SWEEP_POINT.fullmatch(run_id) or _ARRAY_TASK.fullmatch(run_id)
+    return f"{name}-{found.group(1)}" if found else None
 
 
 def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, **fields: Any) -> list[RunDir]:

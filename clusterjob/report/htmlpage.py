@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import html
 
-from clusterjob.report import plots
+from clusterjob.report import loggerlinks, plots
 from clusterjob.report.cells import (
     group_display,
     group_legend,
@@ -181,7 +181,7 @@ def page(report: Report, runs: bool) -> str:
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    body = "".join(f"<h2>{name}</h2>{content}" for name, content in sections)
+    body = "".join(f"<h2>{name}</h2>{content}" for name, content in sections) + loggerlinks.section(report)
     heading = html.escape(f"clusterjob report: {report.title}")
     return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'

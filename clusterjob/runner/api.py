@@ -76,8 +76,9 @@ def after() -> list[Path]:
 
 def log(step: Optional[int] = None, **metrics: Any) -> None:
     """Append one line to the run's metrics.jsonl (rank 0 only; other ranks and runs
-    outside clusterjob do nothing). Logging a step again, after a resume, replaces the
-    line of that step and drops the lines after it, so no step is counted twice. A value
+    outside clusterjob do nothing), then send it to the loggers the spec's ``logging:``
+    names. Logging a step again, after a resume, replaces the line of that step and drops
+    the lines after it, so no step is counted twice (nor sent twice). A value
     that is no number raises TypeError; a non-finite one (nan, inf) is dropped with one
     warning per metric, as every path into metrics.jsonl does (clusterjob.core.metrics)."""
     if _session is None or _session.rank != 0:

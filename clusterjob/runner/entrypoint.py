@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Optional
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
 from clusterjob.core.rundir import RunDir, RunRecord, now_iso, shown
-from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord
+from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
 
@@ -61,26 +61,36 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     args = list(entrypoint_args(spec, str(run.path.resolve()), submit_dir, after=info.after))
     args += [f"--local_rank={env.local_rank}"] if ep.local_rank_arg else []
     _export(env, run, spec, info)
-    stopping = _Stopping(run, spec, env, stop)
     if env.rank == 0:
         runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)})
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
-    writer = metrics.StepWriter(run.metrics_file) if env.rank == 0 else None
+    writer = sinks.for_own_code(spec, run) if env.rank == 0 else None  # metrics.jsonl first, then the loggers
+    code_dir = Path(info.code_dir or submit_dir)
+    with writer or sinks.NoSinks():
+        return _run_and_record(spec, env, run, stop, writer, lambda: _call(spec, args, code_dir))
+
+
+def _run_and_record(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal, writer: Optional[sinks.Sinks],
+                    call: Callable[[], Any]) -> str:
+    """Run the code with its metrics taken from its output, its metrics file and the
+    API, and record how it ended (rank 0)."""
+    ep = spec.entrypoint
+    assert ep is not None  # only an entrypoint is run
+    stopping = _Stopping(run, spec, env, stop)
     tee = outputpump.Tee(ep.metrics, writer)
     follower = metricsfile.follower(ep.metrics_file, run.path, writer)  # takes the working directory as it starts
     session = _session(spec, env, run, stop, writer, tee)
     api._start(session)
     try:
         with tee, follower, _plain_while_running(stop, session, ep.stop_grace_s):
-            result = _call(spec, args, Path(info.code_dir or submit_dir))
+            result = call()
     except api.Requeue:
-        return _requeued(run, spec, env, stop)
+        return _requeued(run, spec, env, stop, writer)
     except BaseException:
         if not stop.requested:
             raise
         return stopping.record()  # asked to stop: whatever it ended with (a peer's closed socket) is the stop
-    if env.rank == 0:
-        assert writer is not None  # rank 0 made one above
+    if writer is not None:  # rank 0
         _finish(run, spec, _returned(writer, result), follower.problem())
     return "completed"
 
@@ -137,7 +147,7 @@ def _describe(spec: Spec, args: list[str]) -> dict:
 
 
 def _session(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal,
-             writer: Optional[metrics.StepWriter], tee: outputpump.Tee) -> api.Session:
+             writer: Optional[sinks.Sinks], tee: outputpump.Tee) -> api.Session:
     def log_metrics(step: Optional[int], values: dict) -> None:
         if writer is not None:
             tee.sync()  # the prints before this call are matched first: their steps come first
@@ -176,7 +186,7 @@ def _main(call) -> Any:
         raise ScriptExit(f"the entrypoint exited with status {exc.code!r}") from None
 
 
-def _returned(writer: metrics.StepWriter, result: Any) -> Optional[dict]:
+def _returned(writer: sinks.Sinks, result: Any) -> Optional[dict]:
     """A function's returned mapping of numbers, logged as a last line; as written
     (non-finite values dropped), or None."""
     if isinstance(result, dict) and result and all(metrics.is_number(v) for v in result.values()):
@@ -196,15 +206,18 @@ def _finish(run: RunDir, spec: Spec, returned: Optional[dict], file_problem: Opt
     warnings += [file_problem] if file_problem else []
     for line in warnings:
         print(f"clusterjob: warning: {line}", file=sys.stderr, flush=True)
+    warnings += [line for line in run.read().warnings if line.startswith("logging.")]  # a logger's, kept
     final = returned or present
     runrecord.finish(run, warnings=warnings, **({"final": final} if final else {}))
 
 
-def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal) -> str:
-    """Every rank called clusterjob.requeue(): rank 0 records the stop and requeues the
-    Slurm task; no rank leaves before that is on record."""
+def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal, writer: Optional[sinks.Sinks]) -> str:
+    """Every rank called clusterjob.requeue(): rank 0 lets its loggers finish (Slurm ends
+    a requeued job soon), records the stop and requeues the Slurm task; no rank leaves
+    before that is on record."""
     dist.barrier_anywhere()
-    if env.rank == 0:
+    if writer is not None:  # rank 0
+        writer.close("stopped")
         runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
     dist.barrier_anywhere()
     return "stopped"

@@ -56,7 +56,7 @@ class Follower:
     """Reads ``pattern``'s newest changed match into ``writer`` on a thread of its own,
     as a context manager around the code; the last read is at the exit."""
 
-    def __init__(self, pattern: str, run_dir: Path, writer: metrics.StepWriter, poll_s: float = POLL_S):
+    def __init__(self, pattern: str, run_dir: Path, writer: metrics.Writer, poll_s: float = POLL_S):
         self.pattern = pattern.replace("{run_dir}", glob.escape(str(run_dir)))
         self.writer, self.poll_s = writer, poll_s
         self.before: dict = {}
@@ -235,6 +235,6 @@ class _Nothing:
         return None
 
 
-def follower(pattern: Optional[str], run_dir: Path, writer: Optional[metrics.StepWriter]) -> "Follower | _Nothing":
+def follower(pattern: Optional[str], run_dir: Path, writer: Optional[metrics.Writer]) -> "Follower | _Nothing":
     """A Follower on rank 0 of a run with a metrics file, else a context that does nothing."""
     return Follower(pattern, run_dir, writer) if pattern is not None and writer is not None else _Nothing()

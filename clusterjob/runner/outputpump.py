@@ -101,7 +101,7 @@ class Matcher:
     the value is the other group. The values one line gives at one step are one line of
     metrics.jsonl."""
 
-    def __init__(self, patterns: dict, writer: metrics.StepWriter):
+    def __init__(self, patterns: dict, writer: metrics.Writer):
         self.writer = writer
         self.patterns: dict[str, Any] = {}
         for name, rx in patterns.items():
@@ -167,7 +167,7 @@ class Tee:
     file descriptors, so prints of C code and subprocesses count. A no-op without
     patterns or writer. Both streams feed one matcher, one line at a time."""
 
-    def __init__(self, patterns: dict, writer: Optional[metrics.StepWriter]):
+    def __init__(self, patterns: dict, writer: Optional[metrics.Writer]):
         self.matcher = Matcher(patterns, writer) if writer and patterns else None
         self.match_lock = threading.Lock()  # the two streams' pumps take turns at the matcher
         self.pumps: list[_Pump] = []

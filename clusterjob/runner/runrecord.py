@@ -1,4 +1,4 @@
-"""What a running task writes about its run into run.json: started, epochs, finished,
+"""What a running task writes about its run into run.json: started, finished,
 stopped (and whether to requeue), failed. Rank 0 writes, except each rank's own crash
 report.
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import metrics, retry, slurmctl, units
+from clusterjob.core import retry, slurmctl
 from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
 
@@ -132,15 +132,6 @@ def after_requeue(run: RunDir, max_retries: int) -> str:
         f"{why}; resources.max_retries={max_retries} reached. Fix: `clusterjob resume {run.path}` continues it "
         "from the last checkpoint")))
     return "failed"
-
-
-def log_epoch(run: RunDir, record: dict, epochs: int) -> None:
-    run.update(final=metrics.append_epoch(run.metrics_file, record))  # as written: finite values only
-    shown = " ".join(f"{name} {units.quantity(name, record.get(name))}"
-                     for name in ("train_loss", "train_acc", "val_loss", "val_acc"))
-    print(f"epoch {record['epoch']}/{epochs} {shown} lr {record['lr']:.4g} "
-          f"{units.quantity('epoch_time_s', record.get('epoch_time_s'))} "
-          f"{units.quantity(units.THROUGHPUT, record.get(units.THROUGHPUT))}", flush=True)
 
 
 def finish(run: RunDir, **fields: Any) -> None:

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
@@ -367,6 +368,65 @@ def _module_exists(name: str) -> bool:
     return found is not None
 
 
+# The loggers' packages, by the spec key that asks for them (the module, and the extra
+# that installs it). Validation only looks them up, it never imports one.
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
+
+
+@dataclass(frozen=True)
+class MlflowSpec(Section):
+    """MLflow: one MLflow run per run, named after the run id."""
+
+    tracking_uri: Optional[str] = opt(None, "where MLflow keeps runs: file:./mlruns (relative to the folder `submit` "
+                                            "ran in), http://host:5000, databricks; null: MLFLOW_TRACKING_URI, "
+                                            "else MLflow's default")
+    experiment: Optional[str] = opt(None, "the MLflow experiment, shared by a sweep's runs; null: the spec's name",
+                                    max_len=MAX_NAME_LENGTH)
+
+
+@dataclass(frozen=True)
+class WandbSpec(Section):
+    """Weights & Biases: one W&B run per run, named after the run id."""
+
+    project: Optional[str] = opt(None, "the W&B project, shared by a sweep's runs; null: the spec's name",
+                                 pattern=_NAME, max_len=MAX_NAME_LENGTH)
+    entity: Optional[str] = opt(None, "the W&B team or user; null: your default entity", pattern=_NAME,
+                                max_len=MAX_NAME_LENGTH)
+    mode: Literal["online", "offline"] = opt("online", "online | offline (kept under <run>/wandb/; `wandb sync` "
+                                                       "uploads it later)")
+
+
+@dataclass(frozen=True)
+class LoggingSpec(Section):
+    """Where rank 0 also sends every metric record, after it is in metrics.jsonl."""
+
+    tensorboard: bool = opt(False, "TensorBoard event files under <run>/tensorboard/")
+    mlflow: Optional[MlflowSpec] = opt(None, "an MLflow run per run ({} for the defaults); null: off")
+    wandb: Optional[WandbSpec] = opt(None, "a W&B run per run ({} for the defaults); null: off")
+
+    def check(self) -> None:
+        for key, module in LOGGER_PACKAGES.items():
+            if getattr(self, key) not in (None, False) and not _package_installed(module):
+                raise SpecError(key, f"asks for {module}, which is not installed in this Python "
+                                     f"({sys.executable}); pip install \"clusterjob[{key}]\", or turn it off "
+                                     f"(logging.{key}: {'false' if key == 'tensorboard' else 'null'})")
+
+    @property
+    def any(self) -> bool:
+        """Whether any logger is on."""
+        return bool(self.tensorboard or self.mlflow or self.wandb)
+
+
+def _package_installed(name: str) -> bool:
+    """Whether the top-level package ``name`` can be imported, without importing it."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken install, or a module whose spec is None
+        return False
+
+
 @dataclass(frozen=True)
 class Spec(Section):
     name: str = opt(MISSING, "run name: results go to <output.root>/<name>/", pattern=_NAME,
@@ -380,6 +440,7 @@ class Spec(Section):
     sweep: dict = opt({}, "dotted key -> list of values; the grid of all lists, one run per point")
     output: OutputSpec = opt(OutputSpec)
     debug: DebugSpec = opt(DebugSpec)
+    logging: LoggingSpec = opt(LoggingSpec)
     entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
     params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
@@ -482,9 +543,9 @@ def _check_sweep(sweep: dict, own_code: bool = False) -> None:
                 raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
         elif key not in leaves:
             raise SpecError(where, f"{brief(key)} is not a spec key{_close(key, leaves)}")
-        if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.")):
-            raise SpecError(where, "name, resources, output and entrypoint are per submission, not per sweep "
-                            "point; submit a spec per value instead")
+        if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.", "logging.")):
+            raise SpecError(where, "name, resources, output, entrypoint and logging are per submission, not per "
+                            "sweep point; submit a spec per value instead")
         if own_code and key.split(".")[0] in TRAINER_SECTIONS:
             raise SpecError(where, _trainer_key_message(key))
         if not isinstance(values, (list, tuple)):

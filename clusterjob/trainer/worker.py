@@ -17,7 +17,7 @@ import torch
 from clusterjob.core import metrics, units
 from clusterjob.core.env import DistEnv
 from clusterjob.core.rundir import RunDir
-from clusterjob.runner import checkpoint, dist, runrecord
+from clusterjob.runner import checkpoint, dist, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec
 from clusterjob.trainer import device, pipeline
@@ -95,28 +95,28 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
     model = build_model(spec.model.arch, data.num_classes, data.in_shape)
     trainer = build_trainer(spec, plan, model, len(loaders.train_loader), env.world_size)
     torch.manual_seed(spec.train.seed * 1000 + env.rank + 1)  # dropout differs across ranks
-    start, partial = _resume(trainer, run, env)
+    start, partial, fresh = _resume(trainer, run, env)
     if dist.is_main():
         runrecord.mark_running(run, env, {"backend": plan.backend, "amp": plan.amp_name, "device": plan.device_type})
     n_valid = val_valid_count(len(data.val), env.rank, env.world_size)
-    for epoch in range(start, spec.train.epochs + 1):
-        _debug_fail(spec, env, epoch)
-        loaders.set_epoch(epoch, partial.batches)
-        progress = _progress_printer(epoch, spec.train.epochs) if dist.is_main() else _quiet
-        state = train_epoch(trainer, loaders.train_loader, epoch, progress, stop.agreed, partial)
-        partial = EpochState()
-        if not state.finished:
-            _save(trainer, run, epoch - 1, env, state)
-            return _stopped(run, spec, stop)
-        record = _epoch_record(trainer, loaders, n_valid, epoch, state)
-        stopping = epoch < spec.train.epochs and (spec.debug.exit_after_epoch == epoch or stop.agreed())
+    with sinks.for_trainer(spec, run, fresh) if dist.is_main() else sinks.NoSinks() as metric_sinks:
+        for epoch in range(start, spec.train.epochs + 1):
+            _debug_fail(spec, env, epoch)
+            loaders.set_epoch(epoch, partial.batches)
+            progress = _progress_printer(epoch, spec.train.epochs) if dist.is_main() else _quiet
+            state = train_epoch(trainer, loaders.train_loader, epoch, progress, stop.agreed, partial)
+            partial = EpochState()
+            if not state.finished:
+                _save(trainer, run, epoch - 1, env, state)
+                return _stopped(run, spec, stop, metric_sinks)
+            record = _epoch_record(trainer, loaders, n_valid, epoch, state)
+            stopping = epoch < spec.train.epochs and (spec.debug.exit_after_epoch == epoch or stop.agreed())
+            metric_sinks.log(epoch, record)  # rank 0: metrics.jsonl, the console line, the loggers
+            _save(trainer, run, epoch, env, force=stopping or epoch == spec.train.epochs)
+            if stopping:
+                return _stopped(run, spec, stop, metric_sinks)
         if dist.is_main():
-            runrecord.log_epoch(run, record, spec.train.epochs)
-        _save(trainer, run, epoch, env, force=stopping or epoch == spec.train.epochs)
-        if stopping:
-            return _stopped(run, spec, stop)
-    if dist.is_main():
-        runrecord.finish(run)
+            runrecord.finish(run)
     return "completed"
 
 
@@ -159,15 +159,15 @@ def _save(t: Trainer, run: RunDir, epoch: int, env: DistEnv, partial: Optional[E
     dist.barrier()  # the file is complete before any rank moves on (or exits)
 
 
-def _resume(t: Trainer, run: RunDir, env: DistEnv) -> tuple[int, EpochState]:
-    """Load the latest checkpoint if any: the epoch to train next and how far into it.
-    Without one the run starts afresh, and so do its metrics (a run whose every
-    checkpoint is unreadable must not log its epochs twice)."""
+def _resume(t: Trainer, run: RunDir, env: DistEnv) -> tuple[int, EpochState, bool]:
+    """Load the latest checkpoint if any: the epoch to train next, how far into it, and
+    whether the run starts afresh: without a checkpoint so do its metrics (a run whose
+    every checkpoint is unreadable must not log its epochs twice) and its logger runs."""
     state = checkpoint.load_latest(run.checkpoints)
     if state is None:
         if dist.is_main():
             metrics.keep_until(run.metrics_file, 0)
-        return 1, EpochState()
+        return 1, EpochState(), True
     t.load_state_dict(state)
     same_world = len(state["rng"]) == env.world_size
     if same_world:
@@ -178,12 +178,15 @@ def _resume(t: Trainer, run: RunDir, env: DistEnv) -> tuple[int, EpochState]:
         where = f" and {partial['batches']} batches" if partial else ""
         print(f"resuming {run.path} after epoch {state['epoch']}{where}", flush=True)
     if not partial or not same_world or len(partial["totals"][0]) != len(EpochState().totals):
-        return state["epoch"] + 1, EpochState()  # another world size cannot continue another's shards
-    return state["epoch"] + 1, EpochState(partial["batches"], tuple(partial["totals"][env.rank]), partial["seconds"])
+        return state["epoch"] + 1, EpochState(), False  # another world size cannot continue another's shards
+    done = EpochState(partial["batches"], tuple(partial["totals"][env.rank]), partial["seconds"])
+    return state["epoch"] + 1, done, False
 
 
-def _stopped(run: RunDir, spec: Spec, stop: StopSignal) -> str:
-    """Every rank has checkpointed: rank 0 records why and requeues the Slurm job (or task)."""
+def _stopped(run: RunDir, spec: Spec, stop: StopSignal, metric_sinks: "sinks.Sinks | sinks.NoSinks") -> str:
+    """Every rank has checkpointed: rank 0 lets its loggers finish (Slurm ends a requeued
+    job soon), records why and requeues the Slurm job (or task)."""
+    metric_sinks.close("stopped")
     if dist.is_main():
         runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
     dist.barrier()  # no rank exits before the requeue is on record

@@ -28,6 +28,9 @@ OLD_RUN_JSON = {
     "attempts": [{"at": "2024-01-01T12:02:00", "hosts": ["node1"], "why": "rank 1 was killed by SIGKILL", "retry": 1,
                   "job": None}],
     "warnings": ["entrypoint.metrics.acc: the regex 'acc (\\S+)' never matched a number on rank 0's output"],
+    "tensorboard_dir": "/r/tensorboard", "mlflow_tracking_uri": "file:///home/u/proj/mlruns",
+    "mlflow_experiment_id": "1", "mlflow_run_id": "0a1b2c", "wandb_run_id": "k3j4h5g6",
+    "wandb_url": "https://wandb.ai/u/exp/runs/k3j4h5g6",
 }
 
 
@@ -110,6 +113,12 @@ def test_mistyped_fields_become_problems_not_crashes(tmp_path):
     assert got.slurm_job_id == "12" and got.warnings == [] and len(problems) == 8
     assert "run.json: warnings is ['fine', 3] (a list), not a list of lines of text; ignored" in problems
     assert all(p.startswith("run.json: ") and p.endswith("; ignored") for p in problems)
+
+
+def test_the_logger_runs_are_text_fields(tmp_path):
+    got, problems = record.checked({"mlflow_run_id": 12, "wandb_url": None, "tensorboard_dir": "/r/tb"})
+    assert (got.mlflow_run_id, got.wandb_url, got.tensorboard_dir) == (None, None, "/r/tb")
+    assert problems == ["run.json: mlflow_run_id is 12 (int), not text; ignored"]
 
 
 def test_a_missing_run_json_reads_as_an_empty_record(tmp_path):

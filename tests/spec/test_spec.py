@@ -133,7 +133,7 @@ def test_no_sweep_is_one_point():
                                                "try, e.g. train.lr: [0.1]"),
     ({"name": "t", "sweep": {"train.lrr": [0.1]}}, "sweep.train.lrr: 'train.lrr' is not a spec key (did you mean 'train.lr'?)"),
     ({"name": "t", "sweep": {"train": [1]}}, "sweep.train: 'train' is not a spec key"),
-    ({"name": "t", "sweep": {"resources.nodes": [1, 2]}}, "sweep.resources.nodes: name, resources, output and entrypoint are per submission"),
+    ({"name": "t", "sweep": {"resources.nodes": [1, 2]}}, "sweep.resources.nodes: name, resources, output, entrypoint and logging are per submission"),
     ({"name": "t", "resources": {"gpus_per_node": 2, "tasks_per_node": 4}},
      "resources.tasks_per_node: 4 tasks per node but gpus_per_node is 2; run one task per GPU"),
     ({"name": "t", "resources": {"partition": "gpu debug"}}, "resources.partition: 'gpu debug' is not allowed"),

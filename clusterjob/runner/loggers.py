@@ -1,0 +1,329 @@
+"""The loggers a spec's ``logging:`` asks for: TensorBoard, MLflow and W&B, one small
+class each (docs/design.md, "Metrics and loggers").
+
+Each makes its own run once and keeps its identity in run.json (the TensorBoard folder,
+the MLflow run id, the W&B run id), so a requeued or resumed run continues that run
+rather than starting a second one; a restart from scratch (``fresh``) replaces it, as
+metrics.jsonl is rewritten. The logger run is named after the run id, its config holds
+the resolved spec and the params, and a sweep's runs share one experiment (or project)
+and are grouped by their sweep. What was sent is the courier's business
+(clusterjob.runner.sinks); a logger only opens, sends, flushes and closes. Each imports
+its library when it opens, never before: a spec that does not ask for it never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import string
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from clusterjob.core.rundir import RunDir, RunRecord, sweep_of
+from clusterjob.spec.schema import MlflowSpec, Spec, WandbSpec, dump_spec, spec_to_dict
+
+MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}  # any other end (a stop) is KILLED
+MAX_PARAM_CHARS = 500  # what every MLflow version takes as a param value
+
+
+@dataclass(frozen=True)
+class Target:
+    """What every logger knows of the run it logs: the folder and its record, the
+    resolved spec, and the name of the position its records are at ("epoch" for the
+    built-in trainer, "step" for your own code)."""
+
+    run: RunDir
+    info: RunRecord
+    spec: Spec
+    axis: str
+
+    @property
+    def group(self) -> Optional[str]:
+        """The sweep this run belongs to, if any: its runs are grouped by it."""
+        return sweep_of(self.run.run_id, self.spec.name)
+
+    @property
+    def params(self) -> dict:
+        return self.info.params or {}
+
+
+class Logger(Protocol):
+    """One logger: ``open`` makes or continues its run, ``send`` one record's values at
+    one step, ``flush`` makes what was sent durable, ``close`` ends the run's session."""
+
+    name: str  # its key under logging: in the spec and in loggers.json
+    whole_steps: bool  # it takes whole steps only
+
+    def open(self, fresh: bool) -> bool:
+        """Make its run, or continue the one run.json names (unless ``fresh``); True
+        when it continues one (what it was sent before then counts as sent)."""
+
+    def send(self, step: float, values: dict) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self, status: str) -> None: ...
+
+
+def for_spec(target: Target) -> list[Logger]:
+    """The loggers the spec asks for, in the order they are sent to."""
+    logging = target.spec.logging
+    found: list[Logger] = [TensorBoard(target)] if logging.tensorboard else []
+    if logging.mlflow is not None:
+        found.append(Mlflow(target, logging.mlflow))
+    if logging.wandb is not None:
+        found.append(Wandb(target, logging.wandb))
+    return found
+
+
+def flat(value: Any, prefix: str = "") -> dict:
+    """A nested mapping as {dotted key: value} (lists stay values)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict = {}
+    for key, inner in value.items():
+        out.update(flat(inner, f"{prefix}{key}" if not prefix else f"{prefix}.{key}"))
+    return out
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+
+
+class TensorBoard:
+    """Event files under ``<run>/tensorboard/``, written with TensorBoard's own writer
+    (no torch, no TensorFlow). The spec goes in as text and the params as hparams when
+    the folder is made; a restart from scratch empties the folder."""
+
+    name, whole_steps = "tensorboard", True
+
+    def __init__(self, target: Target):
+        self.target, self.writer = target, None
+
+    def open(self, fresh: bool) -> bool:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        folder = self.target.run.tensorboard
+        continues = not fresh and self.target.info.tensorboard_dir is not None and folder.is_dir()
+        if not continues:
+            shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(exist_ok=True)
+        self.writer = EventFileWriter(str(folder))
+        if not continues:
+            self._config()
+            self.target.run.update(tensorboard_dir=str(folder.resolve()))
+        return continues
+
+    def _config(self) -> None:
+        from tensorboard.plugins.hparams.summary_v2 import hparams_pb
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        spec = "".join(f"    {line}\n" for line in dump_spec(self.target.spec).splitlines())  # a code block
+        self._event(0, text_pb("spec", spec))
+        if self.target.params:
+            self._event(0, hparams_pb({key: value if isinstance(value, (str, bool, int, float)) else _text(value)
+                                       for key, value in self.target.params.items()}))
+
+    def send(self, step: float, values: dict) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._event(int(step), Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()]))
+
+    def _event(self, step: int, summary: Any) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        assert self.writer is not None  # opened before any event
+        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self, status: str) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+# ----------------------------------------------------------------------------- MLflow
+
+
+DEFAULT_STORE = "file:./mlruns"  # a store mlflow-skinny can write; MLflow's own default needs the full package
+
+
+def tracking_uri(given: Optional[str], submit_dir: str) -> str:
+    """The spec's tracking URI (else MLFLOW_TRACKING_URI, else ./mlruns) with a relative
+    file store (``file:./mlruns``, ``mlruns``) made absolute under the folder `submit` ran
+    in, where the user expects it."""
+    given = given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_STORE
+    path = given[len("file:"):] if given.startswith("file:") and not given.startswith("file://") else None
+    if path is None and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", given):
+        path = given  # a plain folder
+    if path is None:
+        return given
+    return Path(submit_dir, os.path.expanduser(path)).resolve().as_uri()
+
+
+def mlflow_key(name: str) -> str:
+    """A metric or param name as MLflow takes it (letters, digits, _ - . / and spaces)."""
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", name)[:250]
+
+
+class Mlflow:
+    """One MLflow run per run, through MlflowClient (never the global active run, which
+    your own code may use), named after the run id, in the spec's experiment. Params:
+    the resolved spec's keys; tags: the run id, its folder and its sweep."""
+
+    name, whole_steps = "mlflow", True
+
+    def __init__(self, target: Target, spec: MlflowSpec):
+        self.target, self.spec = target, spec
+        self.client: Any = None
+        self.run_id: Optional[str] = None
+
+    def open(self, fresh: bool) -> bool:
+        from mlflow.tracking import MlflowClient
+
+        uri = tracking_uri(self.spec.tracking_uri, self.target.info.submit_dir or os.getcwd())
+        if uri.startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the spec asks for a file store by name
+        self.client = MlflowClient(tracking_uri=uri)
+        info = self.target.info
+        old = info.mlflow_run_id if info.mlflow_tracking_uri == self.client.tracking_uri else None
+        if old is not None and not fresh and self._active(old):
+            self.client.update_run(old, status="RUNNING")
+            self.run_id = old
+            return True
+        if old is not None:
+            self._delete(old)  # a restart from scratch: its metrics start again
+        self.run_id = self._create()
+        return False
+
+    def _active(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "active"
+        except MlflowException:  # deleted from the store meanwhile
+            return False
+
+    def _delete(self, run_id: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.delete_run(run_id)
+        except MlflowException:
+            pass
+
+    def _create(self) -> str:
+        target, spec = self.target, self.target.spec
+        tags = {"clusterjob.run_id": target.run.run_id, "clusterjob.run_dir": str(target.run.path.resolve()),
+                **({"clusterjob.sweep": target.group} if target.group else {})}
+        experiment = self._experiment(self.spec.experiment or spec.name)
+        run_id = self.client.create_run(experiment, run_name=target.run.run_id, tags=tags).info.run_id
+        target.run.update(mlflow_tracking_uri=self.client.tracking_uri, mlflow_experiment_id=experiment,
+                          mlflow_run_id=run_id)  # at once: a job killed now must find it, not make a second
+        self._params(run_id)
+        self.client.log_text(run_id, dump_spec(spec), "spec.yaml")
+        return run_id
+
+    def _experiment(self, name: str) -> str:
+        """The experiment's id, made if missing (a sweep's runs may race to make it)."""
+        from mlflow.exceptions import MlflowException
+
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:  # another run of the sweep made it first
+            return self.client.get_experiment_by_name(name).experiment_id
+
+    def _params(self, run_id: str) -> None:
+        from mlflow.entities import Param
+
+        values = {**flat(spec_to_dict(self.target.spec)), **self.target.params}
+        params = [Param(mlflow_key(key), _text(value)[:MAX_PARAM_CHARS]) for key, value in values.items()]
+        for start in range(0, len(params), 100):  # MLflow takes 100 params per call
+            self.client.log_batch(run_id, params=params[start:start + 100])
+
+    def send(self, step: float, values: dict) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        found = [Metric(mlflow_key(k), v, now, int(step)) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=found)
+
+    def flush(self) -> None:
+        return None  # every call is stored when it returns
+
+    def close(self, status: str) -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "KILLED"))
+
+
+# ----------------------------------------------------------------------------- Weights & Biases
+
+
+def new_wandb_id() -> str:
+    """A run id as W&B makes them: 8 lowercase letters and digits."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class Wandb:
+    """One W&B run per run (``id`` kept in run.json, resumed with ``resume="allow"``),
+    named after the run id, grouped by its sweep; its x axis is the record's position
+    (``define_metric``), so each metric keeps its own steps and W&B's own step only counts
+    calls. Offline it writes under ``<run>/wandb/`` (a folder per session, one run id:
+    ``wandb sync --id ID <run>/wandb/offline-run-*`` uploads them as one run)."""
+
+    name, whole_steps = "wandb", False
+
+    def __init__(self, target: Target, spec: WandbSpec):
+        self.target, self.spec = target, spec
+        self.handle: Any = None
+
+    def open(self, fresh: bool) -> bool:
+        import wandb
+
+        old = self.target.info.wandb_run_id
+        if old is not None and fresh:
+            self._forget(old)
+        continues = old is not None and not fresh
+        run_id = old if continues else new_wandb_id()
+        if not continues:  # recorded before the run is made: a job killed while W&B starts makes no second run
+            self.target.run.update(wandb_run_id=run_id, wandb_url=None)
+        self.handle = wandb.init(
+            project=self.spec.project or self.target.spec.name, entity=self.spec.entity, id=run_id,
+            name=self.target.run.run_id, group=self.target.group, resume="allow", mode=self.spec.mode,
+            dir=str(self.target.run.path),
+            config={"params": self.target.params, "spec": spec_to_dict(self.target.spec)},
+            settings=wandb.Settings(console="off", quiet=True))  # console off: the run's logs/ keep the output
+        self.handle.define_metric(self.target.axis)
+        self.handle.define_metric("*", step_metric=self.target.axis)
+        if self.spec.mode == "online" and self.handle.url != self.target.info.wandb_url:
+            self.target.run.update(wandb_url=self.handle.url)
+        return continues
+
+    def _forget(self, run_id: str) -> None:
+        """A restart from scratch: the old run's offline folders go (an online run stays in
+        its project; the new run has the same name)."""
+        for folder in self.target.run.wandb.glob(f"offline-run-*-{run_id}"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def send(self, step: float, values: dict) -> None:
+        self.handle.log({self.target.axis: step, **values})
+
+    def flush(self) -> None:
+        return None  # the W&B process keeps what it was handed
+
+    def close(self, status: str) -> None:
+        if self.handle is not None:
+            self.handle.finish(exit_code=1 if status == "failed" else 0)
