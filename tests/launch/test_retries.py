@@ -5,6 +5,7 @@ cap holds), and the Slurm job script's teardown line with fake Slurm commands.""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,9 @@ def slurm_run(tmp_path, monkeypatch):
     asked: list = []
     monkeypatch.setattr(slurmctl, "requeue", lambda job: asked.append(("requeue", job)) or True)
     monkeypatch.setattr(slurmctl, "start_later", lambda job, s: asked.append(("start_later", job, s)) or True)
-    return run, runs_file, asked
+    handler = signal.getsignal(signal.SIGTERM)  # the teardown ignores SIGTERM around its requeue
+    yield run, runs_file, asked
+    signal.signal(signal.SIGTERM, handler)  # later tests' processes would inherit the ignore
 
 
 def _log(run: RunDir, text: str) -> None:
