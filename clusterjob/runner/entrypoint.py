@@ -91,7 +91,9 @@ def _run_and_record(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSign
             raise
         return stopping.record()  # asked to stop: whatever it ended with (a peer's closed socket) is the stop
     if writer is not None:  # rank 0
-        _finish(run, spec, _returned(writer, result), follower.problem())
+        returned = _returned(writer, result)
+        writer.close("completed")  # the loggers hold every record before the run says completed
+        _finish(run, spec, returned, follower.problem())
     return "completed"
 
 

@@ -115,6 +115,7 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
             _save(trainer, run, epoch, env, force=stopping or epoch == spec.train.epochs)
             if stopping:
                 return _stopped(run, spec, stop, metric_sinks)
+        metric_sinks.close("completed")  # the loggers hold every epoch before the run says completed
         if dist.is_main():
             runrecord.finish(run)
     return "completed"
