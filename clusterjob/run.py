@@ -68,7 +68,8 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     target = _target(spec).prepare(spec, env)  # this rank's bad input, before any rendezvous
     stop = StopSignal().install()
     dist.rendezvous(env, spec.dist.init_method, spec.dist.timeout_s)
-    run = RunDir(Path(dist.from_rank0("run-dir", lambda: str(_choose_run(args, spec, params).path))))
+    # Absolute: your code may change the working directory (entrypoint.workdir: run).
+    run = RunDir(Path(dist.from_rank0("run-dir", lambda: os.path.abspath(_choose_run(args, spec, params).path))))
     _register(run, env, stop)
     if dist.from_rank0("retries", lambda: runrecord.after_requeue(run, spec.resources.max_retries)) == "failed":
         dist.destroy()
@@ -207,5 +208,39 @@ def _why_not_continued(run: RunDir, spec_yaml: str) -> Optional[str]:
     return None
 
 
+def _leave(code: int) -> None:
+    """Exit as Python would, without its interpreter teardown: non-daemon threads are
+    joined, atexit handlers run (loggers flush there) and every file left open is
+    flushed, then the process ends. In the teardown torch's C++ objects (gloo's threads,
+    the store) are destroyed in no set order while the interpreter is half gone, and now
+    and then that aborts a rank that has finished its work (SIGABRT, "terminate called
+    without an active exception"): Slurm and the supervisor would call a completed task
+    failed."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    _flush_open_files()
+    os._exit(code)
+
+
+def _flush_open_files() -> None:
+    """Flush the buffer of every open file object (a script's ``open()`` it never closed,
+    stdout, stderr): the teardown would have."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), (io.TextIOBase, io.BufferedIOBase)):  # type(): no proxy's __getattr__ runs
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except (OSError, ValueError):  # a closed pipe, a full disk: the teardown would not do better
+                pass
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _leave(main())

@@ -230,3 +230,47 @@ def test_the_api_example_resumes_from_a_stop_after_an_epochs_last_batch(mnist_di
                              env=base_env(), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert lines(run)[-1]["epoch"] == 1 and lines(run)[-1]["train_loss"] == pytest.approx(float(state["loss"]))
+
+
+EXIT_WORK = '''
+import atexit, threading, time, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(__import__("torch").ones(1))
+rank = dist.get_rank()
+atexit.register(lambda: open(f"atexit{rank}", "w").write("ran"))
+def late():
+    time.sleep(1)
+    open(f"thread{rank}", "w").write("ran")
+threading.Thread(target=late).start()
+unclosed = open(f"unclosed{rank}", "w")
+unclosed.write("flushed at exit")
+'''
+
+
+def test_a_task_ends_as_python_would_threads_joined_atexit_run_files_flushed(tmp_path):
+    """A task skips the interpreter's teardown (torch can abort in it), and nothing a
+    script leaves to the end of Python is lost: its threads, atexit handlers, open files."""
+    (tmp_path / "exit_work.py").write_text(EXIT_WORK)
+    spec = own_spec(tmp_path, "exits", {"script": "exit_work.py", "workdir": "run"})
+    done = submit(tmp_path, spec)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = runs_of(tmp_path, "exits")
+    for rank in (0, 1):
+        assert (run / f"atexit{rank}").read_text() == "ran"
+        assert (run / f"thread{rank}").read_text() == "ran"
+        assert (run / f"unclosed{rank}").read_text() == "flushed at exit"
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
+
+
+def test_a_relative_output_root_survives_workdir_run_when_launched_by_hand(tmp_path):
+    """The run folder is absolute before the code changes the working directory."""
+    (tmp_path / "work.py").write_text("import os\nopen('here', 'w').write(os.getcwd())\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "rel", "entrypoint": {"script": "work.py", "workdir": "run"},
+                                    "output": {"root": "res"}}))
+    done = subprocess.run([sys.executable, "-m", "clusterjob.run", "s.yaml"], cwd=tmp_path, env=base_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = (tmp_path / "res" / "rel").iterdir()
+    assert (run / "here").read_text() == str(run)
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
