@@ -7,17 +7,19 @@ packages the tests are skipped, unless CLUSTERJOB_REQUIRE_SLURM=1 (CI), which tu
 skip into a failure that names the cause.
 """
 import fcntl
+import json
 import os
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
 import pytest
-from trainutil import REPO
+from trainutil import REPO, run_info
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm"
@@ -201,3 +203,34 @@ def task_pid(job_id: str, rank: int) -> int:
                 b"clusterjob.run" in (proc / "cmdline").read_bytes():
             return int(proc.name)
     raise AssertionError(f"no process of rank {rank} in job {job_id}")
+
+
+def sacct_sessions(cluster, job: str) -> list:
+    """sacct's own rows of the job's sessions: state, submit, start, end (Unix seconds), seconds run, CPUs."""
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "State,Submit,Start,End,ElapsedRaw,AllocCPUS",
+                          "-j", job], env={**cluster.env(), "SLURM_TIME_FORMAT": "%s"},
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def check_cost_against_sacct(cluster, run: Path, job: str) -> float:
+    """The report's cost columns of a completed run stopped once, against sacct's own rows:
+    both sessions' CPU-hours and queue waits, and the work from the checkpoint the second
+    session resumed to the first one's end (returned)."""
+    wait_for(lambda: [r[0] for r in sacct_sessions(cluster, job)][-1:] == ["COMPLETED"], 60, "the accounting")
+    rows = sacct_sessions(cluster, job)
+    assert len(rows) == 2 and rows[0][0] in ("REQUEUED", "PREEMPTED"), rows
+    cpu_hours = sum(int(r[4]) * int(r[5]) for r in rows) / 3600
+    queued = sum(int(r[2]) - int(r[1]) for r in rows)
+    sessions = run_info(run)["sessions"]
+    assert len(sessions) == 2 and sessions[0]["checkpoint_at"] is None
+    resumed = datetime.fromisoformat(sessions[1]["checkpoint_at"]).timestamp()
+    lost = max(int(rows[0][3]) - max(int(rows[0][2]), resumed), 0)  # sacct's whole seconds may end before it
+    done = cli(cluster, run, "report", str(run.parent), "--runs", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (got,) = [r for r in json.loads(done.stdout)["runs"] if r["run_id"] == run.name]
+    assert got["gpu_hours"] == 0 and got["cpu_hours"] == pytest.approx(cpu_hours)
+    assert got["queue_wait_s"] == queued and got["lost_s"] == pytest.approx(lost, abs=1e-3)
+    table = cli(cluster, run, "report", str(run.parent), "--runs").stdout
+    assert "compute" in table and "CPU-h" in table
+    return lost

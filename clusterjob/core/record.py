@@ -69,8 +69,27 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Session:
+    """One start of the run's tasks (first start, requeue, retry, resume), as its rank 0
+    recorded it: when, in which Slurm job, and the newest checkpoint in the run's
+    checkpoints/ then (the one it resumes from; None: there was none). ``knows_checkpoints``
+    is False for your own code with no checkpoint there: it may keep its own elsewhere,
+    so the work a stop cost it is unknown."""
+
+    at: Optional[str]
+    job: Optional[str] = None
+    checkpoint_at: Optional[str] = None
+    knows_checkpoints: Optional[bool] = None
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "job": self.job, "checkpoint_at": self.checkpoint_at,
+                "knows_checkpoints": self.knows_checkpoints}
+
+
+@dataclass(frozen=True)
 class RunRecord:
-    """Every field of run.json; None (``[]`` for hosts, warnings, attempts and after) where absent or unreadable."""
+    """Every field of run.json; None (``[]`` for hosts, warnings, attempts, sessions and after) where absent
+    or unreadable."""
 
     run_id: Optional[str] = None
     name: Optional[str] = None
@@ -95,6 +114,7 @@ class RunRecord:
     retries: Optional[int] = None  # restarts after a failure of the machine since the last submit or resume
     attempts: list = field(default_factory=list)  # Attempt: each session such a failure ended
     after: list = field(default_factory=list)  # the run folders this run waits for (submit --after)
+    sessions: list = field(default_factory=list)  # Session: each start of the run's tasks (the report's cost)
     versions: Optional[dict] = None
     git_sha: Optional[str] = None  # of the submit folder
     submit_dir: Optional[str] = None
@@ -128,7 +148,7 @@ FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
 
 def to_json(value: Any) -> Any:
     """A record value as JSON holds it (errors, process refs and attempts are records too)."""
-    if isinstance(value, (RunError, ProcessRef, Attempt)):
+    if isinstance(value, (RunError, ProcessRef, Attempt, Session)):
         return value.to_dict()
     if isinstance(value, list):
         return [to_json(item) for item in value]
@@ -289,25 +309,51 @@ def _launcher_field(raw: dict, problems: list) -> Optional[ProcessRef]:
 
 
 def _attempts_field(raw: dict, problems: list) -> list:
-    """The attempts a failure of the machine ended, each type-checked; entries that are no
-    mapping are left out with a problem."""
-    value = raw.get("attempts")
+    """The attempts a failure of the machine ended, each type-checked."""
+    def attempt(item: dict, inner: list) -> Attempt:
+        return Attempt(_text_field(item, "at", inner), _text_list_field(item, "hosts", inner, "a list of nodes"),
+                       _text_field(item, "why", inner), _int_field(item, "retry", inner),
+                       _text_field(item, "job", inner))
+
+    return _entries_field(raw, "attempts", problems, "a mapping (at, hosts, why, retry)", attempt)
+
+
+def _sessions_field(raw: dict, problems: list) -> list:
+    """Each start of the run's tasks, type-checked."""
+    def session(item: dict, inner: list) -> Session:
+        knows = item.get("knows_checkpoints")
+        if knows is not None and type(knows) is not bool:
+            inner.append(_bad("knows_checkpoints", knows, "true or false"))
+            knows = None
+        return Session(_text_field(item, "at", inner), _text_field(item, "job", inner),
+                       _text_field(item, "checkpoint_at", inner), knows)
+
+    return _entries_field(raw, "sessions", problems, "a mapping (at, job, checkpoint_at)", session)
+
+
+def _entries_field(raw: dict, key: str, problems: list, wanted: str, parse: Any) -> list:
+    """A list of records, each mapping parsed by ``parse(item, problems)``; entries that
+    are no mapping are left out with a problem, and the problems name the entry."""
+    found = []
+    for index, item in enumerate(_list_field(raw, key, problems, f"a list of {key}")):
+        if not isinstance(item, dict):
+            problems.append(_bad(f"{key}[{index}]", item, wanted))
+            continue
+        inner: list = []
+        found.append(parse(item, inner))
+        problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: {key}[{index}].", 1) for p in inner]
+    return found
+
+
+def _list_field(raw: dict, key: str, problems: list, wanted: str) -> list:
+    """The field when it is a list; [] when absent, or (a problem) of another kind."""
+    value = raw.get(key)
     if value is None:
         return []
     if not isinstance(value, list):
-        problems.append(_bad("attempts", value, "a list of attempts"))
+        problems.append(_bad(key, value, wanted))
         return []
-    found = []
-    for index, item in enumerate(value):
-        if not isinstance(item, dict):
-            problems.append(_bad(f"attempts[{index}]", item, "a mapping (at, hosts, why, retry)"))
-            continue
-        inner: list = []
-        found.append(Attempt(_text_field(item, "at", inner), _text_list_field(item, "hosts", inner, "a list of nodes"),
-                             _text_field(item, "why", inner), _int_field(item, "retry", inner),
-                             _text_field(item, "job", inner)))
-        problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: attempts[{index}].", 1) for p in inner]
-    return found
+    return value
 
 
 def _text_list_field(raw: dict, key: str, problems: list, wanted: str) -> list:
@@ -355,7 +401,7 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         hosts=_text_list_field(raw, "hosts", problems, "a list of node names"),
         warnings=_text_list_field(raw, "warnings", problems, "a list of lines of text"),
         after=_text_list_field(raw, "after", problems, "a list of run folders"),
-        attempts=_attempts_field(raw, problems),
+        attempts=_attempts_field(raw, problems), sessions=_sessions_field(raw, problems),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems)), problems
 

@@ -8,8 +8,10 @@ jobs is in the queue), so that callers never take an error for "the job ended".
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
@@ -19,17 +21,17 @@ TIMEOUT_S = 15
 _GONE = "Invalid job id specified"
 
 
-def _query(cmd: list[str]) -> Optional[subprocess.CompletedProcess]:
+def _query(cmd: list[str], env: Optional[dict] = None) -> Optional[subprocess.CompletedProcess]:
     """The finished command, or None when it could not run or ran past TIMEOUT_S."""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, errors="replace")
+                              stdin=subprocess.DEVNULL, errors="replace", env=env)
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def _run(cmd: list[str]) -> Optional[str]:
-    done = _query(cmd)
+def _run(cmd: list[str], env: Optional[dict] = None) -> Optional[str]:
+    done = _query(cmd, env)
     return done.stdout if done is not None and done.returncode == 0 else None
 
 
@@ -139,3 +141,58 @@ def max_array_size(default: int = 1001) -> int:
         if key.strip() == "MaxArraySize" and value.strip().isdigit():
             return int(value.strip())
     return default
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One session of a job as sacct -D lists it (a requeued job has one per start): its
+    state, when it was (re)submitted, started and ended (Unix seconds; None: not yet),
+    seconds it ran, and the CPUs and GPUs it held."""
+
+    job: str
+    state: str
+    submit: Optional[int]
+    start: Optional[int]
+    end: Optional[int]
+    elapsed_s: int
+    cpus: int
+    gpus: int
+
+
+_SEGMENT_FIELDS = "JobID,State,Submit,Start,End,ElapsedRaw,AllocTRES"
+_IDS_PER_QUERY = 500  # a command line of a few KiB, whatever the sweep
+
+
+def segments(job_ids: list[str]) -> Optional[dict[str, list[Segment]]]:
+    """{job id: its sessions, oldest first} from sacct (every requeued session, -D); a
+    job sacct does not know is absent; None when sacct did not answer (no accounting on
+    this cluster, or unreachable). An array is asked once for all its tasks. Times are
+    asked as Unix seconds (SLURM_TIME_FORMAT), so no time zone is guessed."""
+    wanted = set(job_ids)
+    asked = sorted({job.split("_")[0] for job in wanted})
+    found: dict[str, list[Segment]] = {}
+    env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
+    for first in range(0, len(asked), _IDS_PER_QUERY):
+        chunk = ",".join(asked[first:first + _IDS_PER_QUERY])
+        out = _run(["sacct", "-D", "-X", "-n", "-P", "-o", _SEGMENT_FIELDS, "-j", chunk], env)
+        if out is None:
+            return None
+        for segment in filter(None, map(_segment, out.splitlines())):
+            if segment.job in wanted:
+                found.setdefault(segment.job, []).append(segment)
+    return {job: sorted(listed, key=lambda seg: seg.submit or 0) for job, listed in found.items()}
+
+
+def _segment(line: str) -> Optional[Segment]:
+    """One line of ``segments``' sacct query; None when it is not one."""
+    parts = line.split("|")
+    if len(parts) != 7 or not parts[5].isdigit():
+        return None
+    tres = dict(item.partition("=")[::2] for item in parts[6].split(",") if "=" in item)
+    submit, start, end = (int(text) if text.isdigit() else None for text in parts[2:5])  # Unknown, None
+    return Segment(parts[0], (parts[1].split() or [""])[0], submit, start, end, int(parts[5]),
+                   _count(tres.get("cpu")), _count(tres.get("gres/gpu")))
+
+
+def _count(text: Optional[str]) -> int:
+    return int(text) if text is not None and text.isdigit() else 0

@@ -14,8 +14,8 @@ from typing import Optional
 
 # Metrics logged as fractions and shown in % (the built-in trainer's accuracies).
 PERCENT = frozenset({"val_acc", "best_val_acc", "train_acc", "val_acc_ema", "val_acc_tta"})
-# Metrics in seconds, shown in s, min or h by their size.
-DURATIONS = frozenset({"wall_time_s", "epoch_time_s"})
+# Metrics in seconds, shown in s, min or h by their size (the last two: the report's cost).
+DURATIONS = frozenset({"wall_time_s", "epoch_time_s", "queue_wait_s", "lost_s"})
 # The built-in trainer's losses, shown with three decimals.
 LOSSES = frozenset({"train_loss", "val_loss", "val_loss_ema"})
 THROUGHPUT = "samples_per_s"
@@ -77,3 +77,21 @@ def duration(seconds: float, std: Optional[float] = None, compact: bool = False)
     if std is not None and math.isfinite(std):
         text += f"{space}±{space}{std / scale:.{digits}f}"
     return f"{text}{space}{name}"
+
+
+def compute_hours(gpu_hours: Optional[float], cpu_hours: Optional[float]) -> str:
+    """What a run (or a group) used: "1.25 GPU-h", or "0.042 CPU-h" when it held no GPU;
+    "-" when unknown."""
+    if gpu_hours is not None and math.isfinite(gpu_hours) and gpu_hours > 0:
+        return f"{_hours(gpu_hours)} GPU-h"
+    if cpu_hours is not None and math.isfinite(cpu_hours):
+        return f"{_hours(cpu_hours)} CPU-h"
+    return "-"
+
+
+def _hours(value: float) -> str:
+    """Three significant digits, never in e-notation: 0.00417, 0.417, 4.17, 41.7, 417, 4170;
+    "<0.001" below that (a few seconds of one CPU)."""
+    if 0 < value < 0.001:
+        return "<0.001"
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"

@@ -37,7 +37,7 @@ import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import atomic_open
-from clusterjob.report import htmlpage, termtable
+from clusterjob.report import cost, htmlpage, termtable
 from clusterjob.report.cells import error_lines, group_display, group_legend, id_prefix, runs_display, runs_legend
 from clusterjob.report.results import ResultsWarning
 from clusterjob.report.stats import (
@@ -80,20 +80,23 @@ def _markdown(report: Report, runs: bool, width: int) -> str:
 
 def _runs_columns(report: Report) -> list:
     """Columns of the per-run table: run_id, status, swept keys, the run metrics, then
-    (last, so that the columns before keep their places) the epochs the spec asked for
-    and the error."""
+    (last, so that the columns before keep their places) the epochs the spec asked for,
+    the error and, when some run ran on Slurm, its cost."""
     keys = [k for k in report.swept if k != "name"]
     lead = ["name"] if "name" in report.swept else []
     metrics = run_metrics(report)
     planned = ["planned_epochs"] if "epochs" in metrics else []
-    return lead + ["run_id", "status", *keys, *metrics, *planned, "error"]
+    costs = list(cost.COLUMNS) if report.shows_cost else []
+    return lead + ["run_id", "status", *keys, *metrics, *planned, "error", *costs]
 
 
 def _group_columns(report: Report) -> list:
     """Columns of the grouped table: keys, n, metric mean/std, then completed and counted
-    (last, so that the columns before keep their places)."""
+    (last, so that the columns before keep their places), and the summed cost when
+    some run ran on Slurm."""
     stats = [f"{m}_{s}" for m in report.metrics for s in ("mean", "std")]
-    return [*report.keys, "n", *stats, "completed", "counted"]
+    costs = [f"{c}_sum" for c in cost.COLUMNS] if report.shows_cost else []
+    return [*report.keys, "n", *stats, "completed", "counted", *costs]
 
 
 def _data_frame(report: Report, runs: bool) -> pd.DataFrame:

@@ -103,9 +103,22 @@ def group_display(report: Report) -> list:
         full = [_mean_std(metric, m, s, True) for m, s in pairs]
         compact = [_mean_std(metric, m, s, False) for m, s in pairs]
         columns.append(Column(header, short, full, compact))
+    if report.shows_cost:
+        columns += cost_columns(groups, "_sum")
     others = [escape(text) for text in groups["not_completed"]]
     if any(others):
         columns.append(Column("not completed", "not completed", others, others, right=False, css="state"))
+    return columns
+
+
+def cost_columns(frame: pd.DataFrame, suffix: str = "") -> list:
+    """Display columns of what runs (``suffix`` "_sum": groups) cost on Slurm: compute in
+    GPU-hours (CPU-hours without a GPU), time queued, work lost to stops."""
+    compute = [units.compute_hours(g, c) for g, c in zip(frame[f"gpu_hours{suffix}"], frame[f"cpu_hours{suffix}"])]
+    columns = [Column("compute", "compute", compute, compute)]
+    for name, header in (("queue_wait_s", "queued"), ("lost_s", "lost")):
+        cells = [_value(name, v) for v in frame[f"{name}{suffix}"]]
+        columns.append(Column(header, header, cells, cells))
     return columns
 
 
@@ -143,7 +156,7 @@ def runs_display(report: Report, prefix: str) -> list:
         header, short = metric_text(metric)
         cells = _epoch_cells(runs) if metric == "epochs" else [_value(metric, v) for v in runs[metric]]
         columns.append(Column(header, short, cells, cells))
-    return columns
+    return columns + (cost_columns(runs) if report.shows_cost else [])
 
 
 def run_errors(report: Report) -> list:
@@ -197,7 +210,14 @@ def group_legend(report: Report, marker: str = "* = best") -> str:
     text = (f"Grouped by {by}. Cells: mean ± std over the group's counted runs (sample std, ddof=1; "
             f"none for one run);{_best_text(report.metrics)} {ranking_text(report)}")
     text += f" ({marker})." if report.best is not None else "."
-    return text + _counting_text(report.groups, report.best is not None)
+    text += _counting_text(report.groups, report.best is not None)
+    return text + (f" {COST_TEXT} Groups sum every run's." if report.shows_cost else "")
+
+
+COST_TEXT = ("compute: GPU-hours (CPU-hours where a run held no GPU) of every Slurm session of a run, requeues and "
+             "retries included; queued: time from each (re)submission to its start; lost: run time redone after "
+             "a stop, from the last checkpoint to the stop; -: not known (no Slurm job, no accounting, or your "
+             "code keeps its checkpoints elsewhere). From sacct.")
 
 
 def runs_legend(report: Report, prefix: str) -> str:
@@ -208,4 +228,5 @@ def runs_legend(report: Report, prefix: str) -> str:
     else:
         legend = f"One row per run; {escape(report.primary.name)} at the last value logged;"
     legend = (legend + _best_text(run_metrics(report))).rstrip(";") + "."
+    legend += f" {COST_TEXT}" if report.shows_cost else ""
     return legend + (f" Run ids: {escape(prefix)}<run>." if prefix else "")

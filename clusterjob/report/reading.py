@@ -40,7 +40,7 @@ from clusterjob.core.rundir import (
 __all__ = ["ResultsWarning", "Results", "collect"]
 
 CACHE_NAME = ".clusterjob-cache.npz"
-CACHE_VERSION = 3  # 3: the lines of one step meet in one row (each metric at its own steps)
+CACHE_VERSION = 4  # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions
 
 # Column order of the epochs table; metrics not named here follow in the order seen.
 _METRIC_ORDER = (
@@ -120,7 +120,7 @@ class Results:
 
 
 _ROW_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
-               "finished_at", "final")
+               "finished_at", "final", "sessions")
 
 
 def _info(info: record.RunRecord, run: FoundRun) -> dict:
@@ -132,7 +132,7 @@ def _info(info: record.RunRecord, run: FoundRun) -> dict:
         "run_id": info.run_id or folder.name,
         "name": info.name or folder.parent.name,
         "status": info.status or UNKNOWN,
-        **{key: getattr(info, key) for key in _ROW_FIELDS},
+        **{key: record.to_json(getattr(info, key)) for key in _ROW_FIELDS},  # sessions as run.json holds them
         "error": error.message,
         "error_rank": error.rank,
     }

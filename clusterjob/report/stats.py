@@ -28,6 +28,7 @@ import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN
+from clusterjob.report import cost
 from clusterjob.report.reading import Results, collect
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame
 
@@ -67,6 +68,11 @@ class Report:
     groups: pd.DataFrame  # group_table(runs, keys, primary, metrics)
     primary: Primary
     metrics: list  # the metrics of the grouped table, the primary one first
+
+    @property
+    def shows_cost(self) -> bool:
+        """Whether the tables have the cost columns: some run ran in a Slurm job."""
+        return cost.COLUMNS[0] in self.runs.columns
 
     @property
     def warnings(self) -> list:
@@ -250,7 +256,8 @@ def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
 
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str]) -> pd.DataFrame:
     """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
-    completed, counted, not_completed ("1 failed"); ranked as the module docstring says."""
+    <cost>_sum over all its runs (when ``runs`` has the cost columns), completed, counted,
+    not_completed ("1 failed"); ranked as the module docstring says."""
     counted = counted_runs(runs, keys)
     frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
     for metric in metrics:  # a run that does not count has no value in its group
@@ -260,6 +267,9 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
     for metric in metrics:
         table[f"{metric}_mean"] = grouped[metric].mean()
         table[f"{metric}_std"] = grouped[metric].std(ddof=1)
+    for column in cost.COLUMNS:  # every run cost, counted or not; unknown when one run's is
+        if column in frame.columns:
+            table[f"{column}_sum"] = grouped[column].sum().where(grouped[column].count() == table["n"])
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
     table["counted"] = grouped["_counted"].sum().astype(np.int64)
     table["not_completed"] = _not_completed(frame["status"], grouped.ngroup().to_numpy())
@@ -296,7 +306,7 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
     if not results.infos:
         raise BadInput(f"no runs under {root}: a run folder holds run.json or metrics.jsonl")
     primary = choose_primary(results, metric, mode)
-    runs = runs_frame(results, _extra_columns(results, primary))
+    runs = runs_frame(results, _extra_columns(results, primary)).assign(**cost.columns(results.infos))
     runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
     swept = _swept_keys(results, runs)
     keys = group_keys(runs, swept, group_by)

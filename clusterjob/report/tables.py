@@ -268,7 +268,8 @@ def _run_fields(results: Results) -> dict:
 # Columns of the runs table that are no metric: a metric of the same name cannot be shown.
 RUN_FIELDS = ("run_id", "name", "status", "epochs", "planned_epochs", "best_val_acc", "best_epoch", "wall_time_s",
               "samples_per_s", "world_size", "slurm_job_id", "requeues", "started_at", "finished_at",
-              "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings")
+              "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings", "gpu_hours", "cpu_hours",
+              "queue_wait_s", "lost_s")
 
 
 # ---------------------------------------------------------------- frames

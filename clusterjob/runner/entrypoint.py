@@ -62,7 +62,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     args += [f"--local_rank={env.local_rank}"] if ep.local_rank_arg else []
     _export(env, run, spec, info)
     if env.rank == 0:
-        runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)})
+        runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)}, own_code=True)
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
     writer = sinks.for_own_code(spec, run) if env.rank == 0 else None  # metrics.jsonl first, then the loggers
     code_dir = Path(info.code_dir or submit_dir)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import retry, slurmctl
 from clusterjob.core.provenance import git_sha, versions
+from clusterjob.core.record import Session
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
 
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
@@ -94,11 +96,13 @@ def _record_cancel(run: RunDir, in_slurm: bool) -> None:
     print("stopped (cancelled)", flush=True)
 
 
-def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
-    """Rank 0 at the start of every session of the run (first start, resume, requeue).
-    ``facts`` adds what the task knows of itself (backend, amp, device, entrypoint...)."""
+def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool = False) -> None:
+    """Rank 0 at the start of every session of the run (first start, resume, requeue),
+    recorded in ``sessions``. ``facts`` adds what the task knows of itself (backend, amp,
+    device, entrypoint...); ``own_code``: the code is yours, not the built-in trainer."""
     info = run.read()
     job = envmod.slurm_job()
+    session = new_session(run, job.run_key if job else None, own_code)
     # scontrol requeue too; the requeues of retries after a failure of the machine are counted apart
     requeues = max(info.requeues or 0, (job.restart_count - (info.retries or 0)) if job else 0)
     # A cancelled run is reopened only by `resume` (which makes it pending first): a cancel
@@ -108,7 +112,24 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict) -> None:
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                slurm_job_id=job.run_key if job else info.slurm_job_id, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
-               finished_at=None, error=None, **facts)
+               finished_at=None, error=None, sessions=[*info.sessions, session], **facts)
+
+
+def new_session(run: RunDir, job: Optional[str], own_code: bool) -> Session:
+    """This start of the run: now, in ``job``, resuming the newest checkpoint of the
+    run's checkpoints/ (its time: when it was written). Your own code with none there
+    may keep its checkpoints elsewhere: the work a stop cost it is unknown."""
+    from clusterjob.runner.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run.checkpoints)
+    written, knows = None, not own_code
+    if found:
+        try:
+            written = datetime.fromtimestamp(found[-1].stat().st_mtime, timezone.utc).isoformat(timespec="milliseconds")
+            knows = True
+        except OSError:  # gone while we looked: nothing known
+            knows = False
+    return Session(now_iso(), job, written, knows)
 
 
 def after_requeue(run: RunDir, max_retries: int) -> str:

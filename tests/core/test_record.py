@@ -27,6 +27,9 @@ OLD_RUN_JSON = {
     "cancel_requested_at": "2024-01-01T12:04:30", "retries": 1, "after": ["/r/train/20231231-090000-cd34"],
     "attempts": [{"at": "2024-01-01T12:02:00", "hosts": ["node1"], "why": "rank 1 was killed by SIGKILL", "retry": 1,
                   "job": None}],
+    "sessions": [{"at": "2024-01-01T12:00:00+00:00", "job": "12_3", "checkpoint_at": None, "knows_checkpoints": True},
+                 {"at": "2024-01-01T12:03:00+00:00", "job": "12_3", "checkpoint_at": "2024-01-01T12:01:30+00:00",
+                  "knows_checkpoints": True}],
     "warnings": ["entrypoint.metrics.acc: the regex 'acc (\\S+)' never matched a number on rank 0's output"],
     "tensorboard_dir": "/r/tensorboard", "mlflow_tracking_uri": "file:///home/u/proj/mlruns",
     "mlflow_experiment_id": "1", "mlflow_run_id": "0a1b2c", "wandb_run_id": "k3j4h5g6",
@@ -125,3 +128,17 @@ def test_a_missing_run_json_reads_as_an_empty_record(tmp_path):
     reading = record.read(tmp_path / "run.json")
     assert reading.record == RunRecord() and reading.empty
     assert reading.file_problems == ["run.json is missing; status unknown"]
+
+
+@pytest.mark.parametrize("sessions, kept, problem", [
+    ("often", [], "sessions is 'often' (str), not a list of sessions"),
+    ([7, {"at": "2024-01-01T12:00:00+00:00"}], [record.Session("2024-01-01T12:00:00+00:00")],
+     "sessions[0] is 7 (int), not a mapping"),
+    ([{"at": 5, "job": "9", "knows_checkpoints": "yes"}], [record.Session(None, "9")],
+     "sessions[0].knows_checkpoints is 'yes' (str), not true or false"),
+])
+def test_a_damaged_sessions_field_keeps_what_it_can_and_says_what_it_dropped(tmp_path, sessions, kept, problem):
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running", "sessions": sessions}))
+    got, problems = record.read_record(tmp_path)
+    assert got.sessions == kept and got.status == "running"
+    assert any(problem in p for p in problems), problems

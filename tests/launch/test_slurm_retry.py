@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from slurmcluster import cli, rank0_log, submit, task_pid, wait_for
+from slurmcluster import check_cost_against_sacct, cli, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
@@ -35,3 +35,4 @@ def test_a_rank_killed_with_sigkill_is_retried_from_the_last_checkpoint(slurm_cl
     assert "resuming" in rank0_log(run)  # from the checkpoint, not from epoch 1
     shown = cli(slurm_cluster, tmp_path, "status", str(run)).stdout
     assert "completed" in shown and "retried 1x" in shown
+    assert check_cost_against_sacct(slurm_cluster, run, job) > 0  # killed after its checkpoint: some work redone

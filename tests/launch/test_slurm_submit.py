@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurmcluster import cli, rank0_log, submit, task_pid, wait_for
+from slurmcluster import check_cost_against_sacct, cli, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, final_state, max_abs_diff, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
@@ -111,6 +111,7 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes(slurm_cluster, baselin
     wait_for(lambda: run_info(run).get("status") == "completed", 240, "the requeued job to finish")
     _check_resumed_like(run, baseline, requeues=1)
     assert "resuming" in rank0_log(run)
+    assert check_cost_against_sacct(slurm_cluster, run, job) < 30  # checkpointed at the stop: little is redone
 
 
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, baseline, tmp_path):
