@@ -11,6 +11,9 @@ compute, queued and lost columns.
   newest in checkpoints/ (run.json ``sessions``); a restart from scratch loses all
   the run time before it.
 
+Of each job id only the requeue chain around the run's first recorded start counts
+(``_chain``): an older or later job that got the same id is not this run's.
+
 A run with no Slurm job (local), a job sacct does not know, or a cluster without
 accounting has no number: NaN, which the tables show as ``-``. So has the work lost
 of your own code that keeps its checkpoints elsewhere. Nothing here writes.
@@ -49,6 +52,7 @@ class _Start:
     """A session of the run as run.json recorded it, in Unix seconds."""
 
     at: float
+    job: Optional[str]
     checkpoint_at: Optional[float]
     knows_checkpoints: bool
 
@@ -78,9 +82,7 @@ def cost_of(info: dict, jobs: list, answer: Optional[dict], now: float) -> Cost:
     if not jobs or answer is None or any(job not in answer for job in jobs):
         return Cost()
     starts = _starts(info["sessions"])
-    first = starts[0].at if starts else None
-    finished = _seconds(info["finished_at"])
-    segments = sorted((seg for job in jobs for seg in answer[job] if _belongs(seg, first, finished)),
+    segments = sorted((seg for job in jobs for seg in _chain(answer[job], [s for s in starts if s.job == job])),
                       key=lambda seg: (seg.submit or 0, seg.start or 0))
     if not segments:
         return Cost()
@@ -89,13 +91,38 @@ def cost_of(info: dict, jobs: list, answer: Optional[dict], now: float) -> Cost:
     return Cost(gpu, cpu, _queued(segments, now), _lost([seg for seg in segments if seg.start is not None], starts))
 
 
-def _belongs(seg: Segment, first: Optional[float], finished: Optional[float]) -> bool:
-    """Whether a session of the job id is this run's: not one of an older job that had
-    the id (ended before the run's first start), nor of a later one (submitted after
-    the run finished)."""
-    if first is not None and seg.end is not None and seg.end < first:
-        return False
-    return finished is None or seg.submit is None or seg.submit <= finished
+# A requeue submits the job again within seconds of the session's end (sacct: Submit of the
+# next session vs End of this one); another job that later got the same id does not.
+REQUEUE_GAP_S = 10
+
+
+def _chain(segments: list, starts: list) -> list:
+    """The sessions of one job id that are this run's: the requeue chain around the one
+    its first recorded start ran in (the newest chain when none is recorded), so that an
+    older or later job that had the same id is left out."""
+    if not segments:
+        return []
+    anchor = _segment_of(segments, starts[0].at) if starts else len(segments) - 1
+    if anchor is None:
+        return []
+    first = last = anchor
+    while first > 0 and _requeued(segments[first - 1], segments[first]):
+        first -= 1
+    while last + 1 < len(segments) and _requeued(segments[last], segments[last + 1]):
+        last += 1
+    return segments[first:last + 1]
+
+
+def _requeued(before: Segment, after: Segment) -> bool:
+    """Whether ``after`` is the session a requeue of ``before`` made."""
+    return before.end is not None and after.submit is not None and 0 <= after.submit - before.end <= REQUEUE_GAP_S
+
+
+def _segment_of(segments: list, at: float) -> Optional[int]:
+    """The index of the session that was running at ``at``: the last to start by then
+    (sacct's whole seconds start no later than the truth)."""
+    started = [i for i, seg in enumerate(segments) if seg.start is not None and seg.start <= at]
+    return started[-1] if started else None
 
 
 def _queued(segments: list, now: float) -> float:
@@ -111,13 +138,15 @@ def _queued(segments: list, now: float) -> float:
 
 def _lost(ran: list, starts: list) -> float:
     """Seconds of run time a later session had to redo (see the module docstring); NaN
-    when a stop's next session was not recorded or cannot know its checkpoints."""
+    when a stop's next session was not recorded or cannot know its checkpoints. ``ran``:
+    the run's sessions that started, oldest first."""
+    ran_in = [_segment_of(ran, start.at) for start in starts]  # which session each start was
     lost = 0.0
     for index, seg in enumerate(ran[:-1]):
-        end = seg.end if seg.end is not None else seg.start + seg.elapsed_s
-        after = next((start for start in starts if start.at >= end), None)
+        after = next((start for start, i in zip(starts, ran_in) if i is not None and i > index), None)
         if after is None or not after.knows_checkpoints:
             return NAN
+        end = seg.end if seg.end is not None else seg.start + seg.elapsed_s
         if after.checkpoint_at is None:  # from scratch: all run time so far is redone
             here = sum(s.elapsed_s for s in ran[:index + 1]) - lost
         else:
@@ -132,7 +161,8 @@ def _starts(sessions: list) -> list:
     for session in sessions:
         at = _seconds(session.get("at"))
         if at is not None:
-            found.append(_Start(at, _seconds(session.get("checkpoint_at")), session.get("knows_checkpoints") is True))
+            found.append(_Start(at, session.get("job"), _seconds(session.get("checkpoint_at")),
+                                session.get("knows_checkpoints") is True))
     return sorted(found, key=lambda start: start.at)
 
 

@@ -99,6 +99,24 @@ def test_sessions_of_other_jobs_that_had_the_same_id_are_left_out():
     assert got.cpu_hours == pytest.approx(600 * 4 / 3600) and got.queue_wait_s == 100
 
 
+def test_a_stop_in_the_second_the_run_started_is_matched_to_its_own_session():
+    """sacct's times are whole seconds: a session that ended (209.9 -> 209) in the second
+    its start was recorded (209.2) is still the one that start ran in."""
+    segments = [seg(state="REQUEUED", submit=202, start=203, end=209, cpus=4, gpus=0),
+                seg(submit=211, start=233, end=243, cpus=4, gpus=0)]
+    run = info([session(209.246), session(239.7, checkpoint_at=209.783)])
+    got = cost.cost_of(run, ["5"], {"5": segments}, now=T0 + 10_000)
+    assert got.cpu_hours == pytest.approx((6 + 10) * 4 / 3600) and got.queue_wait_s == 1 + 22
+    assert got.lost_s == 0  # checkpointed at the stop
+
+
+def test_without_a_recorded_start_the_newest_requeue_chain_of_the_id_counts():
+    older = seg(submit=-900, start=-890, end=-500)
+    chain = [seg(state="REQUEUED", submit=0, start=10, end=110), seg(submit=112, start=130, end=230)]
+    got = cost.cost_of(info([]), ["5"], {"5": [older, *chain]}, now=T0 + 10_000)
+    assert got.cpu_hours == pytest.approx(200 * 4 / 3600) and got.queue_wait_s == 10 + 18
+
+
 def test_a_pending_session_waits_until_now_and_a_running_one_counts_its_time_so_far():
     pending = [seg(submit=0, start=None, end=None, elapsed=0)]
     assert cost.cost_of(info([]), ["5"], {"5": pending}, now=T0 + 75).queue_wait_s == 75
@@ -165,8 +183,8 @@ def slurm_run(root: Path, run_id: str, lr: float, job: str, sessions: list) -> P
 def cost_sweep(tmp_path, bin_dir):
     """Two lrs x two seeds on Slurm, one requeued (GPUs), plus one local run of lr 0.2."""
     slurm_run(tmp_path, "r1", 0.1, "5", [session(12), session(402, checkpoint_at=250)])
-    slurm_run(tmp_path, "r2", 0.1, "6", [session(12)])
-    slurm_run(tmp_path, "r3", 0.2, "7", [session(12)])
+    slurm_run(tmp_path, "r2", 0.1, "6", [session(22)])
+    slurm_run(tmp_path, "r3", 0.2, "7", [session(62)])
     write_run(tmp_path, "r4", {"train.lr": 0.2}, [{"epoch": 1, "val_acc": 0.7}], slurm_job_id=None, executor="local")
     shim_sacct(bin_dir, f'''for id in $(echo "$@" | sed 's/.*-j //; s/,/ /g'); do case $id in
 5) echo "5|REQUEUED|{T0}|{T0 + 10}|{T0 + 310}|300|cpu=4,gres/gpu=2"; echo "5|COMPLETED|{T0 + 310}|{T0 + 400}|{T0 + 700}|300|cpu=4,gres/gpu=2";;
