@@ -29,14 +29,15 @@ dist.destroy_process_group()
 
 
 def sbatch_wait(cluster, tmp_path, *args, timeout=180):
-    """Submit and wait for the end; return (job id, output lines). Polls itself:
-    `sbatch --wait` backs off to long sleeps and made a 13 s job take 42 s."""
-    out = tmp_path / "job.out"
-    jobid = cluster.run("sbatch", "--parsable", "-o", str(out), *args).strip().split(";")[0]
+    """Submit and wait for the end; return (job id, lines of the tasks' stdout). Polls
+    itself: `sbatch --wait` backs off to long sleeps and made a 13 s job take 42 s.
+    stderr has its own file: slurmstepd's own diagnostics (a busy node) go there."""
+    out, err = tmp_path / "job.out", tmp_path / "job.err"
+    jobid = cluster.run("sbatch", "--parsable", "-o", str(out), "-e", str(err), *args).strip().split(";")[0]
     wait_until(lambda: job_field(cluster, jobid, "JobState") not in PENDING_OR_RUNNING,
                timeout)
     state = job_field(cluster, jobid, "JobState")
-    assert state == "COMPLETED", f"job {jobid} {state}:\n{out.read_text()}"
+    assert state == "COMPLETED", f"job {jobid} {state}:\n{out.read_text()}{err.read_text()}"
     return jobid, out.read_text().splitlines()
 
 
