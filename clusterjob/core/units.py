@@ -90,8 +90,10 @@ def compute_hours(gpu_hours: Optional[float], cpu_hours: Optional[float]) -> str
 
 
 def _hours(value: float) -> str:
-    """Three significant digits, never in e-notation: 0.00417, 0.417, 4.17, 41.7, 417, 4170;
-    "<0.001" below that (a few seconds of one CPU)."""
-    if 0 < value < 0.001:
+    """Three significant digits, never in e-notation: 0.00417, 0.417, 2.00, 41.7, 417, 4170;
+    "<0.001" below that (a few seconds of one CPU), "0" for none."""
+    if value == 0:
+        return "0"
+    if value < 0.001:
         return "<0.001"
-    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+    return f"{value:.0f}" if value >= 99.95 else f"{value:#.3g}".rstrip(".")

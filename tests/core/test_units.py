@@ -39,3 +39,11 @@ def test_a_duration_with_its_std_is_in_the_mean_unit():
     assert units.duration(108, 12) == "1.8 ± 0.2 min"
     assert units.duration(108, 12, compact=True) == "1.8±0.2min"
     assert units.duration(30.0, math.nan) == "30.0 s"
+
+
+@pytest.mark.parametrize("gpu, cpu, text", [
+    (0.0, 0.00417, "0.00417 CPU-h"), (2.0, 8.0, "2.00 GPU-h"), (0.0, 0.0004, "<0.001 CPU-h"), (0.0, 0.0, "0 CPU-h"),
+    (99.96, 400.0, "100 GPU-h"), (4170.4, 1.0, "4170 GPU-h"), (float("nan"), float("nan"), "-"), (0.0, None, "-"),
+])
+def test_compute_hours_say_gpu_or_cpu_with_three_digits_never_in_e_notation(gpu, cpu, text):
+    assert units.compute_hours(gpu, cpu) == text

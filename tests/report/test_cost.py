@@ -204,7 +204,7 @@ def test_the_runs_table_and_json_give_each_runs_cost_and_dash_without_accounting
     md = report.format_report(cost_sweep / "exp", runs=True, width=200)
     row = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| r")}
     assert "0.333 GPU-h" in row["r1"] and "1.7 min" in row["r1"] and "1.0 min" in row["r1"]
-    assert "16 CPU-h" in row["r3"] and "compute" in md and "queued" in md and "lost" in md
+    assert "16.0 CPU-h" in row["r3"] and "compute" in md and "queued" in md and "lost" in md
     assert row["r4"].count(" - ") >= 3  # the local run: no accounting, no number
     assert "From sacct." in md
 
