@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -32,6 +31,7 @@ import numpy as np
 from clusterjob.core import slurmctl
 from clusterjob.core.record import is_job_id
 from clusterjob.core.slurmctl import Segment
+from clusterjob.report.tables import timestamp
 
 COLUMNS = ("gpu_hours", "cpu_hours", "queue_wait_s", "lost_s")
 NAN = math.nan
@@ -169,8 +169,5 @@ def _starts(sessions: list) -> list:
 def _seconds(text: Optional[str]) -> Optional[float]:
     """Unix seconds of one of run.json's times (ISO 8601 with an offset); None when absent,
     unreadable, or without an offset (its zone would be a guess)."""
-    try:
-        stamp = datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except (ValueError, AttributeError):
-        return None
+    stamp = timestamp(text) if isinstance(text, str) else None
     return stamp.timestamp() if stamp is not None and stamp.tzinfo is not None else None

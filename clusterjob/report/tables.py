@@ -86,7 +86,7 @@ def _best_epoch(results: Results, best: np.ndarray) -> np.ndarray:
     return out
 
 
-def _timestamp(text: Optional[str]) -> Optional[datetime]:
+def timestamp(text: Optional[str]) -> Optional[datetime]:
     """An ISO-8601 time, or None when absent or unreadable."""
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
@@ -99,7 +99,7 @@ def _wall_time(results: Results) -> np.ndarray:
     summed = _segment_reduce(results, "epoch_time_s", np.add)
     out = summed.copy()
     for i, info in enumerate(results.infos):
-        start, end = _timestamp(info["started_at"]), _timestamp(info["finished_at"])
+        start, end = timestamp(info["started_at"]), timestamp(info["finished_at"])
         if start is not None and end is not None:
             try:
                 out[i] = (end - start).total_seconds()

@@ -17,6 +17,7 @@ from clusterjob.core import retry, slurmctl
 from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.record import Session
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
+from clusterjob.runner.checkpoint import list_checkpoints
 
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
 
@@ -119,8 +120,6 @@ def new_session(run: RunDir, job: Optional[str], own_code: bool) -> Session:
     """This start of the run: now, in ``job``, resuming the newest checkpoint of the
     run's checkpoints/ (its time: when it was written). Your own code with none there
     may keep its checkpoints elsewhere: the work a stop cost it is unknown."""
-    from clusterjob.runner.checkpoint import list_checkpoints
-
     found = list_checkpoints(run.checkpoints)
     written, knows = None, not own_code
     if found:
