@@ -20,7 +20,7 @@ import re
 import traceback as tb
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, read_text, shown, write_atomic
 from clusterjob.core.procs import ProcessRef
@@ -245,7 +245,7 @@ def _job_field(raw: dict, problems: list) -> Optional[str]:
     return None
 
 
-def is_job_id(text: Optional[str]) -> bool:
+def is_job_id(text: Optional[str]) -> TypeGuard[str]:
     """A Slurm job id that can be handed to squeue/sacct: 123, array task 123_4, het job 123+1."""
     return text is not None and _JOB_ID.fullmatch(text) is not None  # the pattern matches no ""
 
@@ -358,10 +358,8 @@ def _list_field(raw: dict, key: str, problems: list, wanted: str) -> list:
 
 def _text_list_field(raw: dict, key: str, problems: list, wanted: str) -> list:
     """A list of strings ([] when absent, or, with a problem, of another kind)."""
-    value = raw.get(key)
-    if value is None:
-        return []
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+    value = _list_field(raw, key, problems, wanted)
+    if all(isinstance(item, str) for item in value):
         return value
     problems.append(_bad(key, value, wanted))
     return []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Optional
 
 # Layouts from the roomiest: (headers, cells) in the full or compact style, cell padding.
 LAYOUTS = ((False, False, (" ", " ")), (True, False, (" ", " ")), (True, True, (" ", " ")),
@@ -27,11 +26,10 @@ class Column:
     css: str = ""  # the HTML class of its cells ("status", "error"): how the page marks them
 
 
-def pipe_table(columns: list, compact: bool, pad: tuple, short: Optional[bool] = None) -> list:
-    """A GitHub-style pipe table as lines: ``compact`` cells, ``short`` headers (as
-    ``compact`` when not given); ``pad`` is the (left, right) padding of a cell, which a
-    ``tight`` column never gets."""
-    headers = [c.short if (compact if short is None else short) else c.header for c in columns]
+def pipe_table(columns: list, compact: bool, pad: tuple, short: bool) -> list:
+    """A GitHub-style pipe table as lines: ``compact`` cells, ``short`` headers; ``pad`` is
+    the (left, right) padding of a cell, which a ``tight`` column never gets."""
+    headers = [c.short if short else c.header for c in columns]
     rows = list(zip(*[c.compact if compact else c.cells for c in columns]))
     pads = [("", "") if c.tight else pad for c in columns]
     # A right-aligned rule cell needs two characters ("-:"), padding included.

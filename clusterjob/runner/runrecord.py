@@ -137,8 +137,10 @@ def after_requeue(run: RunDir, max_retries: int) -> str:
     (``resources.max_retries`` > 0): recorded as an attempt and counted in ``retries``.
     "failed" when none was left (the run is marked failed and does not start), else "go"."""
     job = envmod.slurm_job()
+    if max_retries == 0 or job is None:
+        return "go"
     info = run.read()
-    if max_retries == 0 or job is None or job.restart_count <= (info.requeues or 0) + (info.retries or 0):
+    if job.restart_count <= (info.requeues or 0) + (info.retries or 0):
         return "go"
     if slurmctl.previous_state(job.run_key) != "NODE_FAIL":
         return "go"  # a requeue by hand or a preemption: counted as a requeue (mark_running)

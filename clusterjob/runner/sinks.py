@@ -78,7 +78,8 @@ class Sinks:
         return self
 
     def __exit__(self, kind: Optional[type], *rest: object) -> None:
-        self.close("failed" if kind is not None else (self.run.read().status or "running"))
+        if not self._closed:  # the completed and stopped paths closed them already: no run.json to read
+            self.close("failed" if kind is not None else (self.run.read().status or "running"))
 
 
 class NoSinks:

@@ -139,7 +139,7 @@ class SlurmExecutor(Executor):
 
     def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
         """One squeue for the jobs of all runs, one sacct for those that left the queue."""
-        live = {job for _, view in found if (job := view.record.slurm_job_id) is not None and is_job_id(job)}
+        live = {job for _, view in found if is_job_id(job := view.record.slurm_job_id)}
         queued = slurmctl.queue_states(sorted(live))
         gone = [] if queued is None else sorted(live - queued.keys())
         accounted = slurmctl.accounting_states(gone) or {}
@@ -152,7 +152,7 @@ class SlurmExecutor(Executor):
 
     def cancel(self, run: RunDir, info: RunRecord, wait_s: float) -> list[str]:
         job = info.slurm_job_id
-        if job is None or not is_job_id(job):
+        if not is_job_id(job):
             run.update(cancel_requested_at=now_iso())
             return cancel_unstarted(run, info)
         return _cancel_job(run, job, wait_s)
@@ -181,7 +181,7 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
     failed when there is none)."""
     info = view.record
     job = info.slurm_job_id
-    if job is None or not is_job_id(job):  # no job (yet), or a recorded id no Slurm command would take
+    if not is_job_id(job):  # no job (yet), or a recorded id no Slurm command would take
         return view
     if queued is None:
         return replace(view, note=UNREACHABLE, unanswered="squeue did not answer; showing the states the runs recorded")
