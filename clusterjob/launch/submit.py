@@ -198,9 +198,9 @@ def resume(run_text: str, wait: bool = False) -> int:
     owner.check(spec, 1, preflight=False, after=deps)
     with claim.claimed(run.path, "clusterjob resume"), Window(runs=[run]) as window:
         _check_resumable(run)  # again, now that no other command can start it
-        restarts = run.read().restarts or 0
-        retries = {"retries": 0} if run.read().retries else {}  # a resume gives max_retries afresh
-        run.update(reopen=True, status="pending", restarts=restarts + 1, finished_at=None, error=None,
+        info = run.read()
+        retries = {"retries": 0} if info.retries else {}  # a resume gives max_retries afresh
+        run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None, error=None,
                    launcher=None, cancel_requested_at=None, **retries, **owner.reopened())
         print(f"resuming {run.path} ({owner.name}) from its last checkpoint")
         return _start(spec, [run], owner, wait, window, deps)
