@@ -130,6 +130,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for point in points:
         print(f"# run {point.index}: {json.dumps(point.params)}" if len(points) > 1 else "# resolved spec")
         print(dump_spec(point.spec))
+    sys.stdout.flush()  # the specs first: a closed output ends the command before its verdict
     print(f"ok: {len(points)} run(s)", file=sys.stderr)
     return 0
 
@@ -306,6 +307,11 @@ def _run(argv: Optional[list[str]]) -> int:
         args = build_parser().parse_args(argv)
     except BadInput as err:
         return _failed(err)
+    except SystemExit:  # --help, --version: printed (argparse drops a write that fails)
+        sys.stdout.flush()
+        if 1 in _closed_outputs():
+            return _quiet_end()
+        raise
     with _output_may_close() if args.func in _FINISH_THEIR_WORK else contextlib.nullcontext():
         try:
             code = args.func(args) or 0
@@ -321,12 +327,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return _run(argv)
     except BrokenPipeError:
-        closed = _closed_outputs()
-        if not closed:  # not our output's reader that went: a real error, shown as one
+        if not _closed_outputs():  # not our output's reader that went: a real error, shown as one
             raise
-        for fd in closed:
-            _silence(fd)
-        return PIPE_CLOSED
+        return _quiet_end()
+
+
+def _quiet_end() -> int:
+    """PIPE_CLOSED, once the closed outputs point at /dev/null (nothing more to say)."""
+    for fd in _closed_outputs():
+        _silence(fd)
+    return PIPE_CLOSED
 
 
 if __name__ == "__main__":

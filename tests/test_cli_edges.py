@@ -21,12 +21,16 @@ from clusterjob.launch import executor, sbatch
 F_SETPIPE_SZ = 1031  # Linux: a pipe of one page, so that a few KiB of output fill it
 
 
-def closed_early(argv: list, cwd: Path, keep: int = 0, stderr_too: bool = False,
+def closed_early(argv: list, cwd: Path, keep: int = 0, stderr_too: bool = False, unbuffered: bool = False,
                  timeout: float = 60) -> tuple[int, str]:
     """Run the CLI with its stdout a one-page pipe whose reader takes ``keep`` bytes and
     closes it (at once with 0, before the command printed anything); (exit status, stderr).
-    With ``stderr_too`` stderr goes into the same pipe (``2>&1 | head``)."""
-    proc = subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=base_env(),
+    With ``stderr_too`` stderr goes into the same pipe (``2>&1 | head``). Output is
+    buffered, as in a user's shell, unless ``unbuffered`` (PYTHONUNBUFFERED=1)."""
+    env = {key: value for key, value in base_env().items() if key != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if stderr_too else subprocess.PIPE)
     try:
         fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, 4096)
@@ -83,12 +87,14 @@ def test_report_and_report_watch_end_quietly(tmp_path):
     quiet_end(closed_early(["report", "results/exp", "--runs", "--watch", "--interval", "0.1"], tmp_path, keep=20))
 
 
-def test_validate_sbatch_env_and_a_dry_run_end_quietly(tmp_path):
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_help_version_validate_sbatch_env_and_a_dry_run_end_quietly(tmp_path, unbuffered):
     spec = str(write_spec(tmp_path))
-    for argv in (["validate", spec], ["sbatch", spec], ["env"], ["env", "--json"]):
-        quiet_end(closed_early(argv, tmp_path))
+    for argv in (["--help"], ["--version"], ["submit", "--help"], ["validate", spec], ["sbatch", spec], ["env"],
+                 ["env", "--json"]):
+        quiet_end(closed_early(argv, tmp_path, unbuffered=unbuffered))
     # submit's printing: the closed pipe drops it, the command still ends as it would have
-    assert closed_early(["submit", spec, "--executor", "local", "--dry-run"], tmp_path) == (0, "")
+    assert closed_early(["submit", spec, "--executor", "local", "--dry-run"], tmp_path, unbuffered=unbuffered) == (0, "")
     assert not (tmp_path / "results").exists()
 
 
