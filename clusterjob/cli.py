@@ -1,23 +1,38 @@
 """``clusterjob``: the command line (docs/design.md, "Command line"). Exit 0 ok, 2 bad
-input, 1 otherwise.
+input, 1 otherwise, 141 when the output was closed early.
 
 Used on login nodes: this module and the commands env/status/logs/report and spec
-validation never import torch; each command imports its module when it runs.
+validation never import torch; each command imports its module when it runs, so
+``--help`` and ``status`` start in a fraction of what ``import torch`` takes
+(tests/test_startup.py, bench/bench_cli_startup.py).
+
+A closed output is a normal end (``clusterjob status | head``): the commands that only
+print stop at once, quietly, with exit status 141 (128 + SIGPIPE, what a shell reports
+for ``git log | head``); submit, resume and cancel finish what they do (a run is never
+left half handed over, nor a local ``--wait`` run unsupervised) with their output
+dropped, and exit as they would have.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
+import select
 import sys
-from typing import Callable, Optional
+from typing import Callable, Iterator, NoReturn, Optional, TextIO
 
 from clusterjob.core.errors import BadInput, Failure
 from clusterjob.core.provenance import VERSION
 
+PIPE_CLOSED = 141  # 128 + SIGPIPE: the exit status of a reader-less pipe's writer
 
-def _reads_run_folders(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+Command = Callable[[argparse.Namespace], int]
+
+
+def _reads_run_folders(command: Command) -> Command:
     """A run folder's file that cannot be read (a folder where run.json belongs, no
     permission, a broken disk) is bad input of these commands: one line naming the file,
     not a traceback. A closed output pipe is not the folder's fault and stays as it is."""
@@ -32,6 +47,61 @@ def _reads_run_folders(command: Callable[[argparse.Namespace], int]) -> Callable
             raise BadInput(f"{where}{err.strerror or err}; check that the run folder's files are "
                            "readable files (not folders) and try again") from None
     return checked
+
+
+class _OutputDropped:
+    """A stream that, once its reader is gone, writes to /dev/null instead of raising:
+    what submit, resume and cancel print to while their work goes on."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            _silence(self.stream.fileno())
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            _silence(self.stream.fileno())
+            self.stream.flush()  # what was buffered goes to /dev/null now
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding: the stream's own
+        return getattr(self.stream, name)
+
+
+def _silence(fd: int) -> None:
+    """Point the file descriptor at /dev/null: what is still buffered for it, and the
+    interpreter's last flush, then go nowhere instead of failing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def _output_may_close() -> Iterator[None]:
+    """stdout and stderr dropped once their reader is gone, for the block (a command)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _OutputDropped(sys.stdout), _OutputDropped(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def _closed_outputs() -> list[int]:
+    """stdout and stderr where they are pipes (or sockets) whose reader is gone."""
+    poller = select.poll()
+    for fd in (1, 2):
+        poller.register(fd, select.POLLOUT)
+    return [fd for fd, events in poller.poll(0) if events & (select.POLLERR | select.POLLHUP)]
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -60,6 +130,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for point in points:
         print(f"# run {point.index}: {json.dumps(point.params)}" if len(points) > 1 else "# resolved spec")
         print(dump_spec(point.spec))
+    sys.stdout.flush()  # the specs first: a closed output ends the command before its verdict
     print(f"ok: {len(points)} run(s)", file=sys.stderr)
     return 0
 
@@ -76,46 +147,58 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from clusterjob.report.build import ReportOptions
+
+    options = ReportOptions(dir=args.dir, group_by=args.group_by, format=args.format, metric=args.metric,
+                            mode=args.mode, out=args.out, runs=args.runs, interval=args.interval)
     if args.watch:
         from clusterjob.report import watch
 
-        return watch.main(args)
+        return watch.main(options)
     from clusterjob.report import build as report
 
-    return report.main(args)
+    return report.main(options)
 
 
 @_reads_run_folders
 def cmd_status(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
-    return control.cmd_status(args)
+    return control.cmd_status(args.dir)
 
 
 @_reads_run_folders
 def cmd_logs(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
-    return control.cmd_logs(args)
+    return control.cmd_logs(args.run, rank=args.rank, follow=args.follow)
 
 
 @_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
-    return control.cmd_cancel(args)
+    return control.cmd_cancel(args.run)
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
     from clusterjob.launch import sbatch
 
-    return sbatch.main(args)
+    return sbatch.main(args.spec, args.set, style=args.style)
 
 
-def executor_names() -> list[str]:
-    from clusterjob.launch.executor import names
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line bad input (exit 2) instead of its usage block."""
 
-    return names()
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"{message}; see `{self.prog} --help`")
+
+
+def _executor_metavar() -> str:
+    """auto|local|slurm: the executors' names, none of their modules imported."""
+    from clusterjob.launch.executor import listed_names
+
+    return "|".join(("auto", *listed_names()))
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -146,14 +229,15 @@ def _add_report_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clusterjob", description="DDP + AMP training on Slurm from a YAML spec.")
+    parser = _Parser(prog="clusterjob", description="DDP + AMP training on Slurm from a YAML spec.")
     parser.add_argument("--version", action="version", version=f"clusterjob {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("submit", help="run a spec (one run, or one per sweep point)")
     _add_spec_args(p)
-    p.add_argument("--executor", choices=("auto", *executor_names()), default="auto",
-                   help="auto: Slurm if sbatch works, else local processes")
+    # the executors (like --style, --format and --mode) check their own names: one error line
+    p.add_argument("--executor", default="auto", metavar=_executor_metavar(),
+                   help="auto (the default): Slurm if sbatch works, else local processes")
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.add_argument("--no-preflight", action="store_true",
@@ -170,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sbatch", help="print a standalone sbatch script for a spec")
     _add_spec_args(p)
-    p.add_argument("--style", choices=("srun", "torchrun"), default="srun",
-                   help="srun: one task per GPU; torchrun: one task per node running torchrun")
+    p.add_argument("--style", default="srun", metavar="srun|torchrun",
+                   help="srun (the default): one task per GPU; torchrun: one task per node running torchrun")
     p.set_defaults(func=cmd_sbatch)
 
     p = sub.add_parser("status", help="runs and their states (run.json, then squeue, then sacct)")
@@ -206,15 +290,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+# Commands that change state: they go on to their end when their output is closed, so a
+# closed pipe drops what they print, never what they do.
+_FINISH_THEIR_WORK = (cmd_submit, cmd_resume, cmd_cancel)
+
+
+def _failed(err: BadInput | Failure) -> int:
+    print(f"clusterjob: error: {err}", file=sys.stderr)
+    return err.exit_code
+
+
+def _run(argv: Optional[list[str]]) -> int:
+    """The command's exit status; bad input and failures as one line on stderr. What was
+    printed is flushed here, so that a closed output shows inside ``main``."""
     try:
-        return args.func(args) or 0
-    except (BadInput, Failure) as err:
-        print(f"clusterjob: error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130
+        args = build_parser().parse_args(argv)
+    except BadInput as err:
+        return _failed(err)
+    except SystemExit:  # --help, --version: printed (argparse drops a write that fails)
+        sys.stdout.flush()
+        if 1 in _closed_outputs():
+            return _quiet_end()
+        raise
+    with _output_may_close() if args.func in _FINISH_THEIR_WORK else contextlib.nullcontext():
+        try:
+            code = args.func(args) or 0
+        except (BadInput, Failure) as err:
+            code = _failed(err)
+        except KeyboardInterrupt:
+            code = 130
+        sys.stdout.flush()
+    return code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        if not _closed_outputs():  # not our output's reader that went: a real error, shown as one
+            raise
+        return _quiet_end()
+
+
+def _quiet_end() -> int:
+    """PIPE_CLOSED, once the closed outputs point at /dev/null (nothing more to say)."""
+    for fd in _closed_outputs():
+        _silence(fd)
+    return PIPE_CLOSED
 
 
 if __name__ == "__main__":

@@ -285,6 +285,15 @@ def find_runs(root: "str | os.PathLike") -> list[RunDir]:
     return [RunDir(Path(run.path)) for run in scan_runs(root)]
 
 
+def no_runs(root: object) -> BadInput:
+    """What ``status`` and ``report`` say when ``root`` (or a list of run folders) holds
+    no run: it is no folder, or ``scan_runs`` finds none in it."""
+    if isinstance(root, (str, os.PathLike)) and not os.path.isdir(root):
+        return BadInput(f"no such results folder: {os.fspath(root)}; give results/<name>, results/ or one run folder")
+    return BadInput(f"no runs under {os.fspath(root) if isinstance(root, (str, os.PathLike)) else root}: "
+                    "a run folder holds run.json or metrics.jsonl")
+
+
 # ----------------------------------------------------------------------------- logs and errors
 
 

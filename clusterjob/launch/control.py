@@ -18,10 +18,19 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-from clusterjob.core import claim, metrics, units
+from clusterjob.core import claim, units
 from clusterjob.core.errors import BadInput, escape, traceback_excerpt
 from clusterjob.core.files import open_regular
-from clusterjob.core.rundir import FINAL_STATUSES, MAX_INFO_BYTES, RunDir, RunRecord, find_runs, first_error, read_text
+from clusterjob.core.rundir import (
+    FINAL_STATUSES,
+    MAX_INFO_BYTES,
+    RunDir,
+    RunRecord,
+    find_runs,
+    first_error,
+    no_runs,
+    read_text,
+)
 from clusterjob.launch import chain, executor
 from clusterjob.launch.executor import RunView
 
@@ -107,6 +116,8 @@ def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
     """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 0.95"
     beside runs of your own code), your code's step and first metric."""
     if info["entrypoint"] is not None:
+        from clusterjob.core import metrics  # numpy with it: only where runs of your own code are listed
+
         found = metrics.own_latest(run.path, info["entrypoint"])
         return (found.at, _shown(found.shown)) if found else ("-", "-")
     final = info["final"] or {}
@@ -134,10 +145,12 @@ def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
         print(f"warning: {unanswered}", file=sys.stderr)
 
 
-def cmd_status(args) -> int:
-    runs = find_runs(Path(args.dir))
+def cmd_status(folder: str) -> int:
+    """``clusterjob status [DIR]``: the runs under ``folder`` (results/<name>, results/
+    or one run folder), one row each; reads only."""
+    runs = find_runs(Path(folder))
     if not runs:
-        raise BadInput(f"no runs under {args.dir!r} (a folder of run folders, e.g. results/<name>)")
+        raise no_runs(folder)
     found = views(runs)
     _print_warnings(runs, found)
     sys.stderr.flush()
@@ -173,15 +186,16 @@ def log_files(run: RunDir, rank: int) -> list[Path]:
     return [p for p in (run.logs / f"rank{rank}.out", run.logs / f"rank{rank}.err") if p.exists()]
 
 
-def cmd_logs(args) -> int:
-    run = resolve_run(args.run)
-    if args.follow:
-        _follow(run, args.rank)
+def cmd_logs(run_text: str, rank: int = 0, follow: bool = False) -> int:
+    """``clusterjob logs RUN [--rank N] [--follow]``: the rank's output, then its error."""
+    run = resolve_run(run_text)
+    if follow:
+        _follow(run, rank)
     else:
-        _print_logs(run, args.rank)
+        _print_logs(run, rank)
     error = first_error(run)
-    if error and error.rank == args.rank:
-        _write(f"==> rank {args.rank} error <==\n{error.traceback or error.message or ''}\n")
+    if error and error.rank == rank:
+        _write(f"==> rank {rank} error <==\n{error.traceback or error.message or ''}\n")
     return 0
 
 
@@ -331,8 +345,9 @@ def _claim_for_cancel(run: RunDir) -> Optional[claim.Claim]:
             time.sleep(0.2)
 
 
-def cmd_cancel(args) -> int:
-    run = resolve_run(args.run)
+def cmd_cancel(run_text: str) -> int:
+    """``clusterjob cancel RUN``."""
+    run = resolve_run(run_text)
     with cancel_claim(run):
         lines = cancel(run)
     for line in lines:

@@ -1,10 +1,12 @@
 """What runs a run's ranks (docs/design.md, "Executors and scripts"): one protocol that
 every executor implements, and a registry of them by name.
 
-An executor is a subclass of ``Executor`` in a module of ``clusterjob/launch/executors/``,
-decorated with ``@register``; the registry imports every module there the first time
-it is asked, so adding an executor is adding that one module. submit, resume, status,
-logs and cancel speak to executors through this protocol only:
+An executor is a subclass of ``Executor`` in a module of ``clusterjob/launch/executors/``
+named as the executor, decorated with ``@register``, so adding an executor is adding
+that one module. Its name is known from the module's file name, and the module is
+imported when the executor is first used: listing the names (``--help``) imports none,
+``status`` of finished runs imports none, a run's executor imports its own module.
+submit, resume, status, logs and cancel speak to executors through this protocol only:
 
 - ``unavailable``: whether it can start runs from here (``--executor auto`` takes the
   available one of the highest ``auto_rank``);
@@ -23,13 +25,15 @@ import abc
 import importlib
 import pkgutil
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import procs
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, now_iso
 from clusterjob.launch import executors
-from clusterjob.spec.schema import Spec
+
+if TYPE_CHECKING:  # the spec's module (and YAML) is not needed to list or read runs
+    from clusterjob.spec.schema import Spec
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,7 @@ class Executor(abc.ABC):
 
 
 _REGISTRY: dict[str, type[Executor]] = {}
-_SEARCHED: list[str] = []  # the folders of executors whose modules were imported
+_SEARCHED: list[str] = []  # the folders of executors whose modules were all imported
 
 
 def register(cls: type[Executor]) -> type[Executor]:
@@ -160,24 +164,41 @@ def register(cls: type[Executor]) -> type[Executor]:
     return cls
 
 
+def listed_names() -> list[str]:
+    """The executors' names as their modules are named in clusterjob/launch/executors/,
+    none of them imported (what ``--help`` shows), in alphabetical order."""
+    return sorted({module.name for module in pkgutil.iter_modules(executors.__path__)
+                   if not module.name.startswith("_")})
+
+
 def _known() -> dict[str, type[Executor]]:
     """Every executor, once each module of clusterjob/launch/executors/ was imported."""
     if _SEARCHED != list(executors.__path__):
-        for module in pkgutil.iter_modules(executors.__path__):
-            importlib.import_module(f"{executors.__name__}.{module.name}")
+        for name in listed_names():
+            importlib.import_module(f"{executors.__name__}.{name}")
         _SEARCHED[:] = executors.__path__
     return _REGISTRY
 
 
+def _load(name: str) -> Optional[type[Executor]]:
+    """The executor ``name``: its own module imported on first use; a name no module is
+    called imports every module (a module may register another name). Executors of other
+    packages, by entry point, would be looked up here, where a name is not built in."""
+    if name not in _REGISTRY and name in listed_names():
+        importlib.import_module(f"{executors.__name__}.{name}")
+    return _REGISTRY.get(name) or _known().get(name)
+
+
 def names() -> list[str]:
-    """The executors' names, the one ``auto`` tries first first."""
+    """The executors' names, the one ``auto`` tries first first (imports every executor)."""
     return sorted(_known(), key=lambda name: (-_known()[name].auto_rank, name))
 
 
 def get(name: str) -> Executor:
-    if name not in _known():
+    found = _load(name)
+    if found is None:
         raise BadInput(f"--executor {name!r}: no such executor; choose one of: auto, {', '.join(names())}")
-    return _known()[name]()
+    return found()
 
 
 def choose(requested: str) -> Executor:
@@ -198,10 +219,10 @@ def choose(requested: str) -> Executor:
 def of_record(record: RunRecord) -> Optional[Executor]:
     """The executor a run.json names, else the one that adopts a run naming none (or a
     name no executor has)."""
-    known = _known()
-    if record.executor in known:
-        return known[record.executor]()
-    adopter = next((cls for cls in known.values() if cls.adopts(record)), None)
+    named = _load(record.executor) if isinstance(record.executor, str) else None
+    if named is not None:
+        return named()
+    adopter = next((cls for cls in _known().values() if cls.adopts(record)), None)
     return adopter() if adopter is not None else None
 
 

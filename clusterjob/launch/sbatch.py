@@ -42,6 +42,7 @@ SETUP_BEGIN = "# >>> setup"
 SETUP_END = "# <<< setup"
 # Installed (non-editable) packages find the templates here, see template_dirs().
 SHARE_DIR = Path("share") / "clusterjob" / "sbatch"
+MAX_TEMPLATE_BYTES = 1024 * 1024  # the templates are about 4 KiB
 
 # "#SBATCH --nodes=1   # comment" or "##SBATCH --partition=gpu" (switched off).
 _HEADER = re.compile(r"(?P<off>#?)#SBATCH\s+--(?P<option>[A-Za-z-]+)(?:=(?P<value>\S*))?"
@@ -82,16 +83,51 @@ def template_path(style: str) -> Path:
                    "set CLUSTERJOB_SBATCH_DIR to the folder holding the sbatch/ templates")
 
 
+class TemplateError(ValueError):
+    """A template that cannot be rendered: what is wrong with it, in words."""
+
+
 def render(spec: Spec, spec_path: str, style: str = "srun", overrides: Sequence[str] = ()) -> str:
     """The template of ``style`` filled in from ``spec`` (already overridden), running
-    ``spec_path`` (made absolute) with ``overrides`` (passed on to the worker as --set)."""
-    lines = template_path(style).read_text().splitlines()
-    lines = _render_headers(lines, sbatch_options(spec, len(expand_sweep(spec))))
-    lines = _render_setup(lines, spec.resources.setup)
-    lines = _render_args(lines, os.path.abspath(spec_path), overrides)
+    ``spec_path`` (made absolute) with ``overrides`` (passed on to the worker as --set).
+    A template that cannot be rendered is bad input naming its file."""
+    path = template_path(style)
+    values = sbatch_options(spec, len(expand_sweep(spec)))
+    try:
+        lines = _render_headers(_template_lines(path), values)
+        lines = _render_setup(lines, spec.resources.setup)
+        lines = _render_args(lines, os.path.abspath(spec_path), overrides)
+    except TemplateError as err:
+        raise BadInput(f"sbatch template {path}: {err}; {_template_fix(path, style)}") from None
     # json.dumps escapes what could end the comment line (the CLI's path may hold anything)
     note = f"# Rendered by `clusterjob sbatch --style {style}` from {json.dumps(os.path.abspath(spec_path))}."
     return "\n".join([lines[0], note, *lines[1:]]) + "\n"
+
+
+def _template_fix(path: Path, style: str) -> str:
+    own = os.environ.get("CLUSTERJOB_SBATCH_DIR")
+    if own and path.parent == Path(own):
+        return (f"start from clusterjob's own sbatch/{STYLES[style]} (it has every #SBATCH line and marker that "
+                "clusterjob fills in), or unset CLUSTERJOB_SBATCH_DIR")
+    return "restore it from clusterjob's sources (the sbatch/ folder) or reinstall clusterjob"
+
+
+def _template_lines(path: Path) -> list[str]:
+    """The template's lines: UTF-8 text with something in it, of a sane size."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as err:
+        raise TemplateError(f"cannot be read ({err.strerror or err})") from None
+    if len(data) > MAX_TEMPLATE_BYTES:
+        raise TemplateError(f"is larger than {MAX_TEMPLATE_BYTES} bytes; a template is a few kilobytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TemplateError(f"is not UTF-8 text (byte {err.start} is {data[err.start]:#04x})") from None
+    if not text.strip():
+        raise TemplateError("is empty")
+    return text.splitlines()
 
 
 def parse_headers(lines: Sequence[str]) -> tuple[int, int, list[Header]]:
@@ -99,10 +135,10 @@ def parse_headers(lines: Sequence[str]) -> tuple[int, int, list[Header]]:
     matches = [(i, _HEADER.fullmatch(line.rstrip())) for i, line in enumerate(lines)]
     found = [(i, m) for i, m in matches if m]
     if not found:
-        raise ValueError("the template has no #SBATCH lines")
+        raise TemplateError("has no #SBATCH lines")
     start, end = found[0][0], found[-1][0] + 1
     if len(found) != end - start:
-        raise ValueError(f"the template's #SBATCH lines {start + 1}..{end} are not one block")
+        raise TemplateError(f"its #SBATCH lines {start + 1}..{end} are not one block")
     headers = [Header(text=lines[i].rstrip(), option=m["option"], comment=m["comment"],
                       comment_column=m.start("comment") if m["comment"] else 0) for i, m in found]
     return start, end, headers
@@ -112,7 +148,7 @@ def _render_headers(lines: list[str], values: dict[str, Optional[str]]) -> list[
     start, end, headers = parse_headers(lines)
     missing = set(values) - {h.option for h in headers}
     if missing:
-        raise ValueError(f"the template has no #SBATCH line for {', '.join(sorted(missing))}")
+        raise TemplateError(f"has no #SBATCH line for {', '.join(sorted(missing))}")
     block = []
     for h in headers:
         if h.option not in values:
@@ -147,14 +183,12 @@ def _render_args(lines: list[str], spec_path: str, overrides: Sequence[str]) -> 
 def _marker(lines: Sequence[str], marker: str) -> int:
     hits = [i for i, line in enumerate(lines) if line.startswith(marker)]
     if len(hits) != 1:
-        raise ValueError(f"the template needs exactly one line starting with {marker!r}, found {len(hits)}")
+        raise TemplateError(f"needs exactly one line starting with {marker!r}, has {len(hits)}")
     return hits[0]
 
 
-def main(args) -> int:
+def main(spec_path: str, overrides: Sequence[str] = (), style: str = "srun") -> int:
     """``clusterjob sbatch SPEC [--set ...] [--style srun|torchrun]``: print the script."""
-    overrides = list(getattr(args, "set", None) or [])
-    style = getattr(args, "style", None) or "srun"
-    spec = load_spec(args.spec, overrides)
-    sys.stdout.write(render(spec, args.spec, style, overrides))
+    spec = load_spec(spec_path, list(overrides))
+    sys.stdout.write(render(spec, spec_path, style, overrides))
     return 0

@@ -30,8 +30,9 @@ import shutil
 import stat
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -52,7 +53,8 @@ from clusterjob.report.stats import (
     status_line,
 )
 
-__all__ = ["GROUP_METRICS", "RUN_METRICS", "Report", "build_report", "format_report", "render", "main"]
+__all__ = ["GROUP_METRICS", "RUN_METRICS", "Report", "ReportOptions", "build_report", "format_report", "render",
+           "main"]
 
 FORMATS = ("md", "csv", "html", "json")
 _SUFFIXES = {".md": "md", ".markdown": "md", ".csv": "csv", ".html": "html", ".htm": "html", ".json": "json"}
@@ -218,12 +220,26 @@ def _write_out(out: str, text: str) -> None:
                        "free space or choose another place") from None
 
 
-def _check_args(args: Any) -> tuple:
+@dataclass(frozen=True)
+class ReportOptions:
+    """What ``clusterjob report`` is asked: the folder and its flags (--watch's interval too)."""
+
+    dir: str
+    group_by: Optional[list[str]] = None
+    format: Optional[str] = None
+    metric: Optional[str] = None
+    mode: Optional[str] = None
+    out: Optional[str] = None
+    runs: bool = False
+    interval: Optional[float] = None
+
+
+def _check_args(args: ReportOptions) -> tuple:
     """(format, metric, mode) once every argument that needs no run is checked."""
     fmt = _format_of(args.format, args.out)
     if args.out:
         _check_out(args.out)
-    metric, mode = getattr(args, "metric", None), getattr(args, "mode", None)
+    metric, mode = args.metric, args.mode
     check_mode(mode)
     if metric is not None and not metric.strip():
         raise BadInput("--metric: empty name; give a metric the runs logged, e.g. --metric val_acc")
@@ -244,8 +260,8 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def main(args: Any) -> int:
-    """``clusterjob report``: args has dir, group_by, format, out, runs (and metric, mode)."""
+def main(args: ReportOptions) -> int:
+    """``clusterjob report``: print the report of ``args.dir``, or write it to ``args.out``."""
     fmt, metric, mode = _check_args(args)
     report = build_report(args.dir, args.group_by, metric=metric, mode=mode)
     width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() and not args.out else 80

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import STATUSES, UNKNOWN
+from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
 from clusterjob.report import cost
 from clusterjob.report.reading import Results, collect
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame
@@ -301,10 +301,10 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
     for a bad DIR, key, metric or mode. Writes nothing: ``Report.save_cache`` does."""
     try:
         results = collect(root, cache=cache)
-    except FileNotFoundError as err:
-        raise BadInput(f"{err}; give results/<name>, results/ or one run folder") from None
+    except FileNotFoundError:
+        raise no_runs(root) from None
     if not results.infos:
-        raise BadInput(f"no runs under {root}: a run folder holds run.json or metrics.jsonl")
+        raise no_runs(root)
     primary = choose_primary(results, metric, mode)
     runs = runs_frame(results, _extra_columns(results, primary)).assign(**cost.columns(results.infos))
     runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))

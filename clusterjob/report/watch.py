@@ -13,18 +13,17 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Any
 
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES
-from clusterjob.report.build import build_report, render
+from clusterjob.report.build import ReportOptions, build_report, render
 from clusterjob.report.stats import Report
 
 INTERVAL_S = 5.0  # between frames, unless --interval
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 
 
-def check(args: Any) -> float:
+def check(args: ReportOptions) -> float:
     """The seconds between frames, once the arguments that make no sense here are refused."""
     if args.out:
         raise BadInput("--watch draws the report in the terminal; drop --out (or drop --watch to write a file)")
@@ -36,7 +35,7 @@ def check(args: Any) -> float:
     return interval
 
 
-def main(args: Any) -> int:
+def main(args: ReportOptions) -> int:
     """Draw, wait, draw again, until every run has ended (0) or Ctrl-C (130, by the CLI)."""
     interval = check(args)
     tty = sys.stdout.isatty()
@@ -55,7 +54,7 @@ def all_ended(report: Report) -> bool:
     return bool(len(report.runs) and report.runs["status"].astype(object).isin(FINAL_STATUSES).all())
 
 
-def frame(report: Report, args: Any, interval: float, ended: bool, tty: bool) -> str:
+def frame(report: Report, args: ReportOptions, interval: float, ended: bool, tty: bool) -> str:
     """One drawing: a line saying what is watched and when, then the md report."""
     width = shutil.get_terminal_size((80, 24)).columns if tty else 80
     state = "every run has ended" if ended else f"every {interval:g} s; Ctrl-C leaves"

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from clusterjob.core.errors import EnvError, brief, shown
+
 PARAMS_VAR = "CLUSTERJOB_PARAMS"
 AFTER_VAR = "CLUSTERJOB_AFTER"
 
@@ -55,23 +57,52 @@ def _start(session: Session) -> None:
 
 
 def params() -> dict:
-    """The run's params (the spec's ``params`` with the sweep point applied); {} outside."""
-    try:
-        value = json.loads(os.environ.get(PARAMS_VAR, "{}"))
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """The run's params (the spec's ``params`` with the sweep point applied); {} outside.
+    EnvError when CLUSTERJOB_PARAMS holds no JSON mapping (see ``_from_environment``)."""
+    return _from_environment(PARAMS_VAR, dict, '{"lr": 0.1}') or {}
 
 
 def after() -> list[Path]:
     """The folders of the runs this run waited for (``submit --after``), in the order
     given; [] without --after and outside a run. Each holds that run's run.json,
-    metrics.jsonl and checkpoints/."""
-    try:
-        value = json.loads(os.environ.get(AFTER_VAR, "[]"))
-    except ValueError:
-        return []
-    return [Path(item) for item in value if isinstance(item, str)] if isinstance(value, list) else []
+    metrics.jsonl and checkpoints/. EnvError when CLUSTERJOB_AFTER holds no JSON list
+    of paths."""
+    value = _from_environment(AFTER_VAR, list, '["results/prep/20260101-120000"]') or []
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise EnvError(f"{AFTER_VAR}[{index}]: {shown(item)} is not a folder path; it lists the folders of "
+                           "the runs this one waited for (clusterjob sets it), e.g. [\"results/prep/<run>\"]")
+    return [Path(item) for item in value]
+
+
+MAX_ENV_JSON_CHARS = 1024 * 1024  # far above what a process can inherit (128 KiB a variable on Linux)
+_KINDS = {dict: "a mapping", list: "a list", str: "text", int: "a number", float: "a number", bool: "true/false",
+          type(None): "null"}
+
+
+def _from_environment(name: str, kind: type, example: str) -> Any:
+    """The JSON value of the variable ``name`` (None when unset or empty), a ``kind``
+    (dict or list). Whatever else it holds (no JSON, another type, nesting deeper than
+    Python reads, a number past int's digits, too many bytes) is one EnvError naming
+    the variable, what is wrong and the fix, never a traceback from inside json."""
+    text = os.environ.get(name, "")
+    if not text.strip():
+        return None
+    if len(text) > MAX_ENV_JSON_CHARS:
+        why = f"holds {len(text)} characters, more than {MAX_ENV_JSON_CHARS}"
+    else:
+        try:
+            value = json.loads(text)
+        except RecursionError:
+            why = "is nested too deeply to be read"
+        except ValueError as err:  # not JSON, or an int of more digits than Python converts
+            why = f"is not JSON ({str(err).splitlines()[0]})"
+        else:
+            if isinstance(value, kind):
+                return value
+            why = f"holds {_KINDS.get(type(value), 'a value')} where {_KINDS[kind]} belongs"
+    raise EnvError(f"{name}: {brief(text, 60)} {why}; clusterjob sets it for a run's code (unset it outside a run, "
+                   f"or give JSON such as {example})")
 
 
 def log(step: Optional[int] = None, **metrics: Any) -> None:

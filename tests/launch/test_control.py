@@ -289,7 +289,7 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
     monkeypatch.setattr(slurmctl, "TIMEOUT_S", 0.5)
     run = make_run(tmp_path, status="running", slurm_job_id="41", executor="slurm")
     before = run.info_file.read_bytes()
-    assert control.cmd_status(SimpleNamespace(dir=str(tmp_path / "exp"))) == 0
+    assert control.cmd_status(str(tmp_path / "exp")) == 0
     out, err = capsys.readouterr()
     assert "running (Slurm unreachable)" in out and "squeue did not answer" in err
     assert run.info_file.read_bytes() == before

@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -166,8 +165,7 @@ def test_units():
 def test_main_prints_the_script(tmp_path, capsys):
     spec = tmp_path / "s.yaml"
     spec.write_text("name: cli\nresources: {nodes: 3}\n")
-    args = Namespace(spec=str(spec), set=["resources.gpus_per_node=1"], style="torchrun")
-    assert sbatch.main(args) == 0
+    assert sbatch.main(str(spec), ["resources.gpus_per_node=1"], style="torchrun") == 0
     out = capsys.readouterr().out
     assert "python -m torch.distributed.run" in out.replace('"$CLUSTERJOB_PYTHON"', "python")
     h = headers(out)
@@ -179,9 +177,9 @@ def test_main_rejects_bad_style_and_bad_spec(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text("name: cli\n")
     with pytest.raises(BadInput, match="--style 'mpi'"):
-        sbatch.main(Namespace(spec=str(spec), set=[], style="mpi"))
+        sbatch.main(str(spec), [], style="mpi")
     with pytest.raises(SpecError, match="resources.nodes"):
-        sbatch.main(Namespace(spec=str(spec), set=["resources.nodes=0"], style="srun"))
+        sbatch.main(str(spec), ["resources.nodes=0"], style="srun")
 
 
 def test_templates_found_via_environment_variable(tmp_path, monkeypatch):

@@ -1,6 +1,5 @@
 """clusterjob report: grouped and per-run tables in md, csv, json and html."""
 
-import argparse
 import io
 import json
 import sys
@@ -13,6 +12,7 @@ from test_results import FINAL, epoch_line, sweep, write_run
 
 from clusterjob.core.errors import BadInput
 from clusterjob.report import build as report
+from clusterjob.report.build import ReportOptions
 from clusterjob.report.results import ResultsWarning
 
 GROUP_CSV = ["train.lr", "n", "val_acc_mean", "val_acc_std", "best_val_acc_mean", "best_val_acc_std",
@@ -26,10 +26,9 @@ def exp(tmp_path: Path) -> Path:
     return sweep(tmp_path / "results")
 
 
-def args(root, **kw) -> argparse.Namespace:
+def args(root, **kw) -> ReportOptions:
     """What the CLI's report subcommand hands to report.main."""
-    base = dict(dir=str(root), group_by=None, format=None, out=None, runs=False, metric=None, mode=None)
-    return argparse.Namespace(**{**base, **kw})
+    return ReportOptions(**{"dir": str(root), **kw})
 
 
 def quiet(root, **kw) -> str:

@@ -13,13 +13,13 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from test_hostile_results import cli, good_run, snapshot
 
 from clusterjob.core.errors import BadInput
 from clusterjob.report import build
+from clusterjob.report.build import ReportOptions
 
 AS_NOBODY = os.geteuid() == 0 and shutil.which("setpriv") is not None
 
@@ -163,8 +163,7 @@ def test_a_write_that_fails_midway_leaves_nothing(tmp_path: Path, monkeypatch, f
         monkeypatch.setattr(build, "_encodable", lambda text: _Failing(text))
     else:
         monkeypatch.setattr(os, fails, no_space)
-    args = SimpleNamespace(dir="results/exp", group_by=None, format=None, out="r.md", runs=False, metric=None,
-                           mode=None)
+    args = ReportOptions(dir="results/exp", out="r.md")
     with pytest.raises(BadInput, match="No space left on device"):
         build.main(args)
     assert sorted(os.listdir(tmp_path)) == ["r.md", "results"] and (tmp_path / "r.md").read_text() == "old report\n"
