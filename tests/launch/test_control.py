@@ -4,7 +4,6 @@ array chunking, truncated checkpoints (Slurm commands faked, files real)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -242,50 +241,33 @@ def test_finalize_names_a_killed_task(tmp_path):
 # ----------------------------------------------------------------------------- Slurm that does not answer
 
 
-def shim(folder, name: str, body: str) -> None:
-    """A fake Slurm command on PATH: a shell script with ``body``."""
-    folder.mkdir(exist_ok=True)
-    path = folder / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-
-
-@pytest.fixture
-def shims(tmp_path, monkeypatch):
-    """A folder of fake Slurm commands that comes first on PATH."""
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
-    return folder
-
-
-def test_queries_tell_a_failed_query_from_an_answer(shims, monkeypatch):
-    shim(shims, "squeue", 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1')
-    shim(shims, "sacct", 'echo "sacct: error: Problem talking to the database" >&2; exit 1')
+def test_queries_tell_a_failed_query_from_an_answer(slurm_shims, monkeypatch):
+    slurm_shims.fail("squeue", stderr="slurm_load_jobs error: Unable to contact slurm controller")
+    slurm_shims.fail("sacct", stderr="sacct: error: Problem talking to the database")
     assert slurmctl.queue_states(["5"]) is None and slurmctl.accounting_states(["5"]) is None
     assert slurmctl.queue_states([]) == {}  # nothing to ask: an empty answer, no query
-    shim(shims, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
+    slurm_shims.fail("squeue", stderr="slurm_load_jobs error: Invalid job id specified")
     assert slurmctl.queue_states(["5"]) == {}  # the job left the controller's memory
-    shim(shims, "squeue", 'echo "5_1|RUNNING"; echo "6|PENDING"')
-    shim(shims, "sacct", 'echo "7|CANCELLED by 0"; echo "8|TIMEOUT"')
+    slurm_shims.answer("squeue", "JOBID|STATE\n5_1|RUNNING\n6|PENDING\n")
+    slurm_shims.answer("sacct", "JobID|State\n7|CANCELLED by 0\n8|TIMEOUT\n")
     assert slurmctl.queue_states(["5_1", "6"]) == {"5_1": "RUNNING", "6": "PENDING"}
     assert slurmctl.accounting_states(["7", "8"]) == {"7": "CANCELLED", "8": "TIMEOUT"}
-    shim(shims, "squeue", "exec sleep 30")
+    slurm_shims.answer("squeue", delay=30)
     monkeypatch.setattr(slurmctl, "TIMEOUT_S", 0.5)
     start = time.monotonic()
     assert slurmctl.queue_states(["5"]) is None and time.monotonic() - start < 5
-    monkeypatch.setenv("PATH", str(shims / "nowhere"))  # no Slurm on this machine
+    monkeypatch.setenv("PATH", str(slurm_shims.folder / "nowhere"))  # no Slurm on this machine
     assert slurmctl.queue_states(["5"]) is None and slurmctl.accounting_states(["5"]) is None
 
 
 @pytest.mark.parametrize("squeue", [
-    'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1',
-    "exec sleep 30",  # past TIMEOUT_S
+    {"stderr": "slurm_load_jobs error: Unable to contact slurm controller\n", "exit_code": 1},
+    {"delay": 30},  # past TIMEOUT_S
 ])
-def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tmp_path, shims, monkeypatch,
+def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tmp_path, slurm_shims, monkeypatch,
                                                                              capsys, squeue):
-    shim(shims, "squeue", squeue)
-    shim(shims, "sacct", "exit 1")
+    slurm_shims.answer("squeue", **squeue)
+    slurm_shims.answer("sacct", exit_code=1)
     monkeypatch.setattr(slurmctl, "TIMEOUT_S", 0.5)
     run = make_run(tmp_path, status="running", slurm_job_id="41", executor="slurm")
     before = run.info_file.read_bytes()
@@ -296,13 +278,13 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
     (info,) = control.refresh([run], write_back=True)  # submit --wait: nothing learnt, nothing written
     assert info["status"] == "running" and run.info_file.read_bytes() == before
     with pytest.raises(RuntimeError, match="scancel 41 failed"):  # cancel still tries: the run is not final
-        shim(shims, "scancel", "exit 1")
+        slurm_shims.answer("scancel", exit_code=1)
         control.cancel(run)
 
 
-def test_status_through_the_cli_with_squeue_failing(tmp_path, shims):
-    shim(shims, "squeue", 'echo "error: Unable to contact slurm controller" >&2; exit 1')
-    shim(shims, "sacct", "exit 1")
+def test_status_through_the_cli_with_squeue_failing(tmp_path, slurm_shims):
+    slurm_shims.fail("squeue", stderr="error: Unable to contact slurm controller")
+    slurm_shims.answer("sacct", exit_code=1)
     run = make_run(tmp_path, status="running", slurm_job_id="42", executor="slurm")
     before = run.info_file.read_bytes()
     done = subprocess.run([sys.executable, "-m", "clusterjob", "status", "exp"], cwd=tmp_path,

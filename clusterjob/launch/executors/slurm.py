@@ -20,9 +20,7 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -78,7 +76,7 @@ class SlurmExecutor(Executor):
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
-        if reachable():
+        if slurmctl.reachable():
             return None
         return ("Slurm is not reachable from here (sbatch/sinfo missing or the controller does not answer); "
                 "check SLURM_CONF, or use --executor local")
@@ -96,6 +94,9 @@ class SlurmExecutor(Executor):
                 raise BadInput(f"--after: {dep.run.path} is {dep.why}, with no Slurm job to wait for (a local run, or "
                                "Slurm did not say); submit this one with --executor local, or once it completed")
         if not preflight:
+            from clusterjob.launch.preflight import array_size
+
+            array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
             return
         failed = [check for check in self.checks(spec, points) if not check.ok]
         for check in failed:
@@ -108,7 +109,11 @@ class SlurmExecutor(Executor):
         """The cluster's answers for ``points`` runs of ``spec``, one Check each; read-only."""
         from clusterjob.launch import preflight
 
-        return preflight.run_checks(spec, points, scripts(spec, points, _folder(spec)))
+        try:
+            rendered = scripts(spec, points, _folder(spec))
+        except (BadInput, SlurmUnreachable):  # no array size: the array check says why
+            rendered = []
+        return preflight.run_checks(spec, points, rendered)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         return scripts(spec, points, _folder(spec), chain.jobs(after))
@@ -159,16 +164,6 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"slurm_job_id": None}
-
-
-def reachable(timeout_s: float = 10.0) -> bool:
-    """True when ``sbatch`` exists and the controller answers."""
-    if not shutil.which("sbatch") or not shutil.which("sinfo"):
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=timeout_s).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
 
 def _folder(spec: Spec) -> Path:
@@ -259,9 +254,11 @@ def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[st
 
 def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = ()) -> list[str]:
     """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``)."""
+    from clusterjob.launch.preflight import array_size
+
     params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"), after_jobs)
     return [_render(params, folder, len(part) if points > 1 else None)
-            for part in chunks(list(range(points)), slurmctl.max_array_size())]
+            for part in chunks(list(range(points)), array_size(points))]
 
 
 def _render(params: dict, folder: Path, array: Optional[int]) -> str:
@@ -279,10 +276,13 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) 
     """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks), each waiting
     for ``after_jobs``; each run.json gets its job id (``<array>_<task>`` for arrays).
     Returns the job ids in run order."""
+    from clusterjob.launch.preflight import array_size
+
+    size = array_size(len(runs))
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
     with envmod.scrubbed_environ():
-        for part in chunks(runs, slurmctl.max_array_size()):
+        for part in chunks(runs, size):
             _submit_part(spec, part, folder, after_jobs)
     return [str(run.read().slurm_job_id) for run in runs]
 
