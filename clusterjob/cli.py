@@ -76,13 +76,15 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from clusterjob.launch.executor import records  # each run's state, as `status` derives it
+
     if args.watch:
         from clusterjob.report import watch
 
-        return watch.main(args)
+        return watch.main(args, records)
     from clusterjob.report import build as report
 
-    return report.main(args)
+    return report.main(args, records)
 
 
 @_reads_run_folders
