@@ -147,6 +147,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from clusterjob.launch.executor import records  # each run's state, as `status` derives it
     from clusterjob.report.build import ReportOptions
 
     options = ReportOptions(dir=args.dir, group_by=args.group_by, format=args.format, metric=args.metric,
@@ -154,10 +155,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.watch:
         from clusterjob.report import watch
 
-        return watch.main(options)
+        return watch.main(options, records)
     from clusterjob.report import build as report
 
-    return report.main(options)
+    return report.main(options, records)
 
 
 @_reads_run_folders

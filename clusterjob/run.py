@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import os
 import sys
 from pathlib import Path
@@ -71,9 +70,13 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     # Absolute: your code may change the working directory (entrypoint.workdir: run).
     run = RunDir(Path(dist.from_rank0("run-dir", lambda: os.path.abspath(_choose_run(args, spec, params).path))))
     _register(run, env, stop)
-    if dist.from_rank0("retries", lambda: runrecord.after_requeue(run, spec.resources.max_retries)) == "failed":
+    resources = spec.resources
+    decided = dist.from_rank0("retries", lambda: runrecord.after_requeue(run, resources.max_retries,
+                                                                         resources.retry_backoff_s))
+    if decided == runrecord.FAILED:
         dist.destroy()
         return "failed"  # a node failure with no retry left: recorded by rank 0
+    runrecord.hold(decided, lambda: stop.requested)  # the back-off after a node failure that Slurm's hold did not cover
     try:
         outcome = target(run, stop)
     except BaseException as exc:
@@ -101,12 +104,12 @@ def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
     ``clusterjob cancel``, which signals only a process it verified); rank 0 also
     stops when the run is marked cancelled."""
     from clusterjob.core import procs
-    from clusterjob.core.rundir import link_rank_logs, write_atomic
+    from clusterjob.core.rundir import link_rank_logs
 
     link_rank_logs(run, env.rank)
     ref = procs.current()
     if ref is not None:
-        write_atomic(run.proc_file(env.rank), json.dumps(ref.to_dict()) + "\n")
+        procs.save(run.proc_file(env.rank), ref)
     if env.rank == 0:
         stop.watch(run)
 

@@ -352,5 +352,11 @@ def cmd_cancel(run_text: str) -> int:
         lines = cancel(run)
     for line in lines:
         print(line)
-    print(f"cancelled {run.path}")
+    status = run.read().status
+    if status == "cancelled":
+        print(f"cancelled {run.path}")
+    elif status in FINAL_STATUSES:
+        print(f"{run.path} ended {status} before the cancel reached it")
+    else:
+        print(f"cancel requested for {run.path}: `clusterjob status` shows it cancelled once no rank of it is alive")
     return 0

@@ -15,7 +15,9 @@ submit, resume, status, logs and cancel speak to executors through this protocol
 - ``start``: hand run folders this process claimed over (a job, a supervisor), or,
   with ``follow``, keep them here; ``wait`` follows them to their end;
 - ``refresh``: what became of runs whose run.json does not say yet (the queue, the
-  processes), read-only unless ``write_back``; ``live``: why a run may still run;
+  processes), read-only unless ``write_back``; ``live``: why a run may still run.
+  ``views`` (and ``records``, its records) is the one derivation of a run's state
+  that every read-only view shows;
 - ``cancel``: stop a run, and mark it cancelled once no rank of it is alive.
 """
 
@@ -25,6 +27,7 @@ import abc
 import importlib
 import pkgutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import procs
@@ -241,6 +244,13 @@ def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
         for index, view in zip(indices, fresh):
             found[index] = view
     return found
+
+
+def records(folders: Sequence) -> list[RunRecord]:
+    """The records of the run ``folders`` as ``views`` derives them, read-only: the one
+    state every read-only view shows (status, logs -f, report, report --watch, the
+    ``submit --wait`` report), handed to the report, which may not import this side."""
+    return [view.record for view in views([RunDir(Path(folder)) for folder in folders])]
 
 
 def learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:

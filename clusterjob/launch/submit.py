@@ -174,7 +174,7 @@ def print_report(runs: list[RunDir]) -> None:
     from clusterjob.report import build as report
 
     print()
-    print(report.format_report([run.path for run in runs], fmt="md"))
+    print(report.format_report([run.path for run in runs], fmt="md", states=executor.records))
 
 
 # ----------------------------------------------------------------------------- resume

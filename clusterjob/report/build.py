@@ -40,6 +40,7 @@ from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import atomic_open
 from clusterjob.report import cost, htmlpage, termtable
 from clusterjob.report.cells import error_lines, group_display, group_legend, id_prefix, runs_display, runs_legend
+from clusterjob.report.reading import RunStates
 from clusterjob.report.results import ResultsWarning
 from clusterjob.report.stats import (
     GROUP_METRICS,
@@ -155,14 +156,15 @@ def render(report: Report, fmt: str = "md", runs: bool = False, width: int = 80)
 
 def format_report(root: "str | Path | Sequence", group_by: Optional[list] = None, fmt: str = "md",
                   runs: bool = False, width: int = 80, metric: Optional[str] = None,
-                  mode: Optional[str] = None) -> str:
+                  mode: Optional[str] = None, states: Optional[RunStates] = None) -> str:
     """The report of the runs under ``root`` as text; problems become ResultsWarnings.
 
     ``root`` is a results folder (as for ``clusterjob report``) or a list of run
-    folders, e.g. the runs one ``submit --wait`` launched. Writes the results
-    cache once the report is made.
+    folders, e.g. the runs one ``submit --wait`` launched. ``states`` derives the
+    state of runs whose run.json does not say they ended (``reading.RunStates``;
+    None: as run.json says). Writes the results cache once the report is made.
     """
-    report = build_report(root, group_by, metric=metric, mode=mode)
+    report = build_report(root, group_by, metric=metric, mode=mode, states=states)
     for message in report.warnings:
         warnings.warn(message, ResultsWarning, stacklevel=2)
     text = render(report, fmt, runs, width)
@@ -260,10 +262,11 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def main(args: ReportOptions) -> int:
-    """``clusterjob report``: print the report of ``args.dir``, or write it to ``args.out``."""
+def main(args: ReportOptions, states: Optional[RunStates] = None) -> int:
+    """``clusterjob report``: print the report of ``args.dir``, or write it to ``args.out``;
+    ``states`` derives the runs' states as ``status`` does (the command line hands it in)."""
     fmt, metric, mode = _check_args(args)
-    report = build_report(args.dir, args.group_by, metric=metric, mode=mode)
+    report = build_report(args.dir, args.group_by, metric=metric, mode=mode, states=states)
     width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() and not args.out else 80
     text = _encodable(render(report, fmt, args.runs, width))
     _print_warnings(report.warnings)  # before the report, so a terminal shows them above it

@@ -18,16 +18,18 @@ written by ``Results.save_cache``, which callers run once their work succeeded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from clusterjob.core import metrics, record
 from clusterjob.core.rundir import (
+    FINAL_STATUSES,
     METRICS_FILE,
     NO_STAMP,
     UNKNOWN,
@@ -37,7 +39,12 @@ from clusterjob.core.rundir import (
     scan_runs,
 )
 
-__all__ = ["ResultsWarning", "Results", "collect"]
+__all__ = ["ResultsWarning", "Results", "RunStates", "collect", "with_states"]
+
+# The records of run folders as their executors see them now (the queue, the processes):
+# clusterjob.launch.executor.records, the one derivation ``status`` and ``logs -f`` use,
+# read-only. The report may not import the launch side: the command line hands it in.
+RunStates = Callable[[list], list]
 
 CACHE_NAME = ".clusterjob-cache.npz"
 CACHE_VERSION = 4  # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions
@@ -350,3 +357,18 @@ def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results
     columns = {name: matrix[:, i] for i, name in enumerate(names)}
     lengths = np.array([len(p.values) for p in parsed], dtype=np.int64)
     return Results(root, [p.info for p in parsed], [p.problems for p in parsed], lengths, columns, plan)
+
+
+def with_states(results: Results, states: Optional[RunStates]) -> Results:
+    """``results`` with the status and error that ``states`` derives for each run whose
+    run.json does not say it ended (every process of a local run gone, a Slurm job that
+    left the queue): what ``status`` shows. The cache keeps what run.json says (its rows
+    are copied, not changed); ``states`` None leaves ``results`` as they are."""
+    open_ = [i for i, info in enumerate(results.infos) if info["status"] not in FINAL_STATUSES]
+    if states is None or not open_:
+        return results
+    infos = list(results.infos)
+    for i, now in zip(open_, states([infos[i]["path"] for i in open_])):
+        error = now.error or record.RunError(None, None)
+        infos[i] = {**infos[i], "status": now.status or UNKNOWN, "error": error.message, "error_rank": error.rank}
+    return dataclasses.replace(results, infos=infos)

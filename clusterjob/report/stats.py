@@ -29,7 +29,7 @@ import pandas as pd
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
 from clusterjob.report import cost
-from clusterjob.report.reading import Results, collect
+from clusterjob.report.reading import Results, RunStates, collect, with_states
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
@@ -296,11 +296,13 @@ def _sorted_runs(runs: pd.DataFrame, keys: list) -> pd.DataFrame:
 
 
 def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
-                 metric: Optional[str] = None, mode: Optional[str] = None) -> Report:
-    """Read the runs under ``root`` (or a list of run folders) and group them; BadInput
-    for a bad DIR, key, metric or mode. Writes nothing: ``Report.save_cache`` does."""
+                 metric: Optional[str] = None, mode: Optional[str] = None,
+                 states: Optional[RunStates] = None) -> Report:
+    """Read the runs under ``root`` (or a list of run folders) and group them, each run's
+    state as ``states`` derives it (``reading.with_states``); BadInput for a bad DIR,
+    key, metric or mode. Writes nothing: ``Report.save_cache`` does."""
     try:
-        results = collect(root, cache=cache)
+        results = with_states(collect(root, cache=cache), states)
     except FileNotFoundError:
         raise no_runs(root) from None
     if not results.infos:

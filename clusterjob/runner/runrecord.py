@@ -8,9 +8,10 @@ report.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import retry, slurmctl
@@ -19,6 +20,7 @@ from clusterjob.core.record import Session
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 
+HOLD_POLL_S = 0.5  # how often a rank waiting out a back-off looks for a stop signal
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
 
 
@@ -131,29 +133,55 @@ def new_session(run: RunDir, job: Optional[str], own_code: bool) -> Session:
     return Session(now_iso(), job, written, knows)
 
 
-def after_requeue(run: RunDir, max_retries: int) -> str:
+GO, FAILED, WAIT = "go", "failed", "wait"  # what ``after_requeue`` tells every rank
+
+
+def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -> str:
     """Rank 0 as a Slurm job starts again: a requeue that no stop of the run counted,
     after a session Slurm ended with NODE_FAIL (sacct), is a retry when retries are on
-    (``resources.max_retries`` > 0): recorded as an attempt and counted in ``retries``.
-    "failed" when none was left (the run is marked failed and does not start), else "go"."""
+    (``resources.max_retries`` > 0; clusterjob.core.retry.decide): recorded as an attempt
+    and counted in ``retries``. "failed" when none was left (the run is marked failed
+    and does not start); "wait S" when S seconds of the back-off are left after the hold
+    Slurm gave the requeued job (its own delay, from the requeue: the job's SubmitTime);
+    else "go"."""
     job = envmod.slurm_job()
     if max_retries == 0 or job is None:
-        return "go"
+        return GO
     info = run.read()
     if job.restart_count <= (info.requeues or 0) + (info.retries or 0):
-        return "go"
+        return GO
     if slurmctl.previous_state(job.run_key) != "NODE_FAIL":
-        return "go"  # a requeue by hand or a preemption: counted as a requeue (mark_running)
+        return GO  # a requeue by hand or a preemption: counted as a requeue (mark_running)
     why = f"node failure (Slurm ended job {job.run_key} with NODE_FAIL on {', '.join(info.hosts) or 'its nodes'})"
-    number = retry.next_retry(info, max_retries)
-    retry.record_attempt(run, why, number, job=job.run_key)
-    if number is not None:
-        print(f"{why}; retry {number} of {max_retries} from the last checkpoint", flush=True)
-        return "go"
-    run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
-        f"{why}; resources.max_retries={max_retries} reached. Fix: `clusterjob resume {run.path}` continues it "
-        "from the last checkpoint")))
-    return "failed"
+    decision = retry.decide(run, why, max_retries, retry_backoff_s, job=job.run_key)
+    assert decision is not None  # max_retries > 0
+    if decision.number is None:
+        run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
+            f"{decision.line}. Fix: `clusterjob resume {run.path}` continues it from the last checkpoint")))
+        return FAILED
+    left = decision.wait_s - _since_requeue_s(job.run_key)
+    print(decision.line + (f" ({left:.0f} s left after Slurm's own hold)" if left > 0 else ""), flush=True)
+    return f"{WAIT} {left:.1f}" if left > 0 else GO
+
+
+def _since_requeue_s(job: str) -> float:
+    """Seconds since the job was requeued (a requeue sets its SubmitTime anew; scontrol
+    gives local time); 0 when Slurm does not say."""
+    text = slurmctl.submit_time(job)
+    try:
+        return max(0.0, (datetime.now() - datetime.fromisoformat(text or "")).total_seconds())
+    except ValueError:
+        return 0.0
+
+
+def hold(decided: str, stopped: Callable[[], bool]) -> None:
+    """Every rank: wait out ``after_requeue``'s "wait S" before the code starts (each
+    rank waits itself: a wait on rank 0 alone would run into the store's timeout), unless
+    a stop signal comes first (the code then stops at its first check)."""
+    kind, _, seconds = decided.partition(" ")
+    deadline = time.monotonic() + (float(seconds) if kind == WAIT else 0.0)
+    while time.monotonic() < deadline and not stopped():
+        time.sleep(min(HOLD_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def finish(run: RunDir, **fields: Any) -> None:

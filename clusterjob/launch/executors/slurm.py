@@ -36,8 +36,8 @@ from clusterjob.core.rundir import (
     RunError,
     RunRecord,
     failure,
+    first_error,
     is_job_id,
-    mark_failed,
     now_iso,
     rank_errors,
     tail_lines,
@@ -375,11 +375,21 @@ def finalize(runs_file: str, index: str, srun_status: str) -> int:
     with afterok then never starts)."""
     run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
     info = run.read()
-    if srun_status != "0" and info.status in ("pending", "running", "failed"):
+    if srun_status != "0" and _unsettled(info):
         cause = _record_end(run, info, srun_status)
         if cause is not None and _retried(run, cause):
             return 0
     return 0 if run.read().status == "completed" else 1
+
+
+def _unsettled(info: RunRecord) -> bool:
+    """Whether the record may not yet say how a session srun ended badly ended: pending,
+    running, failed (the cause may be a task killed without a word), or a stop the others
+    recorded as srun ended the step for a task killed by a signal (--kill-on-bad-exit
+    sends them SIGTERM: a preemption or a time limit never lets this line run)."""
+    if info.status in ("pending", "running", "failed"):
+        return True
+    return info.status in ("preempted", "timeout") and killed_task(session_log(_batch_log(info))) is not None
 
 
 def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]:
@@ -396,33 +406,43 @@ def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]
             "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
         named = None if reason.startswith("Out Of Memory") else f"task {rank} on {node}: {reason}"
     elif info.status != "failed":
-        mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
-                         f"(see `clusterjob logs {run.path}`)")
+        run.update(status="failed", finished_at=now_iso(), error=first_error(run) or _exited(run, log, srun_status))
     if killed and named is None:
         return None  # the job's own memory: a retry would end the same way
     return retry.machine_cause(named, rank_errors(run), exit_codes(log))
 
 
+def _exited(run: RunDir, log: str, srun_status: str) -> RunError:
+    """With no traceback anywhere: the first task srun reports as exited non-zero, else
+    srun's own status."""
+    for node, rank, reason in _SRUN_TASK_ERROR.findall(log):
+        code = _EXIT_CODE.match(reason)
+        if code:
+            return RunError(int(rank), f"task {rank} on {node}: exited with code {code.group(1)} (no traceback)",
+                            "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20)))
+    return RunError(None, f"srun exited with status {srun_status}: a task was killed or failed "
+                          f"(see `clusterjob logs {run.path}`)")
+
+
 def _retried(run: RunDir, cause: str) -> bool:
-    """Requeue the job of a run the machine failed, when a retry is left: recorded as an
-    attempt, its start held back by the back-off (or Slurm's own delay, when longer)."""
+    """Requeue the job of a run the machine failed, when a retry is left (retry.decide):
+    its start held back by the back-off (or Slurm's own delay, when longer)."""
     resources = load_spec(run.spec_file).resources
-    info = run.read()
-    if resources.max_retries == 0 or info.slurm_job_id is None:
+    job = run.read().slurm_job_id
+    if job is None:
         return False
-    number = retry.next_retry(info, resources.max_retries)
-    retry.record_attempt(run, cause, number)
-    if number is None:
-        print(f"clusterjob: {cause}; resources.max_retries={resources.max_retries} reached", file=sys.stderr)
+    decision = retry.decide(run, cause, resources.max_retries, resources.retry_backoff_s)
+    if decision is None or decision.number is None:
+        if decision is not None:
+            print(f"clusterjob: {decision.line}", file=sys.stderr)
         return False
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
-    if not slurmctl.requeue(info.slurm_job_id):
+    if not slurmctl.requeue(job):
         run.update(status="failed", finished_at=now_iso(), error=RunError(
-            None, f"{cause}; retry {number} could not requeue job {info.slurm_job_id} (scontrol requeue failed)"))
+            None, f"{cause}; retry {decision.number} could not requeue job {job} (scontrol requeue failed)"))
         return False
-    slurmctl.start_later(info.slurm_job_id, retry.backoff_s(resources.retry_backoff_s, number))
-    print(f"clusterjob: {cause}; retry {number} of {resources.max_retries}: job {info.slurm_job_id} requeued",
-          file=sys.stderr)
+    slurmctl.start_later(job, decision.wait_s)
+    print(f"clusterjob: {decision.line}: job {job} requeued", file=sys.stderr)
     return True
 
 
