@@ -112,6 +112,24 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     return sbatch.main(args)
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from clusterjob.launch import datafetch
+
+    return datafetch.main(args)
+
+
+def _add_data_parser(sub) -> None:
+    from clusterjob.spec.catalog import FILED
+
+    p = sub.add_parser("data", help="download a built-in dataset where there is internet (a login node)")
+    fetch = p.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "fetch", help="download DATASET into --root (what the specs' data.root names), unless it is there")
+    fetch.add_argument("dataset", choices=FILED, help=" | ".join(FILED))
+    fetch.add_argument("--root", help="the data.root of the runs that read it (default ./data); on a filesystem "
+                                      "the compute nodes see")
+    fetch.set_defaults(func=cmd_data)
+
+
 def executor_names() -> list[str]:
     from clusterjob.launch.executor import names
 
@@ -203,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     _add_report_parser(sub)
+    _add_data_parser(sub)
     return parser
 
 
