@@ -36,9 +36,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from clusterjob.core import claim, metrics, retry
+from clusterjob.core import claim, retry
 from clusterjob.core import env as envmod
-from clusterjob.core.errors import escape
 from clusterjob.core.rundir import (
     RunDir,
     RunError,
@@ -276,22 +275,6 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
     rank, code = bad[0]
     stderr = " | ".join(tail_lines(run.logs / f"rank{rank}.err", 5))
     return mark_failed(run, f"rank {rank} exited with code {code}: {stderr}")
-
-
-def last_progress(run: RunDir) -> Optional[str]:
-    """The live line on the terminal: your own code's first metric with its latest value
-    and step, else rank 0's latest progress or epoch line."""
-    own = metrics.own_latest(run.path, run.read().entrypoint)
-    if own is not None:
-        return escape(str(own))  # names from the code's own file: safe for a terminal
-    try:
-        with open(run.logs / "rank0.out", "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    shown = [line for line in lines if line.startswith(("[progress]", "epoch "))]
-    return shown[-1].removeprefix("[progress] ") if shown else None
 
 
 def main(argv: list[str]) -> int:
