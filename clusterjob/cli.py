@@ -188,6 +188,24 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     return sbatch.main(args.spec, args.set, style=args.style)
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from clusterjob.launch import datafetch
+
+    return datafetch.main(args)
+
+
+def _add_data_parser(sub) -> None:
+    from clusterjob.spec.catalog import FILED
+
+    p = sub.add_parser("data", help="download a built-in dataset where there is internet (a login node)")
+    fetch = p.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "fetch", help="download DATASET into --root (what the specs' data.root names), unless it is there")
+    fetch.add_argument("dataset", choices=FILED, help=" | ".join(FILED))
+    fetch.add_argument("--root", help="the data.root of the runs that read it (default ./data); on a filesystem "
+                                      "the compute nodes see")
+    fetch.set_defaults(func=cmd_data)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's one-line bad input (exit 2) instead of its usage block."""
 
@@ -288,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     _add_report_parser(sub)
+    _add_data_parser(sub)
     return parser
 
 
