@@ -23,7 +23,8 @@ from clusterjob.core import procs, units
 pytestmark = pytest.mark.slow
 
 # a run that trains until stopped: 1 rank, 1024 samples in batches of 8, a progress line every 2 steps
-LONG = dict(train={"epochs": 40, "batch_size": 8, "log_every": 2}, data={"limit_train": 1024, "limit_val": 64},
+LONG = dict(train={"epochs": 40, "batch_size": 8, "log_every": 2, "lr": 0.005},  # a small lr: no divergence mid-test
+            data={"limit_train": 1024, "limit_val": 64},
             resources={"tasks_per_node": 1})
 
 
