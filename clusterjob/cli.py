@@ -230,11 +230,14 @@ def _add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
     p.add_argument("dir", help="results/<name>, results/, or one run folder")
     p.add_argument("--group-by", nargs="+", metavar="KEY",
-                   help="group keys (default: swept keys but the seeds, train.seed and params.seed)")
+                   help="group keys: any key of the runs' resolved spec (e.g. train.lr, or lr), name, status, "
+                        "world_size, backend, amp, git_sha (default: every key of the runs' params and every spec "
+                        "key whose value differs between runs of one experiment, but the seeds train.seed and "
+                        "params.seed). Each experiment (spec name) is reported apart")
     # --format and --mode are checked by the report itself: one error line, like every bad input
     p.add_argument("--format", metavar="md|csv|html|json", help="default md (or from --out's suffix)")
-    p.add_argument("--metric", metavar="NAME", help="primary metric (default: val_acc if logged, else the first "
-                                                    "metric the runs logged)")
+    p.add_argument("--metric", metavar="NAME", help="primary metric of each experiment whose runs logged it "
+                                                    "(default: val_acc if logged, else the first metric logged)")
     p.add_argument("--mode", metavar="max|min", help="which way is better (default: min for names with loss or "
                                                      "err, else max)")
     p.add_argument("--out", help="write to this file instead of the terminal")

@@ -115,8 +115,9 @@ def _restarts(info: dict) -> str:
 
 
 def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
-    """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 0.95"
-    beside runs of your own code), your code's step and first metric."""
+    """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 95.00%"
+    beside runs of your own code), your code's step and the metric the report ranks by
+    (``metrics.own_latest``: one choice for both)."""
     if info["entrypoint"] is not None:
         from clusterjob.core import metrics  # numpy with it: only where runs of your own code are listed
 
