@@ -10,6 +10,8 @@ from clusterjob.core.record import RunRecord
 from clusterjob.launch import executor, executors
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
+from clusterjob.spec import options
+from clusterjob.spec.options import SlurmOptions
 
 PLUGIN = '''
 from clusterjob.launch.executor import Executor, register
@@ -39,6 +41,12 @@ def test_the_registry_names_every_executor_auto_first():
     assert isinstance(executor.get("local"), LocalExecutor) and isinstance(executor.get("slurm"), SlurmExecutor)
     with pytest.raises(BadInput, match="--executor 'nope': no such executor; choose one of: auto, slurm, local"):
         executor.get("nope")
+
+
+def test_the_built_in_executors_options_are_those_every_task_reads():
+    declared = {name: executor.get(name).options for name in executor.names()}
+    assert declared == {"slurm": SlurmOptions, "local": None}
+    assert set(options.BUILT_IN) == {found for found in declared.values() if found is not None}
 
 
 def test_auto_takes_the_first_available(monkeypatch):

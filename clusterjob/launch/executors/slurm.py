@@ -56,6 +56,7 @@ from clusterjob.launch.executor import (
     views,
 )
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
+from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
 
 # sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
@@ -73,6 +74,7 @@ class SlurmExecutor(Executor):
 
     name = "slurm"
     auto_rank = 10
+    options = SlurmOptions
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -247,7 +249,7 @@ def _teardown(runs_file: Path) -> list[str]:
 def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[str]):
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=SlurmOptions.of(spec).max_requeues)
     executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file), after_jobs))
     return executor
 
