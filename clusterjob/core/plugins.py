@@ -2,7 +2,7 @@
 ``clusterjob.executors`` (docs/design.md, "Executors and scripts"), as submitit's plugins do:
 
     [project.entry-points."clusterjob.executors"]
-    toy = "toyexec:ToyExecutor"
+    myexec = "mypackage.myexec:MyExecutor"
 
 Entry points are read with ``importlib.metadata``, which costs half of a bare start-up, so
 only when asked: for a name no built-in executor has, for a spec key no built-in one

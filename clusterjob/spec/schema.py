@@ -693,7 +693,8 @@ def _executor_options(cls: type, raw: dict, path: str) -> dict:
             continue
         declared = _declaring(key) if cls is ResourcesSpec and isinstance(key, str) else None
         if declared is None:
-            allowed = names + list(_option_keys(cls))
+            foreign = executoropts.foreign(resource_keys()) if cls is ResourcesSpec else ()
+            allowed = names + [*_option_keys(cls), *(key for extra in foreign for key in extra.keys())]
             raise SpecError(_join(path, key_text(key)), "unknown key" + _where_else(str(key), allowed, path))
         given.setdefault(declared, {})[key] = raw[key]
     return {"options": tuple(_build(declared, keys, path) for declared, keys in given.items())} if given else {}
