@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import plugins, procs
 from clusterjob.core.errors import BadInput
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, now_iso
 from clusterjob.launch import executors
 
@@ -71,12 +72,13 @@ class Dependency:
     """A run another run waits for (``submit --after``), as its executor sees it now:
     ``state`` DONE (completed), WAITING (it may still complete) or FAILED (it never will:
     failed, cancelled, stopped with nothing to start it, gone), with its status in words
-    (``why``) and its Slurm job while that is queued (``job``)."""
+    (``why``) and its job while that is in its executor's queue (``job``: a Slurm job
+    is what Slurm's afterok can name)."""
 
     run: RunDir
     state: str
     why: str
-    job: Optional[str] = None
+    job: Optional[Job] = None
 
 
 DONE, WAITING, FAILED = "done", "waiting", "failed"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clusterjob.core.errors import BadInput
-from clusterjob.core.record import RunRecord
+from clusterjob.core.record import Job, RunRecord
 from clusterjob.launch import executor, executors
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
@@ -59,12 +59,12 @@ def test_auto_takes_the_first_available(monkeypatch):
 
 
 @pytest.mark.parametrize("fields, name", [
-    ({"executor": "local", "slurm_job_id": None}, "local"),
-    ({"executor": "slurm", "slurm_job_id": None}, "slurm"),
-    ({"executor": None, "slurm_job_id": None}, "local"),  # started by hand
-    ({"executor": None, "slurm_job_id": "12_3"}, "slurm"),  # a raw sbatch template's run
-    ({"executor": "gone", "slurm_job_id": "12"}, "slurm"),  # a name this version does not have
-    ({"executor": None, "slurm_job_id": "12; rm -rf /"}, None),  # no executor takes it
+    ({"executor": "local", "job": None}, "local"),
+    ({"executor": "slurm", "job": None}, "slurm"),
+    ({"executor": None, "job": None}, "local"),  # started by hand
+    ({"executor": None, "job": Job("slurm", "12_3")}, "slurm"),  # a raw sbatch template's run
+    ({"executor": "gone", "job": Job("slurm", "12")}, "slurm"),  # a name this version does not have
+    ({"executor": None, "job": Job("slurm", "12; rm -rf /")}, None),  # no executor takes it
 ])
 def test_the_executor_of_a_run_json(fields, name):
     found = executor.of_record(RunRecord(**fields))

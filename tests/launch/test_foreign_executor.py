@@ -58,9 +58,10 @@ def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp
     runs = sorted((tmp_path / "results" / "toyrun").iterdir())
     assert [line for line in done.stdout.splitlines() if line.startswith("toy:")] == [
         f"toy: queued {run.name}" for run in runs]
-    for run in runs:
+    for index, run in enumerate(runs):
         record = json.loads((run / "run.json").read_text())
         assert (record["executor"], record["status"]) == ("toy", "pending")
+        assert (record["job"], record["slurm_job_id"]) == ({"executor": "toy", "id": f"toy-{index}"}, None)
         assert yaml.safe_load((run / "spec.yaml").read_text())["resources"]["toy_slots"] == 2  # the resolved spec
 
     shown = cli(tmp_path, toy_site, "status", "results/toyrun")
@@ -68,6 +69,7 @@ def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp
     rows = {line.split()[0]: line for line in shown.stdout.splitlines()[1:] if line}
     assert sorted(rows) == [f"toyrun/{run.name}" for run in runs], shown.stdout
     assert all("pending (in the toy queue (queued))" in row for row in rows.values()), shown.stdout
+    assert [row.split()[-1] for row in rows.values()] == ["toy-0", "toy-1"]  # the JOB column: the toy's ids
 
     gone = cli(tmp_path, toy_site, "cancel", str(runs[0]))
     assert gone.returncode == 0, gone.stderr

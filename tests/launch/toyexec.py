@@ -2,8 +2,9 @@
 registered by entry point (``toy = toyexec:ToyExecutor`` in the group clusterjob.executors),
 with one resources key of its own. No file of clusterjob/ names it.
 
-Its "queue" is a file in each run folder: ``start`` queues the runs, ``status`` (refresh)
-shows them queued with the toy's note, ``cancel`` takes one out. The runs never run.
+Its "queue" is a file in each run folder: ``start`` queues the runs and records each
+one's job (toy-0, toy-1, ...), ``status`` (refresh) shows them queued with the toy's note,
+``cancel`` takes one out. The runs never run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from clusterjob.core import claim
 from clusterjob.core.errors import BadInput
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import now_iso
 from clusterjob.launch.executor import Executor, Waited
 from clusterjob.spec.fields import opt
@@ -47,8 +49,9 @@ class ToyExecutor(Executor):
         return [f"toy: {points} run(s) into {ToyOptions.of(spec).toy_slots} slot(s)"]
 
     def start(self, spec, runs, follow, after=()):
-        for run in runs:
+        for index, run in enumerate(runs):
             (run.path / QUEUE_FILE).write_text("queued\n")
+            run.update(job=Job(self.name, f"toy-{index}"))  # its id in the toy queue
         claim.release(*(run.path for run in runs))  # the toy queue has them now
         return [f"toy: queued {run.path.name}" for run in runs]
 

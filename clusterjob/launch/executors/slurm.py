@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 from clusterjob.core import claim, retry, slurmctl
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
+from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     RunDir,
@@ -92,7 +93,7 @@ class SlurmExecutor(Executor):
         (clusterjob.launch.preflight): each failed check on stderr, then bad input;
         ``preflight`` False asks nothing."""
         for dep in after:
-            if dep.state == WAITING and dep.job is None:
+            if dep.state == WAITING and _slurm_job(dep) is None:
                 raise BadInput(f"--after: {dep.run.path} is {dep.why}, with no Slurm job to wait for (a local run, or "
                                "Slurm did not say); submit this one with --executor local, or once it completed")
         if not preflight:
@@ -118,10 +119,10 @@ class SlurmExecutor(Executor):
         return preflight.run_checks(spec, points, rendered)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
-        return scripts(spec, points, _folder(spec), chain.jobs(after))
+        return scripts(spec, points, _folder(spec), _after_jobs(after))
 
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
-        job_ids = submit_runs(spec, runs, chain.jobs(after))
+        job_ids = submit_runs(spec, runs, _after_jobs(after))
         claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
         return [f"{job_id}  {run.path}" for job_id, run in zip(job_ids, runs)]
 
@@ -165,7 +166,19 @@ class SlurmExecutor(Executor):
         return _cancel_job(run, job, wait_s)
 
     def reopened(self) -> dict:
-        return {"slurm_job_id": None}
+        return {"job": None}
+
+
+def _slurm_job(dep: Dependency) -> Optional[str]:
+    """The Slurm job (or array task) of a run this one waits for, while it is queued;
+    None for none, or another executor's job."""
+    job = dep.job
+    return job.id if job is not None and job.executor == SLURM and is_job_id(job.id) else None
+
+
+def _after_jobs(after: Sequence[Dependency]) -> list[str]:
+    """The queued Slurm jobs of the runs still waited for: what afterok names."""
+    return [job for dep in after if dep.state == WAITING and (job := _slurm_job(dep)) is not None]
 
 
 def _folder(spec: Spec) -> Path:
@@ -301,7 +314,7 @@ def _submit_part(spec: Spec, runs: list[RunDir], folder: Path, after_jobs: Seque
             raise refusal(spec, err) from None
         raise
     for run, job in zip(runs, jobs):
-        run.update(executor="slurm", slurm_job_id=job.job_id, log_dir=str(folder.resolve()))
+        run.update(executor="slurm", job=Job(SLURM, job.job_id), log_dir=str(folder.resolve()))
         _link_logs(run, folder, job.job_id, spec.world_size)
 
 
