@@ -87,10 +87,10 @@ DONE, WAITING, FAILED = "done", "waiting", "failed"
 @dataclass(frozen=True)
 class Watch:
     """What ``submit --wait`` shows while it follows runs: ``progress`` while a run runs
-    in this process (its latest progress, for the live line), ``ended`` once a run is
-    final (its summary line)."""
+    in this process (its new progress lines, clusterjob.launch.progress.Line), ``ended``
+    once a run is final (its summary line)."""
 
-    progress: Callable[[Optional[str]], None] = lambda text: None
+    progress: Callable[[list], None] = lambda lines: None
     ended: Callable[[RunDir, RunRecord], None] = lambda run, info: None
 
 

@@ -41,9 +41,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from clusterjob.core import claim, metrics, procs, retry
+from clusterjob.core import claim, procs, retry
 from clusterjob.core import env as envmod
-from clusterjob.core.errors import escape
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     RunDir,
@@ -297,22 +296,6 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
     rank, said = killed
     return run.update(status="failed", finished_at=now_iso(), error=RunError(
         rank, f"{said} (no traceback)", "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
-
-
-def last_progress(run: RunDir) -> Optional[str]:
-    """The live line on the terminal: your own code's first metric with its latest value
-    and step, else rank 0's latest progress or epoch line."""
-    own = metrics.own_latest(run.path, run.read().entrypoint)
-    if own is not None:
-        return escape(str(own))  # names from the code's own file: safe for a terminal
-    try:
-        with open(run.logs / "rank0.out", "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    shown = [line for line in lines if line.startswith(("[progress]", "epoch "))]
-    return shown[-1].removeprefix("[progress] ") if shown else None
 
 
 def main(argv: list[str]) -> int:

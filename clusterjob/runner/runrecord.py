@@ -7,17 +7,17 @@ report.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import retry, slurmctl
+from clusterjob.core import procs, retry, slurmctl, units
+from clusterjob.core.files import is_number
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.record import SLURM, Job, Session
-from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
+from clusterjob.core.record import SLURM, Job, RunRecord, Session
+from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 
 HOLD_POLL_S = 0.5  # how often a rank waiting out a back-off looks for a stop signal
@@ -67,17 +67,21 @@ def outcome_now(signal: Optional[str], requeues: int, max_requeues: int) -> Stop
 
 def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOutcome:
     """Rank 0, once every rank checkpointed: record why the run stopped, and requeue its
-    Slurm job (the array task only) when the outcome says so."""
+    Slurm job (the array task only) when the outcome says so. The line it prints names
+    the state the run ends in, as status does."""
     job = envmod.slurm_job()
-    requeues = run.read().requeues or 0
-    outcome = outcome_now(signal, requeues, max_requeues)
+    info = run.read()
+    if signal == "SIGTERM" and job is None and _supervisor_alive(info):
+        return _stopped_by_supervisor(run, info)
+    cancelled = signal == "cancel" or info.cancel_requested_at is not None  # cancel asks before its SIGTERM
+    outcome = outcome_now("cancel" if cancelled else signal, info.requeues or 0, max_requeues)
     if outcome.status == "cancelled":
         _record_cancel(run, job is not None)
     elif outcome.error:
         run.update(status="failed", finished_at=now_iso(), error=RunError(None, outcome.error))
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
-        run.update(status=outcome.status, requeues=requeues + 1)
+        run.update(status=outcome.status, requeues=(info.requeues or 0) + 1)
         assert job is not None  # only a Slurm job's run is told to requeue (stop_outcome)
         ok = slurmctl.requeue(job.run_key)
         print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
@@ -86,6 +90,26 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
         print(f"stopped ({outcome.status}); {hint}", flush=True)
     return outcome
+
+
+def _supervisor_alive(info: RunRecord) -> bool:
+    """Whether this rank's local supervisor (run.json's ``launcher``, verified) is alive:
+    then its SIGTERM is its own stop of the ranks, and it records how the run ended."""
+    return envmod.supervised() and info.launcher is not None and procs.check(info.launcher) is None
+
+
+def _stopped_by_supervisor(run: RunDir, info: RunRecord) -> StopOutcome:
+    """The local supervisor stops healthy ranks after another rank failed (the run is
+    failed), else for the user (Ctrl-C, ``clusterjob cancel``: cancelled). It records that
+    itself once no rank is alive; this rank only says which."""
+    run.update(stopped_at=now_iso())
+    started = info.sessions[-1].at if info.sessions else ""
+    failed = sorted({e.rank for e in rank_errors(run) if e.rank not in (None, 0) and (e.at or "") >= started})
+    if failed:
+        print(f"stopped (failed): rank {failed[0]} failed", flush=True)
+        return StopOutcome("failed", requeue=False)
+    print("stopped (cancelled)", flush=True)
+    return StopOutcome("cancelled", requeue=False)
 
 
 def _record_cancel(run: RunDir, in_slurm: bool) -> None:
@@ -185,8 +209,12 @@ def hold(decided: str, stopped: Callable[[], bool]) -> None:
 
 
 def finish(run: RunDir, **fields: Any) -> None:
+    """Record the run completed; its log's last line says so with its final metrics, each
+    in its unit (core/units.py: val_acc 97.46%, not 0.9746)."""
     info = run.update(status="completed", finished_at=now_iso(), **fields)
-    print(f"completed {run.path}" + (f": {json.dumps(info.final)}" if info.final else ""), flush=True)
+    shown = " ".join(f"{name} {units.quantity(name, value)}" for name, value in (info.final or {}).items()
+                     if is_number(value))
+    print(f"completed {run.path}" + (f": {shown}" if shown else ""), flush=True)
 
 
 def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:

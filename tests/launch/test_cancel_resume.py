@@ -77,7 +77,7 @@ def cancel_and_check(own: Project, run: Path, sampler: Sampler) -> str:
     start lives, and that it was never ``cancelled`` while one did."""
     done = own.cli("cancel", str(run), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    if f"cancelled {run}" in done.stdout:  # cancel says so only once it is true
+    if f"{run}: cancelled" in done.stdout:  # cancel says so only once it is true
         assert not ranks_alive(run), done.stdout
     wait_for(lambda: status(run) in ("cancelled", "failed", "completed"), SETTLE_S, "the run's final record")
     wait_for(lambda: not ranks_alive(run), 15, "every rank to end")

@@ -25,6 +25,7 @@ from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, failure, natural_key, now_iso
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import Dependency, Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
+from clusterjob.launch.progress import ProgressTail
 from clusterjob.spec.schema import Spec
 
 CANCEL_POLL_S = 1.0
@@ -79,11 +80,13 @@ class LocalExecutor(Executor):
     def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
         """Run the runs here, one after another; a stop signal cancels them (see
         clusterjob.launch.supervisor)."""
+        tail = ProgressTail(runs, own_code=spec.entrypoint is not None)
         supervisor = sup.Supervisor(spec.resources.tasks_per_node,
-                                    on_tick=lambda run: watch.progress(sup.last_progress(run))).install()
+                                    on_tick=lambda run: watch.progress(tail.new_lines(run))).install()
         records = []
         for run in runs:
             records += supervisor.run_all([run])
+            watch.progress(tail.new_lines(run))  # what rank 0 wrote after the last tick
             watch.ended(run, records[-1])
         return Waited(records, supervisor.stop_signal)
 

@@ -67,6 +67,7 @@ _SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed"
 UNREACHABLE = "Slurm unreachable"
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # `submit --wait` polls back off from the first to the longest wait
 CANCEL_POLL_S = 1.0
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default, where no cluster can be asked (a dry run)
 
 
 @register
@@ -99,7 +100,8 @@ class SlurmExecutor(Executor):
         if not preflight:
             from clusterjob.launch.preflight import array_size
 
-            array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
+            if self.unavailable() is None:  # a dry run without a cluster: preview splits at the default
+                array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
             return
         failed = [check for check in self.checks(spec, points) if not check.ok]
         for check in failed:
@@ -119,7 +121,10 @@ class SlurmExecutor(Executor):
         return preflight.run_checks(spec, points, rendered)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
-        return scripts(spec, points, _folder(spec), _after_jobs(after))
+        # Without a cluster to ask (a dry run from a laptop), a sweep is split at Slurm's default
+        # MaxArraySize: submit's note says so. With one, its own answer splits it, or refuses it.
+        unasked = DEFAULT_MAX_ARRAY_SIZE if self.unavailable() is not None else None
+        return scripts(spec, points, _folder(spec), _after_jobs(after), unasked)
 
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
         job_ids = submit_runs(spec, runs, _after_jobs(after))
@@ -267,13 +272,15 @@ def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[st
     return executor
 
 
-def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = ()) -> list[str]:
-    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``)."""
+def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (),
+            array_max: Optional[int] = None) -> list[str]:
+    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``), each
+    array at most ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
     from clusterjob.launch.preflight import array_size
 
     params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"), after_jobs)
-    return [_render(params, folder, len(part) if points > 1 else None)
-            for part in chunks(list(range(points)), array_size(points))]
+    size = array_size(points) if array_max is None else array_max
+    return [_render(params, folder, len(part) if points > 1 else None) for part in chunks(list(range(points)), size)]
 
 
 def _render(params: dict, folder: Path, array: Optional[int]) -> str:
