@@ -73,7 +73,7 @@ def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp
 
     gone = cli(tmp_path, toy_site, "cancel", str(runs[0]))
     assert gone.returncode == 0, gone.stderr
-    assert gone.stdout.splitlines() == ["taken out of the toy queue", f"cancelled {runs[0]}"]
+    assert gone.stdout.splitlines() == ["taken out of the toy queue", f"{runs[0]}: cancelled"]
     assert json.loads((runs[0] / "run.json").read_text())["status"] == "cancelled"
     again = {line.split()[0]: line for line in cli(tmp_path, toy_site, "status", "results/toyrun").stdout.splitlines()
              if line.startswith("toyrun/")}
