@@ -56,7 +56,6 @@ class Section:
         """Checks that involve several fields of the section (overridden where needed)."""
 
 
-
 def _check_value(key: str, value: Any, meta: Any) -> None:
     """Raise SpecError if ``value`` breaks the field's choices, bounds or pattern."""
     if value is None or value is MISSING:

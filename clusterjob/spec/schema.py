@@ -2,7 +2,9 @@
 Every key and default: docs/design.md, "Spec".
 
 Every section validates its own fields in ``__post_init__`` from the field metadata
-(choices, bounds, patterns), so a spec built in code is checked like one read from YAML.
+(choices, bounds, patterns: spec/fields.py), so a spec built in code is checked like one
+read from YAML. The keys an executor declares for itself sit in ``resources`` beside its
+own (spec/options.py).
 Errors are ``SpecError`` with the dotted key, the bad value and what is allowed; the CLI
 prints them and exits 2. The YAML edge is bounded (file size, values after alias
 expansion, nesting, sweep points), so a hostile spec fails fast instead of taking the
@@ -468,7 +470,6 @@ class Spec(Section):
 
 
 # ----------------------------------------------------------------------------- checks
-
 
 
 def _check_sweep(sweep: dict, own_code: bool = False) -> None:
