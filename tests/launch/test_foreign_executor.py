@@ -111,5 +111,16 @@ def test_without_its_package_the_toy_and_its_key_are_unknown(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("clusterjob: error: resources.toy_slots: unknown key;")
 
 
+def test_an_entry_point_that_cannot_be_loaded_is_one_line_naming_its_package(tmp_path, toy_site):
+    info = toy_site / "clusterjob_toy-0.1.dist-info" / "entry_points.txt"
+    info.write_text(ENTRY_POINTS + "broken = nosuchmodule:Executor\n")
+    write_spec(tmp_path, toy_slots=2)
+    done = cli(tmp_path, toy_site, "submit", "toyrun.yaml", "--executor", "broken", "--dry-run")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("clusterjob: error: executor 'broken': the entry point 'nosuchmodule:Executor' of "
+                           "clusterjob.executors cannot be loaded (ModuleNotFoundError: No module named "
+                           "'nosuchmodule'); reinstall or uninstall clusterjob-toy\n")
+
+
 def test_no_file_of_clusterjob_names_the_toy():
     assert [path for path in (REPO / "clusterjob").rglob("*.py") if "toy" in path.read_text().lower()] == []
