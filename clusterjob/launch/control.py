@@ -91,7 +91,7 @@ def status_table(runs: list[RunDir], infos: list[dict]) -> str:
     rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
     for run, info in zip(runs, infos):
         rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), *_progress(run, info, own),
-                     info["slurm_job_id"] or "-", _restarts(info)))
+                     _shown(info["job"]["id"]) if info["job"] else "-", _restarts(info)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from trainutil import REPO, base_env
 
+from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import create_run
 from clusterjob.launch.resources import SESSION_MARK
 
@@ -48,7 +49,7 @@ def job(tmp_path):
     rank), its ranks' logs linked to one node log, and the teardown run with a log."""
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "exp", "output": {"root": str(tmp_path / "r")}}))
     run = create_run(tmp_path / "r", "exp", "slurm-12", (tmp_path / "spec.yaml").read_text(), {},
-                     slurm_job_id="12", slurm_job_submitted="2026-11-25T23:00:00")
+                     job=Job(SLURM, "12"), slurm_job_submitted="2026-11-25T23:00:00")
     run.update(status="preempted", hosts=["node1"])
     node_log = tmp_path / "job-12.node0.err"
     run.logs.mkdir(exist_ok=True)
@@ -109,7 +110,7 @@ def test_the_job_run_is_found_as_the_runner_finds_it(tmp_path):
 
     parent = tmp_path / "exp"
     for name, job_id in (("slurm-7", "7"), ("slurm-7-2", "7"), ("slurm-7-3", "8")):
-        create_run(tmp_path, "exp", name, "name: exp\n", {}, slurm_job_id=job_id)
+        create_run(tmp_path, "exp", name, "name: exp\n", {}, job=Job(SLURM, job_id))
     found = jobrun.find(parent, SlurmJob("7", restart_count=1))
     assert found is not None and found.path.name == "slurm-7-2"
     assert jobrun.find(parent, SlurmJob("9", restart_count=1)) is None
