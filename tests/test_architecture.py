@@ -163,7 +163,8 @@ def test_nothing_imports_the_runner():
 
 # the executor protocol, every executor (one module each in launch/executors/) and their helpers
 EXECUTORS = ("clusterjob.launch.executor", "clusterjob.launch.executors", "clusterjob.launch.supervisor",
-             "clusterjob.launch.sbatch", "clusterjob.launch.resources")
+             "clusterjob.launch.sbatch", "clusterjob.launch.resources", "clusterjob.launch.slots",
+             "clusterjob.launch.teardown")
 
 
 def test_executors_do_not_reach_back_into_submit_control_or_report():

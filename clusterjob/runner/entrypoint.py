@@ -16,10 +16,13 @@ multi-tenant, so the code's own ``init_process_group()`` (env://) shares it.
 
 Stopping (runner.preempt): code that asks ``clusterjob.should_stop()`` checkpoints at
 its next step boundary and calls ``clusterjob.requeue()``. A plain script, which never
-asks, is stopped as torchrun would stop it: SIGTERM, SIGUSR2, ``cancel`` and Ctrl-C
-raise StopRequested in it, and ``entrypoint.stop_grace_s`` later the process is killed.
-Rank 0 records the stop either way; on Slurm a USR2 requeues the job, and the script
-starts again with the same args (it resumes from its own checkpoints if it keeps any).
+asks, is stopped as torchrun would stop it: Ctrl-C (SIGINT) raises KeyboardInterrupt in
+it, SIGTERM, SIGUSR2 and ``cancel`` raise StopRequested, and ``entrypoint.stop_grace_s``
+later the process is killed. Rank 0 records the stop either way, also when the script
+caught it and ended by itself (it printed its test loss after Ctrl-C: those metrics are
+taken, and the run still ends as the stop says, not completed); on Slurm a USR2 requeues
+the job, and the script starts again with the same args (it resumes from its own
+checkpoints if it keeps any).
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ def _run_and_record(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSign
         if not stop.requested:
             raise
         return stopping.record()  # asked to stop: whatever it ended with (a peer's closed socket) is the stop
+    if stop.requested:  # it caught the stop (KeyboardInterrupt) and ended by itself: still the stop
+        if writer is not None:
+            writer.close("stopped")
+        return stopping.record()
     if writer is not None:  # rank 0
         returned = _returned(writer, result)
         writer.close("completed")  # the loggers hold every record before the run says completed

@@ -178,6 +178,9 @@ class ResourcesSpec(Section):
     retry_backoff_s: float = opt(30.0, "the wait before the first retry, doubled for each further one (the local "
                                        "supervisor; on Slurm at least Slurm's own delay of a requeued job)", ge=0,
                                  lt=86400)
+    array_parallelism: Optional[int] = opt(None, "at most this many runs of a sweep at once: a Slurm array's %N, the "
+                                                 "local supervisor's runs side by side (null: Slurm's limits; "
+                                                 "locally as many as fit)", ge=1)
     options: tuple[ExecutorOptions, ...] = field(default_factory=lambda: tuple(o() for o in executoropts.BUILT_IN),
                                                  metadata={HOLDS_OPTIONS: True})
 

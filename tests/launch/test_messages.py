@@ -126,7 +126,8 @@ def test_a_finished_run_s_logs_say_why_a_rank_has_none_and_end_in_the_report_s_u
 
 
 def test_cancel_and_status_agree_and_resume_says_where_it_starts(tmp_path):
-    spec = write_spec(tmp_path, "pair", **LONG, sweep={"train.epochs": [40, 1]})
+    one_at_a_time = {**LONG, "resources": {**LONG["resources"], "array_parallelism": 1}}  # the second waits its turn
+    spec = write_spec(tmp_path, "pair", **one_at_a_time, sweep={"train.epochs": [40, 1]})
     assert cli(tmp_path, "submit", str(spec), "--executor", "local").returncode == 0
     first, second = sorted(runs_of(tmp_path, "pair"), key=lambda r: -yaml.safe_load((r / "spec.yaml").read_text())[
         "train"]["epochs"])

@@ -98,5 +98,7 @@ def test_clusterjob_sbatch_passes_the_spec_path_as_one_argument(tmp_path, slurm_
                           env={"PATH": slurm_shims.path(), "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
                                "SLURM_CPUS_PER_TASK": "1"}, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\0")[:-1] == ["-m", "clusterjob.run", spec_path, "--set", "train.lr=0.2"]
+    # the runner, then the teardown after srun: each gets the path as one argument
+    assert done.stdout.split("\0")[:-1] == ["-m", "clusterjob.run", spec_path, "--set", "train.lr=0.2",
+                                             "-m", "clusterjob.launch.teardown", "0", spec_path, "--set", "train.lr=0.2"]
     assert not (tmp_path / "CANARY").exists()
