@@ -28,9 +28,9 @@ def job_runs(parent: Path, key: str) -> list[tuple[int, RunDir]]:
     """The folders named after job ``key``, oldest first: (1, slurm-<key>), (2, slurm-<key>-2), ..."""
     numbered = {1: parent / f"slurm-{key}"}
     for path in parent.glob(f"slurm-{key}-*"):
-        suffix = path.name[len(f"slurm-{key}-"):]
-        if suffix.isdigit():
-            numbered[int(suffix)] = path
+        suffix = slurmctl.number(path.name[len(f"slurm-{key}-"):])
+        if suffix is not None:
+            numbered[suffix] = path
     return [(n, RunDir(numbered[n])) for n in sorted(numbered) if os.path.lexists(numbered[n])]
 
 

@@ -109,7 +109,7 @@ def _listed_gpus(text: str, machine: Optional[int]) -> list[str]:
     listed: list[str] = []
     for entry in (part.strip() for part in text.split(",")):
         uuid = entry.startswith(("GPU-", "MIG-"))
-        index_ok = entry.isdigit() and (machine is None or int(entry) < machine)
+        index_ok = entry.isascii() and entry.isdigit() and (machine is None or int(entry) < machine)
         if not (uuid or index_ok):
             break
         if entry in listed:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
+from clusterjob.core import slurmctl
 from clusterjob.core.env import SlurmJob
 from clusterjob.core.errors import BadInput
 from clusterjob.spec.schema import Spec, expand_sweep, load_spec
@@ -33,9 +34,10 @@ def point(args: argparse.Namespace, job: Optional[SlurmJob]) -> tuple[Spec, dict
     points = expand_sweep(load_spec(args.spec, args.set))
     if len(points) == 1:
         return points[0].spec, points[0].run_params
-    index = args.point if args.point is not None else (job.array_task_id if job else None)
-    if index is None or not str(index).isdigit() or not 0 <= int(index) < len(points):
+    given = args.point if args.point is not None else (job.array_task_id if job else None)
+    index = None if given is None else slurmctl.number(str(given))  # ASCII digits only: "²" is no index
+    if index is None or not 0 <= index < len(points):
         raise BadInput(f"{args.spec} is a sweep of {len(points)} runs; pass --point 0..{len(points) - 1}, "
                        "run it as a Slurm array, or use `clusterjob submit`")
-    chosen = points[int(index)]
+    chosen = points[index]
     return chosen.spec, chosen.run_params
