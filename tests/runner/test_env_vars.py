@@ -175,3 +175,14 @@ def test_no_file_and_no_logger_store_holds_the_secret_and_the_logger_runs_say_st
     (record,) = [r["run"] for r in wandb_records(run, info["wandb_run_id"]) if r["type"] == "run"]
     assert record["config"]["update"]["spec"]["env"]["WANDB_API_KEY"] == "***", record["config"]
     assert tensorboard_series(run / "tensorboard")  # the event files were read above, byte by byte, too
+    events = b"".join(path.read_bytes() for path in (run / "tensorboard").rglob("*") if path.is_file())
+    assert b"WANDB_API_KEY: '***'" in events  # the spec text TensorBoard shows
+
+
+def test_a_start_without_a_hidden_variable_is_one_line_naming_it(tmp_path):
+    """A task started by hand (or by a raw sbatch script) from a spec that holds ***."""
+    path = own_spec(tmp_path, "bare", env={"HF_TOKEN": "***"})
+    done = subprocess.run([sys.executable, "-m", "clusterjob.run", str(path)], cwd=tmp_path, env=shell(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("clusterjob.run: error: env.HF_TOKEN: HF_TOKEN is not set")
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "results").exists()
