@@ -83,11 +83,14 @@ def run_task(argv: Optional[list[str]] = None) -> str:
 
 
 def task_environ(spec: Spec, environ: MutableMapping[str, str]) -> None:
-    """The variables torch reads once, when it loads or first touches CUDA:
-    OMP_NUM_THREADS = cpus_per_task unless set (else every rank takes every core and they
-    thrash), and no visible GPU when ``resources.gpus_per_node`` is 0: that spec means CPU,
-    for the built-in trainer and the user's own code alike, whatever the node shows (else
-    every rank takes GPU 0, and NCCL refuses the shared GPU)."""
+    """The spec's ``env`` (every launch style comes through here, at every start: submit,
+    requeue, resume, the sbatch templates), then the variables torch reads once, when it
+    loads or first touches CUDA: OMP_NUM_THREADS = cpus_per_task unless set (else every
+    rank takes every core and they thrash), and no visible GPU when
+    ``resources.gpus_per_node`` is 0: that spec means CPU, for the built-in trainer and the
+    user's own code alike, whatever the node shows (else every rank takes GPU 0, and NCCL
+    refuses the shared GPU)."""
+    envmod.apply_env(spec.env, environ)
     if "OMP_NUM_THREADS" not in environ:
         environ["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_task)
     if spec.resources.gpus_per_node == 0:
@@ -141,7 +144,8 @@ def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
 
 
 def _create(run: RunDir, spec: Spec, params: dict, **fields: Any) -> RunDir:
-    return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params, **fields)
+    return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params,
+                      env=envmod.shown_env(spec.env), **fields)
 
 
 def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:

@@ -149,18 +149,19 @@ def sweep_of(run_id: str, name: str) -> Optional[str]:
 
 
 def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, **fields: Any) -> list[RunDir]:
-    """One run folder per sweep point ``(index, resolved spec YAML, params)``, ids sharing
-    this submission's stamp; ``fields`` go into each run.json; each claimed by this
+    """One run folder per sweep point ``(index, resolved spec YAML, params[, its own
+    run.json fields])``, ids sharing this submission's stamp; ``fields`` go into each
+    run.json; each claimed by this
     process with ``claim_as`` (see ``create_run``). All or none: whatever stops it (an
     error, Ctrl-C) removes what it made (and its claims), and a folder that cannot be
     made is bad input."""
     stamp, parent = new_run_id(), Path(root) / name
     existed, made = parent.exists(), []
     try:
-        for index, spec_yaml, params in points:
+        for index, spec_yaml, params, *own in points:
             run_id = stamp if len(points) == 1 else f"{stamp}-{index:03d}"
             made.append(RunDir(parent / run_id))  # before it is made: a half-made folder goes too
-            create_run(root, name, run_id, spec_yaml, params, claim_as, **fields)
+            create_run(root, name, run_id, spec_yaml, params, claim_as, **fields, **(own[0] if own else {}))
     except BaseException as err:
         claim.release(*(run.path for run in made))
         for run in made:

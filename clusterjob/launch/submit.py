@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterjob.core import claim, metrics, units
+from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import RunDir, RunRecord, make_runs
 from clusterjob.launch import chain, control, executor
@@ -46,10 +47,12 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
             print(line)
         return 0
     snap = _snapshot_plan(spec)
+    envmod.hand_down_secrets(spec.env)  # spec.yaml holds *** for them: the ranks inherit them from here
     waits = {"after": [str(dep.run.path) for dep in deps]} if deps else {}
     with Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
-                                     [(p.index, dump_spec(p.spec), p.run_params) for p in points],
+                                     [(p.index, dump_spec(p.spec), p.run_params,
+                                       {"env": envmod.shown_env(p.spec.env)}) for p in points],
                                      claim_as="clusterjob submit", executor=chosen.name,
                                      **_origin(), **waits))  # resume's executor, if the start fails
         if snap is not None:
@@ -183,6 +186,7 @@ def resume(run_text: str, wait: bool = False) -> int:
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     spec = load_spec(run.spec_file)
     check_paths(spec)
+    envmod.hand_down_secrets(spec.env)  # the secrets of its spec.yaml (***) must be in this shell's environment
     owner = _executor_of(run)
     deps = dependencies(spec, [RunDir(Path(path)) for path in run.read().after])
     owner.check(spec, 1, preflight=False, after=deps)
