@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainutil import REPO, base_env, epochs_of, run_info, write_spec
+from clirun import REPO, base_env
+from trainutil import epochs_of, run_info, write_spec
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 from clusterjob.core import procs
 from clusterjob.core.rundir import make_runs, now_iso

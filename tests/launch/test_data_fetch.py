@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import base_env
 from datafiles import cifar_checksums, write_cifar, write_mnist
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
 

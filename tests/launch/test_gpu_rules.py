@@ -10,7 +10,8 @@ import sys
 
 import pytest
 import yaml
-from trainutil import base_env, write_spec
+from clirun import base_env
+from trainutil import write_spec
 
 from clusterjob.core.errors import BadInput
 from clusterjob.launch.executors import local

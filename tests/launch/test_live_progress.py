@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainutil import base_env, write_spec
+from clirun import base_env
+from trainutil import write_spec
 
 EPOCHS = 3
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clirun import base_env
 from owncode import Project
 from slurmcluster import wait_for
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 from clusterjob.core import procs, units
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import base_env
 
 from clusterjob.core import slurmctl
 from clusterjob.core.rundir import RunDir, create_run

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, epochs_of, run_info, write_spec
+from clirun import base_env
+from trainutil import epochs_of, run_info, write_spec
 
 from clusterjob.core import procs
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, write_spec
+from clirun import base_env
+from trainutil import write_spec
 
 from clusterjob.launch import sbatch
 

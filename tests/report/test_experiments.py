@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from clirun import base_env
 from owncode import Project
 from test_failed_runs import Page
 from test_results import epoch_line, write_run
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 LRS = ("0.025", "0.5", "0.01")
 PRINTS = "for epoch in (1, 2):\n    print(f'epoch {epoch}: Accuracy is {91.5 + epoch:.2f}%', flush=True)\n"

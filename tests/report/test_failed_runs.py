@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from clirun import base_env
 from test_results import write_run
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 from clusterjob.report import build as report
 from clusterjob.report import plots

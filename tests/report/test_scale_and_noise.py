@@ -12,9 +12,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from clirun import base_env
 from test_failed_runs import Page, failed_run, line, texts, ticks
 from test_results import write_run
-from trainutil import base_env
 
 from clusterjob.report import build as report
 from clusterjob.report import cells, plots

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, free_port, write_spec
+from clirun import base_env
+from trainutil import free_port, write_spec
 
 from clusterjob.core import procs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import base_env
 
 from clusterjob.runner import outputpump
 

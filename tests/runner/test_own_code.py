@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from clirun import REPO, base_env
 from datafiles import write_mnist
-from trainutil import REPO, base_env
 
 pytestmark = pytest.mark.slow
 

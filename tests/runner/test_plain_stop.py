@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 from clusterjob.core import procs
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 PRELUDE = """
 import os, signal, sys, time

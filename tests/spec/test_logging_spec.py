@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import base_env
 
 from clusterjob.spec.schema import LoggingSpec, MlflowSpec, SpecError, WandbSpec, holds_text, load_spec, spec_from_dict
 

@@ -282,7 +282,8 @@ def test_a_rank_with_no_gpu_for_it_exits_2_before_the_rendezvous(tmp_path):
     other rank until dist.timeout_s."""
     import subprocess
 
-    from trainutil import base_env, free_port, write_spec
+    from clirun import base_env
+    from trainutil import free_port, write_spec
 
     spec = write_spec(tmp_path, "nogpu", dist={"backend": "nccl", "timeout_s": 300},
                       resources={"gpus_per_node": 1, "cpus_per_task": 1})
