@@ -4,6 +4,7 @@ array chunking, truncated checkpoints (Slurm commands faked, files real)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from clirun import cli
 
 from clusterjob.core import procs, slurmctl
 from clusterjob.core.rundir import RunDir, create_run
@@ -287,8 +289,7 @@ def test_status_through_the_cli_with_squeue_failing(tmp_path, slurm_shims):
     slurm_shims.answer("sacct", exit_code=1)
     run = make_run(tmp_path, status="running", slurm_job_id="42", executor="slurm")
     before = run.info_file.read_bytes()
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "status", "exp"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "status", "exp", env=os.environ, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "exp/r1  running (Slurm unreachable)" in done.stdout
     assert run.info_file.read_bytes() == before
