@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import base_env
+from clirun import base_env, cli, start
 from trainutil import free_port, write_spec
 
 from clusterjob.core import procs
@@ -55,9 +55,7 @@ def all_gone(refs: list) -> bool:
 
 
 def submit(tmp_path: Path, spec: Path, *extra: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", *extra],
-                            cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)
+    return start(tmp_path, "submit", str(spec), "--executor", "local", *extra, **kwargs)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -135,8 +133,7 @@ def test_cancel_stops_a_run_started_by_hand(tmp_path):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: (run / "logs" / "rank0.proc.json").exists() and info(run)["status"] == "running",
              what="the run to start")
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "cancel", str(run)], cwd=tmp_path, env=base_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "cancel", str(run), timeout=60)
     assert done.returncode == 0 and "rank 0: sent SIGTERM" in done.stdout, done.stdout + done.stderr
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from clirun import REPO, base_env, cli
+from clirun import REPO, cli
 from datafiles import write_mnist
 from slurmcluster import rank0_log, submit, wait_for
 
@@ -77,10 +76,8 @@ def _api_spec(folder: Path, name: str, epochs: int = 4, **extra) -> Path:
 
 def test_usr2_preempts_the_api_example_requeues_its_task_only_and_loses_nothing(slurm_cluster, mnist_dir):
     # The uninterrupted run, with 2 local processes: the same world size, so the same sums.
-    local = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(_api_spec(mnist_dir, "whole")),
-                            "--executor", "local", "--wait", "--set", "resources.nodes=1",
-                            "--set", "resources.tasks_per_node=2"],
-                           cwd=mnist_dir, env=base_env(), capture_output=True, text=True, timeout=300)
+    local = cli(mnist_dir, "submit", str(_api_spec(mnist_dir, "whole")), "--executor", "local", "--wait",
+                "--set", "resources.nodes=1", "--set", "resources.tasks_per_node=2")
     assert local.returncode == 0, local.stdout + local.stderr
     spec = _api_spec(mnist_dir, "preempt", sweep={"params.seed": [0, 1]})
     first, second = submit(slurm_cluster, spec)
