@@ -75,18 +75,21 @@ def checkout_env(env: Optional[Mapping[str, str]] = None) -> dict:
 
 
 def cli(cwd: "str | os.PathLike", *argv: str, env: Optional[Mapping[str, str]] = None, timeout: float = 300,
-        process: Optional[bool] = None, prefix: Sequence[str] = (), errors: str = "strict") -> subprocess.CompletedProcess:
+        process: Optional[bool] = None, prefix: Sequence[str] = (), errors: str = "strict",
+        **popen) -> subprocess.CompletedProcess:
     """``clusterjob ARGV`` in ``cwd``: exit status, stdout and stderr (decoded as UTF-8 with
     ``errors``, line ends as ``text=True`` gives them). In this process or a real one, as
-    the module docstring says; ``process`` True or False decides it instead."""
+    the module docstring says; ``process`` True or False decides it instead. ``prefix`` (a
+    command that runs it) and ``popen`` (more subprocess.run arguments) mean a process."""
     full = checkout_env(env)
     if process is None:
-        process = bool(prefix) or needs_process(argv, full)
+        process = bool(prefix or popen) or needs_process(argv, full)
     if process:
-        done = subprocess.run([*prefix, *command(*argv)], cwd=cwd, env=full, capture_output=True, timeout=timeout)
+        done = subprocess.run([*prefix, *command(*argv)], cwd=cwd, env=full, capture_output=True, timeout=timeout,
+                              **popen)
         return subprocess.CompletedProcess(done.args, done.returncode, _text(done.stdout, errors),
                                            _text(done.stderr, errors))
-    assert not prefix, "a prefix runs the command as another program: in a process"
+    assert not (prefix or popen), "a prefix or subprocess arguments need a process"
     return _in_this_process(Path(cwd), list(argv), full, timeout, errors)
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from clirun import cli
 from test_data import _Indexed, cifar_root, mnist_root  # noqa: F401  (fixtures: files in the published formats)
 from test_gpu_path import SyncCounter, _trainer, count_step_syncs
 from torch.utils.data import DistributedSampler
@@ -277,14 +278,8 @@ def test_the_sync_counter_sees_a_host_copy_in_a_loader():
      "the training process need 4 CPUs, but resources.cpus_per_task is 2; set data.num_workers: auto (or at most 1), "
      "or resources.cpus_per_task: 4\n")])
 def test_bad_input_exits_2_with_one_line(tmp_path, sets, line):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     (tmp_path / "s.yaml").write_text("name: t\n")
     args = [a for s in sets for a in ("--set", s)]
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "validate", "s.yaml", *args], cwd=tmp_path,
-                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "validate", "s.yaml", *args, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert (done.returncode, done.stderr, done.stdout) == (2, line, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing written

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
+from clirun import cli
 from trainutil import (
     base_env,
     epochs_of,
@@ -162,9 +163,8 @@ def test_launch_styles_agree(tmp_path):
     done = subprocess.run(legacy, env={**base_env(), "PYTHONWARNINGS": "ignore"}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    local = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait",
-                            "--set", "resources.tasks_per_node=2"], env=base_env(), cwd=tmp_path,
-                           capture_output=True, text=True, timeout=240)
+    local = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", "--set", "resources.tasks_per_node=2",
+                timeout=240)
     assert local.returncode == 0, local.stdout + local.stderr
     (local_run,) = (tmp_path / "results" / "styles").iterdir()
     losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "tcp", "torchrun", "legacy")}
