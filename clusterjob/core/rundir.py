@@ -44,7 +44,6 @@ SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
-LOGGERS_FILE = "loggers.json"  # what each logger (TensorBoard, MLflow, W&B) was sent: each metric's last step
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
 
@@ -81,10 +80,6 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / LOGS
-
-    @property
-    def loggers_file(self) -> Path:
-        return self.path / LOGGERS_FILE
 
     @property
     def tensorboard(self) -> Path:
