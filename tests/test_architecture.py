@@ -304,14 +304,12 @@ def _names_run_json(node: ast.AST) -> bool:
 
 def _run_json_uses(tree: ast.Module) -> list[int]:
     """Lines where run.json's name is made into a path or handed to a call (open, join,
-    read, loads), and calls of the raw reader ``read_info`` (kept for tests)."""
+    read, loads)."""
     lines = []
     for node in ast.walk(tree):
         operands = []
         if isinstance(node, ast.Call):
             operands = [*node.args, *(k.value for k in node.keywords)]
-            if isinstance(node.func, ast.Attribute) and node.func.attr == "read_info":
-                lines.append(node.lineno)
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             operands = [node.left, node.right]
         lines += [node.lineno for operand in operands if _names_run_json(operand)]

@@ -104,10 +104,6 @@ class RunDir:
         """The run's record with every problem found; never raises."""
         return record.read_record(self.path)
 
-    def read_info(self) -> dict:
-        """run.json as JSON holds it ({} when absent): its exact layout, for tests."""
-        return record.read_raw(self.info_file)[0]
-
     def update(self, reopen: bool = False, **fields: Any) -> RunRecord:
         """Set record ``fields`` in run.json atomically (see clusterjob.core.record.update)."""
         return record.update(self.path, reopen=reopen, **fields)

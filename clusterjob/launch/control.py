@@ -2,8 +2,8 @@
 
 run.json is the run's own record. Where it still says pending/running, the run's
 executor says what became of it (clusterjob.launch.executor: a Slurm job's queue and
-accounting, a local run's processes). ``status`` and ``logs`` write nothing;
-``refresh(..., write_back=True)`` (``submit --wait``) records what it learnt. No torch
+accounting, a local run's processes: ``executor.views``). ``status`` and ``logs`` write
+nothing; ``submit --wait`` records what its executor learnt (``write_back``). No torch
 import here.
 """
 
@@ -39,17 +39,6 @@ _MAX_STDERR_WARNINGS = 20
 CANCEL_WAIT_S = 60.0  # cancel waits this long for the ranks (a plain script is killed after its grace)
 _MAX_RUN_WARNINGS = 5  # of one run's, under the status table
 MAX_MESSAGE_LINES = 8  # of one error message, in status and the `submit --wait` summary
-
-
-def refresh(runs: list[RunDir], write_back: bool = False) -> list[dict]:
-    """``views`` as mappings (what ``status_table`` shows)."""
-    return [view.to_dict() for view in views(runs, write_back)]
-
-
-def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
-    """Each run's run.json (type-checked, with its problems), refreshed by its executor
-    (clusterjob.launch.executor.views); written back only with ``write_back``."""
-    return executor.views(runs, write_back)
 
 
 def still_running(run: RunDir, view: RunView) -> Optional[str]:
@@ -186,7 +175,7 @@ def cmd_status(folder: str) -> int:
     runs = find_runs(Path(folder))
     if not runs:
         raise no_runs(folder)
-    found = views(runs)
+    found = executor.views(runs)
     _print_warnings(runs, found)
     sys.stderr.flush()
     print(status_table(runs, [view.to_dict() for view in found]))
@@ -241,7 +230,7 @@ def _no_logs(run: RunDir, rank: int) -> BadInput:
     if rank < 0 or (world is not None and rank >= world):
         ranks = f"its {world} rank(s) are 0..{world - 1}" if world else "ranks count from 0"
         return BadInput(f"--rank {rank}: {run.path} has no rank {rank}: {ranks}")
-    (view,) = views([run])
+    (view,) = executor.views([run])
     state = _state(view.to_dict())
     if world is None:
         never = "it never started" if view.record.status in FINAL_STATUSES else "its ranks have not started yet"
@@ -331,7 +320,7 @@ def _ended(run: RunDir) -> bool:
     """Whether the run will write no more: a final status, or stopped with nothing to
     start it again (a local run, a Slurm job no longer queued), or what settles its end
     gone (a local supervisor). Written nowhere: the view of ``status``."""
-    (view,) = views([run])
+    (view,) = executor.views([run])
     status = view.record.status
     if status in FINAL_STATUSES or view.orphaned:
         return True
@@ -401,6 +390,6 @@ def cmd_cancel(run_text: str) -> int:
         lines = cancel(run)
     for line in lines:
         print(line)
-    (view,) = views([run])  # the run as status shows it: cancelled, or "pending (cancel requested)" until it is
+    (view,) = executor.views([run])  # as status shows it: cancelled, or "pending (cancel requested)" until it is
     print(f"{run.path}: {_state(view.to_dict())}")
     return 0

@@ -152,19 +152,6 @@ def gather_windows(padded: torch.Tensor, starts: torch.Tensor, mirror: torch.Ten
     return padded.gather(2, where[:, None, :].expand(-1, padded.shape[1], -1))
 
 
-def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = PAD) -> torch.Tensor:
-    """Per-sample random crop and horizontal flip of a batch, as one gather.
-
-    ``images`` (B, C, H, W); ``offsets`` (B, 2) integers in [0, 2 * pad]: the top-left corner
-    of sample b's window in its zero-padded image (torchvision's RandomCrop(padding=pad));
-    ``flips`` (B,) bool: mirror sample b's window left-right (RandomHorizontalFlip)."""
-    h, w = images.shape[2:]
-    padded = to_layout(F.pad(images, (pad, pad, pad, pad)), channels_last=False)
-    out = gather_windows(padded, window_starts(offsets, w, pad), flips.long(), window_index(h, w, pad, images.device),
-                         channels_last=False)
-    return as_images(out, h, w, channels_last=False)
-
-
 class Normalizer:
     """uint8 images to float32, normalized with the dataset's statistics.
 

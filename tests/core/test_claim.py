@@ -110,7 +110,7 @@ def test_concurrent_updates_of_different_fields_lose_none(run):
     writers = [subprocess.Popen([sys.executable, "-c", UPDATER, str(run.path), field], env=env)
                for field in ("final", "versions", "entrypoint")]
     assert [w.wait(timeout=120) for w in writers] == [0, 0, 0]
-    info = run.read_info()
+    info = json.loads(run.info_file.read_text())
     assert info["final"] == info["versions"] == info["entrypoint"] == {"i": 149}
     assert json.loads(run.info_file.read_text())["status"] == "pending"
 

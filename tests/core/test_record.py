@@ -68,7 +68,7 @@ def test_every_field_written_reads_back_equal(tmp_path):
     values = {name: getattr(want, name) for name in record.FIELDS}
     written = run.update(**values)
     assert written == want and run.read() == want
-    assert run.read_info() == OLD_RUN_JSON  # exactly the JSON layout of before
+    assert json.loads(run.info_file.read_text()) == OLD_RUN_JSON  # exactly the JSON layout of before
 
 
 def test_update_writes_only_the_fields_given(tmp_path):

@@ -14,10 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from clirun import cli
+from trainutil import run_info
 
 from clusterjob.core import procs, slurmctl
 from clusterjob.core.rundir import RunDir, create_run
-from clusterjob.launch import control, resources
+from clusterjob.launch import control, executor, resources
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.runner import checkpoint
 from clusterjob.spec.schema import dump_spec, expand_sweep, spec_from_dict
@@ -40,11 +41,11 @@ def fake_slurm(monkeypatch):
 def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="running", slurm_job_id="77", executor="slurm")
     before = run.info_file.read_bytes()
-    (info,) = control.refresh([run])
+    (info,) = [view.to_dict() for view in executor.views([run])]
     assert info["status"] == "failed" and "no accounting record" in info["error"]["message"]
     assert run.info_file.read_bytes() == before  # status shows it, writes nothing
-    (info,) = control.refresh([run], write_back=True)
-    written = run.read_info()
+    (info,) = [view.to_dict() for view in executor.views([run], write_back=True)]
+    written = run_info(run.path)
     assert written["status"] == "failed" and "no accounting record" in written["error"]["message"]
     assert info["status"] == "failed" and written["finished_at"] is not None
 
@@ -58,9 +59,9 @@ def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatc
 
     monkeypatch.setattr(slurmctl, "queue_states", queue_while_the_run_ends)
     monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {"78": "COMPLETED"})
-    (info,) = control.refresh([run], write_back=True)
-    assert info["status"] == "completed" and run.read_info()["status"] == "completed"
-    assert run.read_info()["error"] is None
+    (info,) = [view.to_dict() for view in executor.views([run], write_back=True)]
+    assert info["status"] == "completed" and run_info(run.path)["status"] == "completed"
+    assert run_info(run.path)["error"] is None
 
 
 def test_queue_and_accounting_states(tmp_path, fake_slurm):
@@ -70,7 +71,7 @@ def test_queue_and_accounting_states(tmp_path, fake_slurm):
     done = make_run(tmp_path, "d", status="completed", slurm_job_id="8", executor="slurm")
     fake_slurm.queue = {"5_1": "PENDING"}
     fake_slurm.sacct = {"6": "CANCELLED", "7": "TIMEOUT", "8": "FAILED"}
-    infos = control.refresh([queued, cancelled, timed_out, done])
+    infos = [view.to_dict() for view in executor.views([queued, cancelled, timed_out, done])]
     assert [i["status"] for i in infos] == ["preempted", "cancelled", "timeout", "completed"]
     table = control.status_table([queued, cancelled, timed_out, done], infos)
     assert "preempted (pending)" in table and "exp/d" in table
@@ -79,7 +80,7 @@ def test_queue_and_accounting_states(tmp_path, fake_slurm):
 def test_status_shows_the_failing_rank_and_traceback(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="failed", error={"rank": 1, "message": "RuntimeError: boom",
                                                      "traceback": "Traceback...\n  line\nRuntimeError: boom"})
-    text = control.status_table([run], control.refresh([run]))
+    text = control.status_table([run], [view.to_dict() for view in executor.views([run])])
     assert "failed on rank 1: RuntimeError: boom" in text and text.count("RuntimeError: boom") == 1  # not twice
 
 
@@ -88,12 +89,12 @@ def test_status_shows_your_codes_first_metric_beside_the_trainers_epoch(tmp_path
     own = make_run(tmp_path, "b", status="running", entrypoint={"script": "t.py", "metrics": ["loss", "acc"]},
                    warnings=["entrypoint.metrics.acc: never matched", "\x1b[2Jsecond"])
     own.metrics_file.write_text('{"step": 7, "loss": 0.25}\n{"step": 2, "acc": 0.5}\n')
-    lines = control.status_table([trainer, own], control.refresh([trainer, own])).splitlines()
+    lines = control.status_table([trainer, own], [view.to_dict() for view in executor.views([trainer, own])]).splitlines()
     assert lines[0].split() == ["RUN", "STATUS", "EPOCH/STEP", "METRIC", "JOB"]
     assert lines[1].split() == ["exp/a", "completed", "3", "val_acc", "90.00%", "-"]
     assert lines[2].split() == ["exp/b", "running", "7", "loss", "0.25", "-"]
     assert lines[3:] == ["b: warning: entrypoint.metrics.acc: never matched", "b: warning: \\x1b[2Jsecond"]
-    alone = control.status_table([trainer], control.refresh([trainer])).splitlines()
+    alone = control.status_table([trainer], [view.to_dict() for view in executor.views([trainer])]).splitlines()
     assert alone[0].split()[2:4] == ["EPOCH", "VAL_ACC"] and alone[1].split()[2:4] == ["3", "90.00%"]
 
 
@@ -124,7 +125,7 @@ clusterjob.trainer.train.DivergedError: the loss is not finite
 ])
 def test_status_shows_the_last_frame_its_source_and_the_exception(tmp_path, fake_slurm, traceback, excerpt):
     run = make_run(tmp_path, status="failed", error={"rank": 0, "message": "E: m", "traceback": traceback})
-    lines = control.status_table([run], control.refresh([run])).splitlines()
+    lines = control.status_table([run], [view.to_dict() for view in executor.views([run])]).splitlines()
     at = next(i for i, line in enumerate(lines) if "failed on rank 0: E: m" in line)
     assert lines[at + 1:] == ["    " + line for line in excerpt]  # no caret line, not mid-traceback
 
@@ -135,9 +136,9 @@ def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
     monkeypatch.setattr(slurmctl, "queue_states", lambda jobs: {})  # the job left the queue
     run = make_run(tmp_path, status="running", slurm_job_id="9", executor="slurm")
     assert control.cancel(run) == ["cancelled Slurm job 9"] and calls == ["9"]
-    assert run.read_info()["status"] == "cancelled"
+    assert run_info(run.path)["status"] == "cancelled"
     run.update(status="completed", final={"epoch": 3})  # a dying task's late write
-    assert run.read_info()["status"] == "cancelled" and run.read_info()["final"] == {"epoch": 3}
+    assert run_info(run.path)["status"] == "cancelled" and run_info(run.path)["final"] == {"epoch": 3}
     with pytest.raises(Exception, match="already cancelled"):
         control.cancel(run)
 
@@ -152,9 +153,9 @@ def test_requeue_cap_fails_the_run_instead_of_requeueing(tmp_path, monkeypatch):
     monkeypatch.setattr(slurmctl, "time_left_s", lambda job: 3000)
     run = make_run(tmp_path, status="running", requeues=0)
     assert runrecord.record_stop(run, 1, "SIGUSR2").requeue
-    assert run.read_info()["status"] == "preempted" and run.read_info()["requeues"] == 1 and requeued == ["40"]
+    assert run_info(run.path)["status"] == "preempted" and run_info(run.path)["requeues"] == 1 and requeued == ["40"]
     runrecord.record_stop(run, 1, "SIGUSR2")
-    info = run.read_info()
+    info = run_info(run.path)
     assert info["status"] == "failed" and "max_requeues=1 reached" in info["error"]["message"]
     assert "clusterjob resume" in info["error"]["message"]
     assert requeued == ["40"]
@@ -236,7 +237,7 @@ def test_finalize_names_a_killed_task(tmp_path):
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([str(run.path)]))
     assert slurm_launch.finalize(str(runs_file), "0", "137") == 1  # the job fails: a job waiting with afterok never starts
-    error = run.read_info()["error"]
+    error = run_info(run.path)["error"]
     assert error["rank"] == 3 and error["message"].startswith("task 3 on node2: Killed")
 
 
@@ -277,7 +278,7 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
     out, err = capsys.readouterr()
     assert "running (Slurm unreachable)" in out and "squeue did not answer" in err
     assert run.info_file.read_bytes() == before
-    (info,) = control.refresh([run], write_back=True)  # submit --wait: nothing learnt, nothing written
+    (info,) = [view.to_dict() for view in executor.views([run], write_back=True)]  # submit --wait: nothing learnt, nothing written
     assert info["status"] == "running" and run.info_file.read_bytes() == before
     with pytest.raises(RuntimeError, match="scancel 41 failed"):  # cancel still tries: the run is not final
         slurm_shims.answer("scancel", exit_code=1)
@@ -308,10 +309,10 @@ def test_a_local_run_whose_supervisor_is_gone_while_a_rank_lives_on(tmp_path, fa
         run = make_run(tmp_path, status="running", executor="local", launcher=_ended_ref().to_dict())
         run.proc_file(0).write_text(json.dumps(procs.current(rank.pid).to_dict()))
         before = run.info_file.read_bytes()
-        (info,) = control.refresh([run])
+        (info,) = [view.to_dict() for view in executor.views([run])]
         assert info["status"] == "running" and info["note"] == "supervisor gone"
         assert "running (supervisor gone)" in control.status_table([run], [info])
-        assert control.still_running(run, control.views([run])[0]) == f"its processes are alive: rank 0 pid {rank.pid}"
+        assert control.still_running(run, executor.views([run])[0]) == f"its processes are alive: rank 0 pid {rank.pid}"
         assert run.info_file.read_bytes() == before
     finally:
         rank.kill()
@@ -322,15 +323,15 @@ def test_a_local_run_whose_every_process_ended_is_failed(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="running", executor="local", launcher=supervisor.to_dict())
     run.proc_file(0).write_text(json.dumps(rank.to_dict()))
     before = run.info_file.read_bytes()
-    (info,) = control.refresh([run])
+    (info,) = [view.to_dict() for view in executor.views([run])]
     assert info["status"] == "failed" and run.info_file.read_bytes() == before  # status shows it, writes nothing
     assert info["error"]["message"].startswith(
         f"every process of the run ended before it recorded its end (supervisor pid {supervisor.pid} ")
     assert f"rank 0 pid {rank.pid} " in info["error"]["message"]
-    assert control.still_running(run, control.views([run])[0]) is None
-    (info,) = control.refresh([run], write_back=True)
-    assert info["status"] == "failed" and run.read_info()["status"] == "failed"
-    assert "every process of the run ended" in run.read_info()["error"]["message"]
+    assert control.still_running(run, executor.views([run])[0]) is None
+    (info,) = [view.to_dict() for view in executor.views([run], write_back=True)]
+    assert info["status"] == "failed" and run_info(run.path)["status"] == "failed"
+    assert "every process of the run ended" in run_info(run.path)["error"]["message"]
 
 
 def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
@@ -338,11 +339,11 @@ def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
     for its new supervisor is not failed for them."""
     run = make_run(tmp_path, status="pending", executor="local")
     run.proc_file(0).write_text(json.dumps(_ended_ref().to_dict()))
-    assert control.refresh([run])[0]["status"] == "pending"
+    assert [view.to_dict() for view in executor.views([run])][0]["status"] == "pending"
     run.update(launcher=_ended_ref())
-    assert control.refresh([run])[0]["status"] == "failed"
+    assert [view.to_dict() for view in executor.views([run])][0]["status"] == "failed"
     run.update(status="preempted")  # stopped: its ranks recorded it, whatever became of them
-    assert control.refresh([run])[0]["status"] == "preempted"
+    assert [view.to_dict() for view in executor.views([run])][0]["status"] == "preempted"
 
 
 def test_status_of_mistyped_fields_names_them(tmp_path, fake_slurm):
@@ -350,7 +351,7 @@ def test_status_of_mistyped_fields_names_them(tmp_path, fake_slurm):
             make_run(tmp_path, "b", status="failed", error="boom", final=[1, 2], launcher="x",
                      executor="local"),
             make_run(tmp_path, "c", status=5, final={"epoch": 2, "val_acc": "high"}, hosts="n1")]
-    infos = control.refresh(runs)
+    infos = [view.to_dict() for view in executor.views(runs)]
     problems = [p for info in infos for p in info["problems"]]
     assert "run.json: final is 'epoch 3' (str), not a mapping of metrics; ignored" in problems
     assert "run.json: requeues is '3' (str), not a whole number; ignored" in problems
@@ -382,7 +383,7 @@ def test_cancel_signals_only_processes_it_verified(tmp_path, monkeypatch):
         assert lines[2].startswith("rank 2: it runs on node9") and "its rank 0 reads the cancel" in lines[2]
         assert ours.wait(timeout=10) == -15 and unrelated.poll() is None
         # rank 2 may still live elsewhere: the run is not cancelled before its rank 0 says so
-        assert run.read_info()["status"] == "running" and run.read_info()["cancel_requested_at"]
+        assert run_info(run.path)["status"] == "running" and run_info(run.path)["cancel_requested_at"]
     finally:
         unrelated.kill()
         ours.kill()

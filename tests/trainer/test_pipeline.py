@@ -20,7 +20,18 @@ from clusterjob.spec.catalog import DATASETS
 from clusterjob.spec.schema import DataSpec, spec_from_dict
 from clusterjob.trainer.data import Datasets, build_datasets, set_epoch
 from clusterjob.trainer.data import build_loaders as torchvision_loaders
-from clusterjob.trainer.pipeline import ImageSplit, TensorData, build_loaders, crop_flip, load_splits
+from clusterjob.trainer.pipeline import (
+    PAD,
+    ImageSplit,
+    TensorData,
+    as_images,
+    build_loaders,
+    gather_windows,
+    load_splits,
+    to_layout,
+    window_index,
+    window_starts,
+)
 
 # ----------------------------------------------------------------------------- sample order
 
@@ -85,6 +96,20 @@ def test_validation_is_unshuffled_and_padded():
 
 
 # ----------------------------------------------------------------------------- crop and flip
+
+
+def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = PAD) -> torch.Tensor:
+    """The loader's per-sample random crop and horizontal flip of a batch, as one gather
+    (TensorLoader's own steps, on one batch).
+
+    ``images`` (B, C, H, W); ``offsets`` (B, 2) integers in [0, 2 * pad]: the top-left corner
+    of sample b's window in its zero-padded image (torchvision's RandomCrop(padding=pad));
+    ``flips`` (B,) bool: mirror sample b's window left-right (RandomHorizontalFlip)."""
+    h, w = images.shape[2:]
+    padded = to_layout(F.pad(images, (pad, pad, pad, pad)), channels_last=False)
+    out = gather_windows(padded, window_starts(offsets, w, pad), flips.long(), window_index(h, w, pad, images.device),
+                         channels_last=False)
+    return as_images(out, h, w, channels_last=False)
 
 
 def _reference_crop_flip(images, offsets, flips, pad):
