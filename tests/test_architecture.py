@@ -324,18 +324,48 @@ def test_only_the_record_module_reads_or_writes_run_json():
     assert offenders == [], "read or write run.json through clusterjob.core.record in: " + ", ".join(offenders)
 
 
-def test_no_module_indexes_the_run_record_by_string_keys():
-    """Code gets run.json's fields as attributes of RunRecord: no module but the record's
-    reads them back from a dict by a field name with ``.get``."""
+RECORD_NAMES = ("info", "record", "view")  # what code calls a run's record, or a mapping made of it
+# The report's rows are mappings by design: each run flattened once (report.reading._info,
+# cached as JSON in .clusterjob-cache.npz), keyed by the column names of the tables they
+# become. They are read by key there, and only there.
+REPORT_ROWS = ("clusterjob.report.", "info")
+
+
+def _field_lookup(node: ast.AST, names: tuple) -> bool:
+    """``node`` reads a run.json field back from a dict named one of ``names``:
+    ``info.get("status")`` or ``info["status"]``."""
     from clusterjob.core.record import FIELDS
 
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        target, key = node.func.value, node.args[0] if node.args else None
+    elif isinstance(node, ast.Subscript):
+        target, key = node.value, node.slice
+    else:
+        return False
+    return (isinstance(target, ast.Name) and target.id in names and isinstance(key, ast.Constant)
+            and key.value in FIELDS)
+
+
+def record_lookups(trees: dict) -> list[str]:
+    """module:line of each field read back from a record made a dict (but the report's rows)."""
     offenders = []
-    for name, tree in modules().items():
+    for name, tree in trees.items():
         if name == "clusterjob.core.record":
             continue
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("info", "record", "view")
-                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in FIELDS):
-                offenders.append(f"{name}:{node.lineno}")
+        names = tuple(n for n in RECORD_NAMES if not (name.startswith(REPORT_ROWS[0]) and n == REPORT_ROWS[1]))
+        offenders += [f"{name}:{node.lineno}" for node in ast.walk(tree) if _field_lookup(node, names)]
+    return offenders
+
+
+def test_no_module_indexes_the_run_record_by_string_keys():
+    """Code gets run.json's fields as attributes of RunRecord (and RunView): no module but
+    the record's reads them back from a dict by a field name, with ``.get`` or ``[...]``."""
+    offenders = record_lookups(modules())
     assert offenders == [], "use the RunRecord's attributes in: " + ", ".join(offenders)
+
+
+def test_the_record_lookup_ban_sees_both_forms():
+    trees = {"clusterjob.launch.x": ast.parse('def f(info, view, row):\n    return info["status"], view.get("error"), '
+                                             'row["status"], info["not_a_field"]'),
+             "clusterjob.report.x": ast.parse('def f(info, record):\n    return info["status"], record["final"]')}
+    assert record_lookups(trees) == ["clusterjob.launch.x:2", "clusterjob.launch.x:2", "clusterjob.report.x:2"]

@@ -54,11 +54,6 @@ class RunView:
     unanswered: Optional[str] = None
     orphaned: bool = False
 
-    def to_dict(self) -> dict:
-        """The view as one mapping: the record's fields, problems, and note or queue_state when set."""
-        extra = {key: value for key, value in (("note", self.note), ("queue_state", self.queue_state)) if value}
-        return {**self.record.to_dict(), "problems": self.problems, **extra}
-
 
 @dataclass(frozen=True)
 class Dependency:
