@@ -214,7 +214,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _executor_metavar() -> str:
-    """auto|local|slurm: the executors' names, none of their modules imported."""
+    """auto|local|slurm: the built-in executors' names, none of their modules imported
+    (nor importlib.metadata, which those of other packages need)."""
     from clusterjob.launch.executor import listed_names
 
     return "|".join(("auto", *listed_names()))
@@ -259,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(p)
     # the executors (like --style, --format and --mode) check their own names: one error line
     p.add_argument("--executor", default="auto", metavar=_executor_metavar(),
-                   help="auto (the default): Slurm if sbatch works, else local processes")
+                   help="auto (the default): Slurm if sbatch works, else local processes; or the name an "
+                        "installed package registers (entry point group clusterjob.executors)")
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.add_argument("--no-preflight", action="store_true",

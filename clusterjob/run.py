@@ -22,10 +22,11 @@ import faulthandler
 import os
 import sys
 from pathlib import Path
-from typing import MutableMapping, Optional
+from typing import Any, MutableMapping, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput
+from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
 from clusterjob.spec.schema import Spec, dump_spec, expand_sweep, load_spec
 
@@ -154,7 +155,7 @@ def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
     return _create(RunDir(Path(spec.output.root) / spec.name / new_run_id()), spec, params)
 
 
-def _create(run: RunDir, spec: Spec, params: dict, **fields: Optional[str]) -> RunDir:
+def _create(run: RunDir, spec: Spec, params: dict, **fields: Any) -> RunDir:
     return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params, **fields)
 
 
@@ -177,7 +178,7 @@ def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:
     run = RunDir(parent / (f"slurm-{job.run_key}-{taken[-1][0] + 1}" if taken else f"slurm-{job.run_key}"))
     if taken:
         print(f"{(mine or taken[-1][1]).path} is {why}; this job runs in {run.path}", flush=True)
-    return _create(run, spec, params, slurm_job_id=job.run_key, slurm_job_submitted=submitted)
+    return _create(run, spec, params, job=Job(SLURM, job.run_key), slurm_job_submitted=submitted)
 
 
 def _job_runs(parent: Path, key: str) -> list[tuple[int, RunDir]]:

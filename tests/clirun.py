@@ -14,8 +14,8 @@ command starts processes, imports torch or handles signals (submit, resume, data
 and where ``env`` asks for a fresh interpreter (PYTHON* variables, a PYTHONPATH with more
 than this checkout, another locale); ``process`` says it where a test knows better (a
 cancel of a run that ended runs here). A call here that leaves state in this process
-(a claim held, a signal handler, a thread, torch imported) fails the test: that command
-belongs in a process.
+(a claim held, a signal handler, a thread, an executor of another package loaded, torch
+imported) fails the test: that command belongs in a process.
 
 Both ways the environment is ``base_env()`` unless given, and PYTHONPATH starts with this
 checkout: the ``clusterjob`` that runs is the one under test, never the one the venv's
@@ -159,8 +159,9 @@ def _exit_status(main, argv: list) -> int:
 
 def _process_state() -> dict:
     """What a command run here must leave as it found it."""
-    claim = sys.modules.get("clusterjob.core.claim")
+    claim, executor = sys.modules.get("clusterjob.core.claim"), sys.modules.get("clusterjob.launch.executor")
     return {"claims": set(claim._HELD) if claim else set(),
+            "executors of other packages": set(getattr(executor, "_FOREIGN", ())) if executor else set(),
             "signal handlers": [signal.getsignal(sig) for sig in _STATE_SIGNALS],
             "threads": {thread.ident for thread in threading.enumerate()},
             "torch": "torch" in sys.modules}
@@ -170,8 +171,8 @@ def _left_behind(before: dict) -> list:
     """What the command added to this process's state (threads or claims of the test that
     end meanwhile are no concern)."""
     after = _process_state()
-    left = [f"{what} {sorted(map(str, after[what] - before[what]))}" for what in ("claims", "threads")
-            if after[what] - before[what]]
+    left = [f"{what} {sorted(map(str, after[what] - before[what]))}"
+            for what in ("claims", "executors of other packages", "threads") if after[what] - before[what]]
     if after["signal handlers"] != before["signal handlers"]:
         left.append("signal handlers changed")
     if after["torch"] and not before["torch"]:

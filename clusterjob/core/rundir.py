@@ -127,7 +127,7 @@ def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict,
     if claim_as is not None:
         claim.take(run.path, claim_as)
     write_atomic(run.spec_file, spec_yaml)
-    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "slurm_job_id": None,
+    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "job": None,
                   "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
                   "final": None, "error": None, **fields})
     return run

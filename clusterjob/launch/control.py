@@ -81,8 +81,9 @@ def status_table(runs: list[RunDir], found: list[RunView]) -> str:
     own = any(view.record.entrypoint is not None for view in found)
     rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
     for run, view in zip(runs, found):
+        job = view.record.job
         rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(view), *_progress(run, view.record, own),
-                     view.record.slurm_job_id or "-", _restarts(view.record)))
+                     _shown(job.id) if job else "-", _restarts(view.record)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput, SlurmUnreachable
+from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec
 
 Ask = Callable[..., Optional[object]]  # slurmctl.ask: (cmd, stdin=None) -> CompletedProcess | None
@@ -121,7 +122,7 @@ def _part_unread(name: str, part: Partition, *keys: str) -> Optional[Check]:
 
 
 def check_partition(spec: Spec, partitions: list[Partition]) -> tuple[Check, Optional[Partition]]:
-    want = spec.resources.partition
+    want = SlurmOptions.of(spec).partition
     names = ", ".join(p.name for p in partitions) or "none"
     found = next((p for p in partitions if p.name == want or (want is None and p.default)), None)
     if found is None:
@@ -200,7 +201,7 @@ def check_qos(spec: Spec, qos: Optional[str], row: Optional[dict], problem: Opti
     ``problem``: why sacctmgr did not answer."""
     if qos is None:
         return Check("qos", True, "none asked")
-    if row is None and spec.resources.qos is None:
+    if row is None and SlurmOptions.of(spec).qos is None:
         return Check("qos", True, f"the partition's QOS {qos} (its limits are not readable here)")
     if row is None:
         if problem is not None:
@@ -228,11 +229,12 @@ def check_gpus(spec: Spec, nodes: list[dict], part: Partition, problem: Optional
     unknown = _nodes_unknown("gpus", nodes, part, problem, "gpus", "GRES")
     if unknown is not None:
         return unknown
-    wanted = set(filter(None, re.split(r"[&|,]", r.constraint or "")))
+    constraint = SlurmOptions.of(spec).constraint
+    wanted = set(filter(None, re.split(r"[&|,]", constraint or "")))
     fit = [n for n in nodes if n["gpus"] >= r.gpus_per_node and (not wanted or wanted & n["features"])]
     if len(fit) < r.nodes:
         most = max(n["gpus"] for n in nodes)
-        where = f" with features {r.constraint}" if r.constraint else ""
+        where = f" with features {constraint}" if constraint else ""
         return Check("gpus", False, f"{r.nodes} node(s) with {r.gpus_per_node} GPUs{where} asked; partition "
                                     f"{part.name} has {len(fit)} (at most {most} GPUs per node)",
                      "lower resources.gpus_per_node/nodes, change resources.constraint, or use a GPU partition")
@@ -332,7 +334,7 @@ def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.
         return [first]
     listed, unlisted = _answer(ask(["sinfo", "-N", "-p", part.name, "-o", "%N|%c|%G|%f"]), NODES)
     nodes = node_rows(listed)
-    qos = spec.resources.qos or part.qos
+    qos = SlurmOptions.of(spec).qos or part.qos
     row, unasked = _qos_row(qos, ask) if qos else (None, None)
     checks = [first, check_nodes(spec, part), check_cpus(spec, nodes, part, unlisted),
               check_time(spec, part, row, qos), check_qos(spec, qos, row, unasked),

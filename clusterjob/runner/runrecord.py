@@ -16,7 +16,7 @@ from clusterjob.core import env as envmod
 from clusterjob.core import procs, retry, slurmctl, units
 from clusterjob.core.files import is_number
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.record import RunRecord, Session
+from clusterjob.core.record import SLURM, Job, RunRecord, Session
 from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 
@@ -137,7 +137,7 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool =
     # rank 0's watcher stops the ranks at their first progress line.
     run.update(reopen=info.status != "cancelled", status="running", requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
-               slurm_job_id=job.run_key if job else info.slurm_job_id, versions=versions(),
+               job=Job(SLURM, job.run_key) if job else info.job, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
                finished_at=None, error=None, sessions=[*info.sessions, session], **facts)
 

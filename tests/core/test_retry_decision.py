@@ -15,6 +15,7 @@ import yaml
 
 from clusterjob.core import retry, slurmctl
 from clusterjob.core.env import SlurmJob
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.launch.resources import SESSION_MARK
@@ -25,7 +26,7 @@ SPEC = {"name": "exp", "resources": {"max_retries": 2, "retry_backoff_s": 45}}
 
 @pytest.fixture
 def run(tmp_path):
-    made = create_run(tmp_path, "exp", "r1", yaml.safe_dump(SPEC), {}, executor="slurm", slurm_job_id="40",
+    made = create_run(tmp_path, "exp", "r1", yaml.safe_dump(SPEC), {}, executor="slurm", job=Job("slurm", "40"),
                       log_dir=str(tmp_path))
     made.update(status="running", hosts=["node1", "node2"])
     return made

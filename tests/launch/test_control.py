@@ -17,6 +17,7 @@ from clirun import cli
 from trainutil import run_info
 
 from clusterjob.core import procs, slurmctl
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import RunDir, create_run
 from clusterjob.launch import control, executor, resources
 from clusterjob.launch.executors import slurm as slurm_launch
@@ -39,7 +40,7 @@ def fake_slurm(monkeypatch):
 
 
 def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slurm):
-    run = make_run(tmp_path, status="running", slurm_job_id="77", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "77"), executor="slurm")
     before = run.info_file.read_bytes()
     (view,) = executor.views([run])
     assert view.record.status == "failed" and "no accounting record" in view.record.error.message
@@ -51,7 +52,7 @@ def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slur
 
 
 def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatch):
-    run = make_run(tmp_path, status="running", slurm_job_id="78", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "78"), executor="slurm")
 
     def queue_while_the_run_ends(ids):
         run.update(status="completed", final={"epoch": 3, "val_acc": 0.9})  # the run's own last write
@@ -65,10 +66,10 @@ def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatc
 
 
 def test_queue_and_accounting_states(tmp_path, fake_slurm):
-    queued = make_run(tmp_path, "a", status="preempted", slurm_job_id="5_1", executor="slurm")
-    cancelled = make_run(tmp_path, "b", status="running", slurm_job_id="6", executor="slurm")
-    timed_out = make_run(tmp_path, "c", status="running", slurm_job_id="7", executor="slurm")
-    done = make_run(tmp_path, "d", status="completed", slurm_job_id="8", executor="slurm")
+    queued = make_run(tmp_path, "a", status="preempted", job=Job("slurm", "5_1"), executor="slurm")
+    cancelled = make_run(tmp_path, "b", status="running", job=Job("slurm", "6"), executor="slurm")
+    timed_out = make_run(tmp_path, "c", status="running", job=Job("slurm", "7"), executor="slurm")
+    done = make_run(tmp_path, "d", status="completed", job=Job("slurm", "8"), executor="slurm")
     fake_slurm.queue = {"5_1": "PENDING"}
     fake_slurm.sacct = {"6": "CANCELLED", "7": "TIMEOUT", "8": "FAILED"}
     found = executor.views([queued, cancelled, timed_out, done])
@@ -134,7 +135,7 @@ def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(slurmctl, "cancel", lambda job: calls.append(job) or True)
     monkeypatch.setattr(slurmctl, "queue_states", lambda jobs: {})  # the job left the queue
-    run = make_run(tmp_path, status="running", slurm_job_id="9", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "9"), executor="slurm")
     assert control.cancel(run) == ["cancelled Slurm job 9"] and calls == ["9"]
     assert run_info(run.path)["status"] == "cancelled"
     run.update(status="completed", final={"epoch": 3})  # a dying task's late write
@@ -230,7 +231,7 @@ def test_checkpoints_sort_mid_epoch_after_their_epoch_and_keep_last(tmp_path):
 
 
 def test_finalize_names_a_killed_task(tmp_path):
-    run = make_run(tmp_path, status="failed", slurm_job_id="12", log_dir=str(tmp_path),
+    run = make_run(tmp_path, status="failed", job=Job("slurm", "12"), log_dir=str(tmp_path),
                    error={"rank": 0, "message": "gloo: connection closed"})
     (tmp_path / "12_0_log.err").write_text("srun: error: node2: task 1: Terminated\n"
                                            "srun: error: node2: task 3: Killed\n")
@@ -272,7 +273,7 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
     slurm_shims.answer("squeue", **squeue)
     slurm_shims.answer("sacct", exit_code=1)
     monkeypatch.setattr(slurmctl, "TIMEOUT_S", 0.5)
-    run = make_run(tmp_path, status="running", slurm_job_id="41", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "41"), executor="slurm")
     before = run.info_file.read_bytes()
     assert control.cmd_status(str(tmp_path / "exp")) == 0
     out, err = capsys.readouterr()
@@ -288,7 +289,7 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
 def test_status_through_the_cli_with_squeue_failing(tmp_path, slurm_shims):
     slurm_shims.fail("squeue", stderr="error: Unable to contact slurm controller")
     slurm_shims.answer("sacct", exit_code=1)
-    run = make_run(tmp_path, status="running", slurm_job_id="42", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "42"), executor="slurm")
     before = run.info_file.read_bytes()
     done = cli(tmp_path, "status", "exp", env=os.environ, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -346,8 +347,16 @@ def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
     assert executor.views([run])[0].record.status == "preempted"
 
 
+def old_job_id(run: RunDir, value) -> RunDir:
+    """The run with run.json's key of earlier versions, slurm_job_id, set to ``value``."""
+    info = json.loads(run.info_file.read_text())
+    (info["job"], info["slurm_job_id"]) = (None, value)
+    run.info_file.write_text(json.dumps(info))
+    return run
+
+
 def test_status_of_mistyped_fields_names_them(tmp_path, fake_slurm):
-    runs = [make_run(tmp_path, "a", status="running", final="epoch 3", requeues="3", slurm_job_id=["7"]),
+    runs = [old_job_id(make_run(tmp_path, "a", status="running", final="epoch 3", requeues="3"), ["7"]),
             make_run(tmp_path, "b", status="failed", error="boom", final=[1, 2], launcher="x",
                      executor="local"),
             make_run(tmp_path, "c", status=5, final={"epoch": 2, "val_acc": "high"}, hosts="n1")]

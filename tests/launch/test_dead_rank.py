@@ -19,6 +19,7 @@ from clirun import cli
 from owncode import Project
 from slurmcluster import submit, task_pid, wait_for
 
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.launch.resources import SESSION_MARK
@@ -96,7 +97,7 @@ def ended_job(tmp_path):
     """A Slurm run whose step srun ended badly, with srun's lines in the job's log."""
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "exp"}))
     run = create_run(tmp_path, "exp", "r1", (tmp_path / "spec.yaml").read_text(), {}, executor="slurm",
-                     slurm_job_id="12", log_dir=str(tmp_path))
+                     job=Job("slurm", "12"), log_dir=str(tmp_path))
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([str(run.path)]))
 

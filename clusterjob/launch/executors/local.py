@@ -44,7 +44,7 @@ class LocalExecutor(Executor):
 
     @classmethod
     def adopts(cls, record: RunRecord) -> bool:
-        return record.slurm_job_id is None  # started by hand, outside Slurm
+        return record.job is None  # started by hand, outside Slurm
 
     def check(self, spec: Spec, points: int, preflight: bool = True, after: Sequence[Dependency] = ()) -> None:
         """What this machine must offer a local run, checked before any process starts

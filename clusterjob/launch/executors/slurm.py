@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 from clusterjob.core import claim, retry, slurmctl
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
+from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     RunDir,
@@ -56,6 +57,7 @@ from clusterjob.launch.executor import (
     views,
 )
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
+from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
 
 # sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
@@ -74,6 +76,7 @@ class SlurmExecutor(Executor):
 
     name = "slurm"
     auto_rank = 10
+    options = SlurmOptions
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -91,7 +94,7 @@ class SlurmExecutor(Executor):
         (clusterjob.launch.preflight): each failed check on stderr, then bad input;
         ``preflight`` False asks nothing."""
         for dep in after:
-            if dep.state == WAITING and dep.job is None:
+            if dep.state == WAITING and _slurm_job(dep) is None:
                 raise BadInput(f"--after: {dep.run.path} is {dep.why}, with no Slurm job to wait for (a local run, or "
                                "Slurm did not say); submit this one with --executor local, or once it completed")
         if not preflight:
@@ -121,10 +124,10 @@ class SlurmExecutor(Executor):
         # Without a cluster to ask (a dry run from a laptop), a sweep is split at Slurm's default
         # MaxArraySize: submit's note says so. With one, its own answer splits it, or refuses it.
         unasked = DEFAULT_MAX_ARRAY_SIZE if self.unavailable() is not None else None
-        return scripts(spec, points, _folder(spec), chain.jobs(after), unasked)
+        return scripts(spec, points, _folder(spec), _after_jobs(after), unasked)
 
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
-        job_ids = submit_runs(spec, runs, chain.jobs(after))
+        job_ids = submit_runs(spec, runs, _after_jobs(after))
         claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
         return [f"{job_id}  {run.path}" for job_id, run in zip(job_ids, runs)]
 
@@ -168,7 +171,19 @@ class SlurmExecutor(Executor):
         return _cancel_job(run, job, wait_s)
 
     def reopened(self) -> dict:
-        return {"slurm_job_id": None}
+        return {"job": None}
+
+
+def _slurm_job(dep: Dependency) -> Optional[str]:
+    """The Slurm job (or array task) of a run this one waits for, while it is queued;
+    None for none, or another executor's job."""
+    job = dep.job
+    return job.id if job is not None and job.executor == SLURM and is_job_id(job.id) else None
+
+
+def _after_jobs(after: Sequence[Dependency]) -> list[str]:
+    """The queued Slurm jobs of the runs still waited for: what afterok names."""
+    return [job for dep in after if dep.state == WAITING and (job := _slurm_job(dep)) is not None]
 
 
 def _folder(spec: Spec) -> Path:
@@ -252,7 +267,7 @@ def _teardown(runs_file: Path) -> list[str]:
 def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[str]):
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=SlurmOptions.of(spec).max_requeues)
     executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file), after_jobs))
     return executor
 
@@ -306,7 +321,7 @@ def _submit_part(spec: Spec, runs: list[RunDir], folder: Path, after_jobs: Seque
             raise refusal(spec, err) from None
         raise
     for run, job in zip(runs, jobs):
-        run.update(executor="slurm", slurm_job_id=job.job_id, log_dir=str(folder.resolve()))
+        run.update(executor="slurm", job=Job(SLURM, job.job_id), log_dir=str(folder.resolve()))
         _link_logs(run, folder, job.job_id, spec.world_size)
 
 
