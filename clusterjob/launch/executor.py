@@ -280,9 +280,10 @@ def records(folders: Sequence) -> list[RunRecord]:
     return [view.record for view in views([RunDir(Path(folder)) for folder in folders])]
 
 
-def learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
-    """The view with what the executor learnt (a job's or the processes' end); written
-    with ``write_back``, unless the run recorded its own end meanwhile (its word wins)."""
+def apply_found(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
+    """The view with ``fields``, what the executor found (a job's or the processes' end);
+    written to run.json with ``write_back``, unless the run recorded its own end meanwhile
+    (its word wins)."""
     if not write_back:
         return replace(view, record=replace(view.record, **fields))
     now = run.read()

@@ -119,12 +119,12 @@ def _plain_while_running(stop: StopSignal, session: api.Session, grace_s: float)
     """While the code runs, a stop signal stops it unless it asks should_stop() (see
     runner.preempt); a stop asked before it started stops it at once."""
     stop.grace_s = grace_s
-    stop.plain = lambda: not session.polled
+    stop.is_plain_script = lambda: not session.polled
     try:
         stop.raise_if_plain()
         yield
     finally:
-        stop.plain = lambda: False
+        stop.is_plain_script = lambda: False
 
 
 def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:

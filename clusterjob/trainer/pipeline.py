@@ -2,7 +2,7 @@
 
 The default (``data.loader: auto``) for the datasets whose splits fit in memory, the ones
 marked ``in_memory`` in ``clusterjob.spec.catalog`` (cifar10, mnist, synthetic). The
-torchvision DataLoader path (``clusterjob.trainer.data.build_loaders``) stays for
+torchvision DataLoader path (``clusterjob.trainer.data.build_torchvision_loaders``) stays for
 ``data.loader: torchvision`` and for datasets that do not fit in memory.
 
 Each split is read once as uint8 NCHW (CIFAR-10 and MNIST through torchvision's dataset
@@ -244,11 +244,11 @@ class TensorLoaders:
         self.train_loader.set_epoch(epoch, skip_batches)
 
 
-def build_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: int, seed: int,
+def build_tensor_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: int, seed: int,
                   device: str, memory_format: torch.memory_format = torch.contiguous_format) -> TensorLoaders:
     """Sharded loaders for this rank, the splits moved to ``device``. ``data`` is the
     DataSpec (drop_last, augment), ``batch_size`` per process; sharding, padding and
-    drop_last as ``clusterjob.trainer.data.build_loaders`` has them. Batches come in
+    drop_last as ``clusterjob.trainer.data.build_torchvision_loaders`` has them. Batches come in
     ``memory_format``, the model's (``train.memory_format_for``)."""
     train, val = td.train.to(device), td.val.to(device)
     # ignore: the stubs want a Dataset, but the sampler only takes its len(); a range has one

@@ -231,7 +231,7 @@ def test_an_error_aborts_the_process_group_and_a_clean_run_destroys_it(monkeypat
 def _two_ranks(rank: int, port: int, folder: str) -> None:
     """Stop agreement, the checkpoint gather and exact eval through clusterjob.runner.dist."""
     from clusterjob.runner.preempt import StopSignal
-    from clusterjob.trainer.data import build_datasets, build_loaders, val_valid_count
+    from clusterjob.trainer.data import build_datasets, build_torchvision_loaders, val_valid_count
 
     env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, ("127.0.0.1",))
     dist.rendezvous(env, "env", 60)
@@ -246,7 +246,7 @@ def _two_ranks(rank: int, port: int, folder: str) -> None:
     spec = spec_from_dict({"name": "e", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 101,
                                                 "num_workers": 0, "augment": False}, "train": {"amp": "off"}})
     ds = build_datasets(spec.data, seed=0)
-    loaders = build_loaders(ds, spec.data, 8, rank, 2, seed=0, pin_memory=False)
+    loaders = build_torchvision_loaders(ds, spec.data, 8, rank, 2, seed=0, pin_memory=False)
     torch.manual_seed(3)
     model = build_model("mlp", 10, (3, 32, 32))
     plan = plan_device(spec, rank, 2, 2, cuda_count=0)

@@ -18,14 +18,13 @@ from torch.utils.data import DistributedSampler
 from clusterjob.core.errors import SpecError
 from clusterjob.spec.catalog import DATASETS
 from clusterjob.spec.schema import DataSpec, spec_from_dict
-from clusterjob.trainer.data import Datasets, build_datasets, set_epoch
-from clusterjob.trainer.data import build_loaders as torchvision_loaders
+from clusterjob.trainer.data import Datasets, build_datasets, build_torchvision_loaders, set_epoch
 from clusterjob.trainer.pipeline import (
     PAD,
     ImageSplit,
     TensorData,
     as_images,
-    build_loaders,
+    build_tensor_loaders,
     gather_windows,
     load_splits,
     to_layout,
@@ -44,7 +43,7 @@ def _indexed(n: int) -> TensorData:
 
 def _loaders(n, world, seed=0, drop_last=False, batch_size=4, augment=False):
     data = DataSpec(dataset="synthetic", drop_last=drop_last, augment=augment)
-    return [build_loaders(_indexed(n), data, batch_size, rank, world, seed, "cpu") for rank in range(world)]
+    return [build_tensor_loaders(_indexed(n), data, batch_size, rank, world, seed, "cpu") for rank in range(world)]
 
 
 def _labels(loader) -> list[list[int]]:
@@ -70,7 +69,7 @@ def test_batches_follow_the_distributed_sampler_and_the_torchvision_path(n, worl
             if drop_last:
                 expected = [b for b in expected if len(b) == batch_size]
             assert batches == expected and len(loaders.train_loader) == len(expected)
-            theirs = torchvision_loaders(reference, spec, batch_size, rank, world, 5, pin_memory=False)
+            theirs = build_torchvision_loaders(reference, spec, batch_size, rank, world, 5, pin_memory=False)
             set_epoch(theirs, epoch)
             assert batches == [idx.tolist() for _, idx in theirs.train_loader]
     counts = np.bincount(sum((sum(_labels(r.train_loader), []) for r in ranks), []), minlength=n)
@@ -150,7 +149,7 @@ def test_crop_flip_of_random_batches_matches_the_reference():
 
 def _synthetic_loaders(rank=0, world=2, seed=0, limit=64, batch_size=8, augment=True):
     data = DataSpec(dataset="synthetic", limit_train=limit, limit_val=16, augment=augment)
-    return build_loaders(load_splits(data, seed), data, batch_size, rank, world, seed, "cpu")
+    return build_tensor_loaders(load_splits(data, seed), data, batch_size, rank, world, seed, "cpu")
 
 
 def _epoch_batches(loaders, epoch, skip=0):
@@ -214,7 +213,7 @@ def test_cifar10_files_load_as_torchvision_reads_them(cifar_root):
     assert torch.equal(td.train.images.reshape(20, 3072), torch.from_numpy(rows))
     # the floats equal the torchvision path's, bit for bit
     ds = build_datasets(data, seed=0)
-    loaders = build_loaders(td, data, 4, 0, 1, 0, "cpu")
+    loaders = build_tensor_loaders(td, data, 4, 0, 1, 0, "cpu")
     x = torch.cat([x for x, _ in loaders.val_loader])
     assert torch.equal(x, torch.stack([ds.val[i][0] for i in range(len(ds.val))]))
 
@@ -236,7 +235,7 @@ def test_mnist_files_load_as_torchvision_reads_them(mnist_root):
     assert torch.equal(td.train.images[:, 0], torch.from_numpy(splits["train"][0]).to(torch.uint8))
     assert td.val.targets.tolist() == splits["t10k"][1][:2].tolist()
     # augment is on, but digits are not cropped or flipped: batches are the normalized pixels
-    loaders = build_loaders(td, data, 5, 0, 1, 0, "cpu")
+    loaders = build_tensor_loaders(td, data, 5, 0, 1, 0, "cpu")
     loaders.set_epoch(1)
     ((x, y),) = list(loaders.train_loader)
     mean, std = DATASETS["mnist"].mean[0], DATASETS["mnist"].std[0]

@@ -51,8 +51,8 @@ from clusterjob.launch.executor import (
     RunView,
     Waited,
     Watch,
+    apply_found,
     cancel_unstarted,
-    learnt,
     register,
     views,
 )
@@ -210,7 +210,7 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
     elif final == "failed":
         fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
                                        "without the run recording its end")
-    return learnt(run, view, fields, write_back)
+    return apply_found(run, view, fields, write_back)
 
 
 def _dependency_failed(info: RunRecord) -> Optional[str]:
