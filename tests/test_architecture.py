@@ -369,3 +369,48 @@ def test_the_record_lookup_ban_sees_both_forms():
                                              'row["status"], info["not_a_field"]'),
              "clusterjob.report.x": ast.parse('def f(info, record):\n    return info["status"], record["final"]')}
     assert record_lookups(trees) == ["clusterjob.launch.x:2", "clusterjob.launch.x:2", "clusterjob.report.x:2"]
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top (functions, classes, assignments, also under
+    a top-level if or try), and those it lists in ``__all__`` (its public API)."""
+    names: set[str] = set()
+    for node in tree.body:
+        inner = [node] if not isinstance(node, (ast.If, ast.Try)) else list(ast.walk(node))
+        for found in inner:
+            if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(found.name)
+            elif isinstance(found, (ast.Assign, ast.AnnAssign)):
+                targets = found.targets if isinstance(found, ast.Assign) else [found.target]
+                names.update(e.id for t in targets for e in ast.walk(t) if isinstance(e, ast.Name))
+                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                    names.update(ast.literal_eval(found.value))
+    return names
+
+
+def borrowed_imports(trees: dict) -> list[str]:
+    """module:line name, for each ``from clusterjob.X import name`` where X neither defines
+    nor publishes ``name`` (nor is it a submodule): the name has a home elsewhere."""
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module in trees and node.level == 0):
+                continue
+            own = _own_names(trees[node.module])
+            found += [f"{name}:{node.lineno} {alias.name}" for alias in node.names
+                      if alias.name not in own and f"{node.module}.{alias.name}" not in trees]
+    return found
+
+
+def test_each_name_is_imported_from_its_home():
+    """A name is imported from the module that defines it, so that no caller finds it in
+    two places (core.rundir passed on names of core.files and core.record)."""
+    assert borrowed_imports(modules()) == []
+
+
+def test_the_home_check_sees_a_name_passed_on():
+    trees = {"clusterjob.a": ast.parse("def f(): pass\nX = 1"), "clusterjob.b": ast.parse("from clusterjob.a import f"),
+             "clusterjob.c": ast.parse("from clusterjob.b import f\nfrom clusterjob.a import X, f"),
+             "clusterjob.d": ast.parse("from clusterjob.a import f\n__all__ = ['f']"),
+             "clusterjob.e": ast.parse("from clusterjob.d import f")}
+    assert borrowed_imports(trees) == ["clusterjob.c:1 f"]

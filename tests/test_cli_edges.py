@@ -16,7 +16,8 @@ from trainutil import write_spec
 
 from clusterjob import cli as clusterjob_cli
 from clusterjob.core import procs
-from clusterjob.core.rundir import RunDir, make_runs, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import executor, sbatch
 
 F_SETPIPE_SZ = 1031  # Linux: a pipe of one page, so that a few KiB of output fill it

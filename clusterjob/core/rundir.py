@@ -23,22 +23,8 @@ from typing import Any, Optional
 
 from clusterjob.core import claim, record
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import (  # noqa: F401  (re-exported: where callers have always found them)
-    atomic_open,
-    is_number,
-    loads,
-    now_iso,
-    read_text,
-    shown,
-    write_atomic,
-)
-from clusterjob.core.record import (  # noqa: F401  (re-exported, as above)
-    INFO_FILE,
-    MAX_INFO_BYTES,
-    RunError,
-    RunRecord,
-    is_job_id,
-)
+from clusterjob.core.files import loads, now_iso, read_text, write_atomic
+from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"

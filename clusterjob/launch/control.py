@@ -21,18 +21,9 @@ from typing import Iterator, Optional
 
 from clusterjob.core import claim, units
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
-from clusterjob.core.files import open_regular
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    MAX_INFO_BYTES,
-    RunDir,
-    RunError,
-    RunRecord,
-    find_runs,
-    first_error,
-    no_runs,
-    read_text,
-)
+from clusterjob.core.files import open_regular, read_text
+from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, find_runs, first_error, no_runs
 from clusterjob.launch import chain, executor
 from clusterjob.launch.executor import RunView
 

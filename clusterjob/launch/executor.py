@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import plugins, procs
 from clusterjob.core.errors import BadInput
-from clusterjob.core.record import Job
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import Job, RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir
 from clusterjob.launch import executors
 
 if TYPE_CHECKING:  # the spec's module (and YAML) is not needed to list or read runs

@@ -17,7 +17,8 @@ from typing import Sequence
 
 from clusterjob.core import claim, metrics, units
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import RunDir, RunRecord, make_runs
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window

@@ -42,7 +42,7 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import atomic_open
+from clusterjob.core.files import atomic_open
 from clusterjob.report import cost, htmlpage, plots, termtable
 from clusterjob.report.cells import (
     error_lines,

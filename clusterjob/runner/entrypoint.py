@@ -37,7 +37,9 @@ from typing import Any, Callable, Iterator, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
-from clusterjob.core.rundir import RunDir, RunRecord, now_iso, shown
+from clusterjob.core.files import now_iso, shown
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir
 from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args

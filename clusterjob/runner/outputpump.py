@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import regex
 
 from clusterjob.core import metrics
-from clusterjob.core.rundir import shown
+from clusterjob.core.files import shown
 
 MAX_MATCHED_LINE = 4096  # bytes of an output line the metric regexes look at; longer lines are only copied
 MATCH_BUDGET_S = 0.5  # time one regex may take on one line before it is disabled

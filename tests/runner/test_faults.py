@@ -191,7 +191,8 @@ def test_a_cancel_before_the_ranks_start_is_never_reopened(tmp_path):
     does not reopen it (only `resume` does), and it stops at its first progress line."""
     from trainutil import run_hand_set, write_spec
 
-    from clusterjob.core.rundir import RunDir, create_run, now_iso
+    from clusterjob.core.files import now_iso
+    from clusterjob.core.rundir import RunDir, create_run
 
     spec = write_spec(tmp_path, train={"epochs": 20})
     run = create_run(tmp_path / "results", "t", "r1", spec.read_text(), {})

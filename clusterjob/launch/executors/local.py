@@ -22,7 +22,9 @@ from typing import Mapping, Optional, Sequence
 
 from clusterjob.core import claim, procs
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, failure, natural_key, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, natural_key
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import (
     Dependency,

@@ -30,19 +30,9 @@ from typing import Optional, Sequence
 from clusterjob.core import claim, retry, slurmctl
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
-from clusterjob.core.record import SLURM, Job
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    RunDir,
-    RunError,
-    RunRecord,
-    failure,
-    first_error,
-    is_job_id,
-    now_iso,
-    rank_errors,
-    tail_lines,
-)
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import SLURM, Job, RunError, RunRecord, is_job_id
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, rank_errors, tail_lines
 from clusterjob.launch import chain
 from clusterjob.launch.executor import (
     WAITING,
