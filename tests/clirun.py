@@ -238,10 +238,14 @@ def _outputs_to(out, err) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _timeout(seconds: float, argv: list) -> Iterator[None]:
-    """subprocess.TimeoutExpired when the block runs past ``seconds``, as subprocess.run's."""
+    """subprocess.TimeoutExpired when the block runs past ``seconds``, as subprocess.run's
+    (SIGALRM: in the main thread only; elsewhere the block runs unbounded)."""
     def overran(signum, frame):
         raise _Overran()
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGALRM, overran)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
