@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import clirun
+from clirun import base_env
 from secretscan import environ_without
-from trainutil import base_env
 
 from clusterjob.spec.schema import load_spec
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import clirun
 import pytest
 import yaml
+from clirun import REPO
 from secretscan import files_holding
 from slurmcluster import submit
-from trainutil import REPO
 
 from clusterjob.core.env import clean_environ
 

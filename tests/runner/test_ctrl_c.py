@@ -19,8 +19,8 @@ from pathlib import Path
 import clirun
 import pytest
 import yaml
+from clirun import REPO, base_env
 from slurmcluster import wait_for
-from trainutil import REPO, base_env
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import clirun
 import pytest
 import yaml
+from clirun import base_env
 from loggerread import mlflow_client, tensorboard_series, wandb_records
 from secretscan import environ_without, files_holding
-from trainutil import TINY, base_env, merge
+from trainutil import TINY, merge
 
 SECRET = "hf_Zq8s3cr3t-v4lue-0f-the-t0ken"
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()

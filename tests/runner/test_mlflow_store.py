@@ -17,8 +17,8 @@ from pathlib import Path
 import clirun
 import pytest
 import yaml
+from clirun import REPO, base_env
 from loggerread import mlflow_series
-from trainutil import REPO, base_env
 
 BIN = Path(sys.executable).parent
 SCRIPT = "for step in (1, 2, 3):\n    print(f'iter {step}: acc {step / 4}', flush=True)\n"
