@@ -15,11 +15,11 @@ import sys
 from typing import Any, Optional
 
 from clusterjob.core.errors import Failure, SpecError, one_line
-from clusterjob.spec.catalog import DATASETS, fetch_command
+from clusterjob.spec.catalog import DATASETS, DatasetName, fetch_command
 from clusterjob.spec.schema import DataSpec
 
 
-def main(dataset: str, root: Optional[str]) -> int:
+def main(dataset: DatasetName, root: Optional[str]) -> int:
     """Exit 0 once both splits of ``dataset`` are under ``root`` (None: data.root's default);
     1 when the download failed (no internet here), 2 for a root that cannot be a data.root."""
     try:
