@@ -5,3 +5,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fakeslurm import slurm_shims  # noqa: E402,F401  (fake Slurm commands on PATH)
 from slurmcluster import slurm_cluster  # noqa: E402,F401  (session fixture: the local Slurm cluster)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test runs two workers), every test that uses the local
+    Slurm cluster goes to one worker, one after another: some restart the cluster or need
+    its nodes idle, and the waits for Slurm then overlap the other worker's CPU-bound tests."""
+    import pytest
+
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
