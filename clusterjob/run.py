@@ -62,7 +62,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     env = envmod.detect(argv=sys.argv if argv is None else argv)
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
-    from clusterjob.runner import dist, runrecord
+    from clusterjob.runner import dist, health, runrecord
     from clusterjob.runner.preempt import StopSignal
 
     target = _target(spec).prepare(spec, env)  # this rank's bad input, before any rendezvous
@@ -74,12 +74,16 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     if dist.from_rank0("retries", lambda: runrecord.after_requeue(run, spec.resources.max_retries)) == "failed":
         dist.destroy()
         return "failed"  # a node failure with no retry left: recorded by rank 0
+    watched = health.start(run, env, spec)  # before the code takes over stdout and stderr (the output pump)
     try:
         outcome = target(run, stop)
     except BaseException as exc:
         runrecord.on_failure(run, env.rank, exc)
         dist.abort()
         raise
+    finally:
+        if watched is not None:
+            watched.stop()
     dist.destroy()
     return outcome
 

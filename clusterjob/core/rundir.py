@@ -124,6 +124,27 @@ class RunDir:
         """Which process rank ``rank`` is (clusterjob.core.procs), for ``cancel``."""
         return self.logs / f"rank{rank}.proc.json"
 
+    # The health watchdog's files (docs/design.md, "Hung and slow ranks").
+    def beat_file(self, rank: int) -> Path:
+        """Touched by the rank at most once a second while it makes progress."""
+        return self.logs / f"rank{rank}.beat"
+
+    def stacks_file(self, rank: int) -> Path:
+        """Where the rank writes its stacks, all threads, when asked (appended)."""
+        return self.logs / f"rank{rank}.stacks"
+
+    def health_file(self, rank: int) -> Path:
+        """Which process the rank is, how to ask it for stacks, its waits in collectives."""
+        return self.logs / f"rank{rank}.health.json"
+
+    def ended_file(self, rank: int) -> Path:
+        """Written by the rank's watcher once the rank's process ended."""
+        return self.logs / f"rank{rank}.ended"
+
+    def stall_dir(self, number: int) -> Path:
+        """The stacks (and NCCL traces) of stall ``number``."""
+        return self.logs / f"stall-{number}"
+
 
 def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict, claim_as: Optional[str] = None,
                **fields: Any) -> RunDir:

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
-from clusterjob.core import claim, units
+from clusterjob.core import claim, rankhealth, stalls, units
 from clusterjob.core.errors import BadInput, escape, traceback_excerpt
 from clusterjob.core.files import open_regular
+from clusterjob.core.record import Stall
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     MAX_INFO_BYTES,
@@ -74,6 +75,9 @@ def _state(info: dict) -> str:
     state = _shown(info["status"] or "unknown")
     if info["cancel_requested_at"] and info["status"] not in FINAL_STATUSES:
         return f"{state} (cancel requested)"
+    stalled = _open_stall(info)
+    if stalled is not None:
+        return stalls.shown(stalled).split(" (", 1)[0]  # "stalled 12.0 min"; the culprit under the table
     if info.get("note"):
         return f"{state} ({info['note']})"
     if info.get("queue_state") and info["status"] in ("pending", "running", "preempted", "timeout"):
@@ -102,8 +106,27 @@ def status_table(runs: list[RunDir], infos: list[dict]) -> str:
                 lines.append(f"{_shown(run.run_id)}: {_shown(chain.waiting_line(deps))}")
         if info["status"] == "failed" and info["error"]:
             lines.append(_error_lines(run, info["error"]))
+        lines += [f"{_shown(run.run_id)}: {_shown(line)}" for line in _health_lines(run, info)]
         lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info["warnings"][:_MAX_RUN_WARNINGS]]
     return "\n".join(lines)
+
+
+def _open_stall(info: dict) -> Optional[Stall]:
+    """The stall of a running run that no progress ended yet (health.on_stall: warn)."""
+    found = info["stalls"][-1:] if info["status"] == "running" else []
+    return stalls.open_stall(RunRecord(status="running", stalls=[Stall(**found[0])])) if found else None
+
+
+def _health_lines(run: RunDir, info: dict) -> list[str]:
+    """A running run's open stall with its culprit, and the rank its others wait for."""
+    if info["status"] != "running":
+        return []
+    stalled = _open_stall(info)
+    lines = [stalls.shown(stalled)] if stalled is not None else []
+    slow = rankhealth.slowest(rankhealth.of_session(run, info["world_size"] or 1))
+    if slow is not None and slow.others_wait_pct >= rankhealth.SHOWN_FROM_PCT:
+        lines.append(slow.line())
+    return lines
 
 
 def _restarts(info: dict) -> str:

@@ -21,7 +21,9 @@ terminal ends nothing). It owns its ranks:
 - a run that waits for other runs (run.json's ``after``, from ``submit --after``) starts
   once they completed, and is failed ("dependency failed") once one never will;
 - a failure that points at the machine (clusterjob.core.retry) starts the run again
-  from its last checkpoint after a back-off, up to ``resources.max_retries`` times.
+  from its last checkpoint after a back-off, up to ``resources.max_retries`` times; so
+  does a stall the health watchdog ended with ``on_stall: retry`` (its reason
+  ``stalled: <culprit line>``), and one it ended with ``stop`` keeps its error.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from clusterjob.core import claim, metrics, retry
+from clusterjob.core import claim, metrics, retry, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import escape
 from clusterjob.core.rundir import (
@@ -152,6 +154,9 @@ class Supervisor:
         info = self._settle(run, codes, sent)
         if info.status != "failed" or self.stop_signal is not None:
             return info, None
+        stalled = stalls.verdict(info)  # the health watchdog ended the ranks: retry or stop, as it said
+        if stalled is not None:
+            return info, stalls.reason(stalled) if stalled.action == "retry" else None
         killed = _killed(run, [(rank, code) for rank, code in enumerate(codes) if code != 0], sent)
         return info, retry.machine_cause(killed and killed[1], rank_errors(run), codes)
 
@@ -227,6 +232,8 @@ class Supervisor:
         if asked and status not in ("completed", "failed", "cancelled"):
             # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it)
             return run.update(status="cancelled", finished_at=now_iso())
+        if stalls.verdict(info) is not None:
+            return info  # a stall's verdict: the ranks were ended on purpose
         bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
         if not bad:
             if status in ("pending", "running"):

@@ -83,13 +83,15 @@ def _markdown(report: Report, runs: bool, width: int) -> str:
 def _runs_columns(report: Report) -> list:
     """Columns of the per-run table: run_id, status, swept keys, the run metrics, then
     (last, so that the columns before keep their places) the epochs the spec asked for,
-    the error and, when some run ran on Slurm, its cost."""
+    the error, when some run ran on Slurm its cost, and when some run recorded one, the
+    rank its others waited for."""
     keys = [k for k in report.swept if k != "name"]
     lead = ["name"] if "name" in report.swept else []
     metrics = run_metrics(report)
     planned = ["planned_epochs"] if "epochs" in metrics else []
     costs = list(cost.COLUMNS) if report.shows_cost else []
-    return lead + ["run_id", "status", *keys, *metrics, *planned, "error", *costs]
+    stragglers = ["straggler"] if report.runs["straggler"].notna().any() else []
+    return lead + ["run_id", "status", *keys, *metrics, *planned, "error", *costs, *stragglers]
 
 
 def _group_columns(report: Report) -> list:

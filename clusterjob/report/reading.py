@@ -40,7 +40,7 @@ from clusterjob.core.rundir import (
 __all__ = ["ResultsWarning", "Results", "collect"]
 
 CACHE_NAME = ".clusterjob-cache.npz"
-CACHE_VERSION = 4  # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions
+CACHE_VERSION = 5  # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions; 5: straggler
 
 # Column order of the epochs table; metrics not named here follow in the order seen.
 _METRIC_ORDER = (
@@ -120,7 +120,7 @@ class Results:
 
 
 _ROW_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
-               "finished_at", "final", "sessions")
+               "finished_at", "final", "sessions", "straggler")
 
 
 def _info(info: record.RunRecord, run: FoundRun) -> dict:

@@ -167,4 +167,4 @@ def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:
         return
     record_error(run, rank, exc)
     if rank == 0:
-        mark_failed(run, f"{type(exc).__name__}: {exc}")
+        mark_failed(run, f"{type(exc).__name__}: {exc}")  # not over a stall's verdict (record.update)

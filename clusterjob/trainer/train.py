@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from clusterjob.core.errors import BadInput
-from clusterjob.runner import dist
+from clusterjob.runner import dist, health
 from clusterjob.spec.schema import Spec
 from clusterjob.trainer.device import BF16_CAPABILITY, DevicePlan
 from clusterjob.trainer.models import CONV_ARCHS
@@ -198,7 +198,11 @@ def _wrap_ddp(model: torch.nn.Module, plan: DevicePlan, world_size: int) -> torc
     if world_size == 1:
         return model
     device_ids = [torch.device(plan.device).index] if plan.device_type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    wrapped = DistributedDataParallel(model, device_ids=device_ids)
+    clock = health.clock()
+    if clock is not None:  # health on: the wait for the slowest rank, timed in the all-reduce (stragglers)
+        dist.time_waits(wrapped, clock)
+    return wrapped
 
 
 def _sync_context(no_sync: Optional[Callable[[], Any]], sync: bool) -> Any:
@@ -342,6 +346,7 @@ def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: C
         meter.add(loss, out, y)
         if ends_step:
             _optimizer_step(t)
+            health.beat()  # a clock read and a compare: the watchdog sees the step
             if (t.step - first_step) % t.spec.train.log_every == 0:
                 progress_line(t, meter, ProgressLine(epoch, -(-(i + 1) // accum), first_step, clock), progress)
                 if i + 1 < n_batches and stop():
@@ -413,6 +418,7 @@ def evaluate(model: torch.nn.Module, loader: Any, n_valid: int, plan: DevicePlan
     for x, y in loader:
         keep = max(0, min(len(y), n_valid - seen))
         seen, count = seen + len(y), count + keep
+        health.beat()
         x = x[:keep].to(plan.device, non_blocking=True, memory_format=memory_format)
         y = y[:keep].to(plan.device, non_blocking=True)
         with autocast():

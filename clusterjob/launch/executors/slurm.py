@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core import claim, retry, slurmctl
+from clusterjob.core import claim, retry, slurmctl, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.rundir import (
@@ -376,8 +376,11 @@ def finalize(runs_file: str, index: str, srun_status: str) -> int:
     run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
     info = run.read()
     if srun_status != "0" and info.status in ("pending", "running", "failed"):
-        cause = _record_end(run, info, srun_status)
-        if cause is not None and _retried(run, cause):
+        stalled = stalls.verdict(info)  # the health watchdog ended the tasks: retry off the culprit's node, or stop
+        cause = _record_end(run, info, srun_status) if stalled is None else \
+            stalls.reason(stalled) if stalled.action == "retry" else None
+        exclude = [stalled.host] if stalled is not None and stalled.host else []
+        if cause is not None and _retried(run, cause, exclude):
             return 0
     return 0 if run.read().status == "completed" else 1
 
@@ -403,9 +406,11 @@ def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]
     return retry.machine_cause(named, rank_errors(run), exit_codes(log))
 
 
-def _retried(run: RunDir, cause: str) -> bool:
+def _retried(run: RunDir, cause: str, exclude: Sequence[str] = ()) -> bool:
     """Requeue the job of a run the machine failed, when a retry is left: recorded as an
-    attempt, its start held back by the back-off (or Slurm's own delay, when longer)."""
+    attempt, its start held back by the back-off (or Slurm's own delay, when longer),
+    and kept off the nodes of ``exclude`` (a stall's culprit; recorded in run.json's
+    ``excluded_hosts``) before it may start."""
     resources = load_spec(run.spec_file).resources
     info = run.read()
     if resources.max_retries == 0 or info.slurm_job_id is None:
@@ -416,14 +421,30 @@ def _retried(run: RunDir, cause: str) -> bool:
         print(f"clusterjob: {cause}; resources.max_retries={resources.max_retries} reached", file=sys.stderr)
         return False
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
-    if not slurmctl.requeue(info.slurm_job_id):
+    requeued = slurmctl.requeue(info.slurm_job_id, hold=True) if exclude else slurmctl.requeue(info.slurm_job_id)
+    if not requeued:
         run.update(status="failed", finished_at=now_iso(), error=RunError(
             None, f"{cause}; retry {number} could not requeue job {info.slurm_job_id} (scontrol requeue failed)"))
         return False
+    if exclude:
+        _exclude(run, info.slurm_job_id, exclude)
     slurmctl.start_later(info.slurm_job_id, retry.backoff_s(resources.retry_backoff_s, number))
+    if exclude:
+        slurmctl.release(info.slurm_job_id)  # held until it was kept off the culprit's node
     print(f"clusterjob: {cause}; retry {number} of {resources.max_retries}: job {info.slurm_job_id} requeued",
           file=sys.stderr)
     return True
+
+
+def _exclude(run: RunDir, job: str, hosts: Sequence[str]) -> None:
+    """Keep the held, requeued job off ``hosts`` and the hosts excluded before; recorded
+    in run.json once Slurm took it."""
+    excluded = sorted({*run.read().excluded_hosts, *hosts})
+    if slurmctl.exclude_nodes(job, excluded):
+        run.update(excluded_hosts=excluded)
+    else:
+        print(f"clusterjob: could not keep job {job} off {','.join(excluded)} (scontrol update failed)",
+              file=sys.stderr)
 
 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
