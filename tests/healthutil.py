@@ -30,8 +30,12 @@ def cli(folder: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=timeout)
 
 
-def start(folder: Path, *argv: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=base_env(),
+def start(folder: Path, *argv: str, path_first: str = "") -> subprocess.Popen:
+    """``clusterjob ARGV`` in the background; ``path_first``: a folder before PATH's."""
+    env = base_env()
+    if path_first:
+        env["PATH"] = f"{path_first}:{env['PATH']}"
+    return subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -13,12 +13,10 @@ ranks only hangs the others until the timeout. In a single process they are no-o
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import json
 import signal
-import time
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -307,63 +305,3 @@ def barrier_anywhere() -> None:
     _agreements += 1
     _store_barrier(_store, f"barrier/{_agreements}", _timeout_s(_store))
 
-
-# ----------------------------------------------------------------------------- waits (stragglers)
-
-
-def time_waits(model: torch.nn.Module, clock: Any) -> None:
-    """Time how long this rank waits in DDP's gradient all-reduce: ``clock.add(seconds)``
-    per step (``clock``: clusterjob.runner.health.WaitClock). DDP's default all-reduce,
-    as a comm hook that also notes when the step's last bucket was launched (the
-    backward's compute is done by then) and when its all-reduce completed: the time in
-    between is this rank's wait for the slowest rank, plus the transfer. No host sync:
-    on CPU the completion is a callback on gloo's thread; on CUDA two events around the
-    all-reduce, read once they completed (``clock.settle``). The slowest rank launches
-    last and waits least. Only for a DDP module (several ranks)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    timer = _CudaTimes(clock) if device().type == "cuda" else None
-    if timer is not None:
-        clock.settle = timer.settle
-
-    def hook(state, bucket):  # no annotations: DDP checks them against its own classes, not their names
-        fut = default_hooks.allreduce_hook(state, bucket)
-        if not bucket.is_last():
-            return fut
-        if timer is not None:
-            return timer.around(fut)
-        launched = time.perf_counter()
-
-        def done(f: Any) -> Any:
-            clock.add(time.perf_counter() - launched)
-            return f.value()
-
-        return fut.then(done)
-
-    model.register_comm_hook(None, hook)  # type: ignore[operator]  # DDP's method, not Module's
-
-
-class _CudaTimes:
-    """CUDA events around the last bucket's all-reduce, converted to seconds once done."""
-
-    def __init__(self, clock: Any):
-        self.clock = clock
-        self.pending: collections.deque = collections.deque()
-
-    def around(self, fut: Any) -> Any:
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-
-        def done(f: Any) -> Any:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()  # on a stream that waits for the all-reduce
-            self.pending.append((start, end))
-            return f.value()
-
-        return fut.then(done)
-
-    def settle(self) -> None:
-        """Add the waits whose events completed (a query, never a sync)."""
-        while self.pending and self.pending[0][1].query():
-            start, end = self.pending.popleft()
-            self.clock.add(start.elapsed_time(end) / 1000.0)

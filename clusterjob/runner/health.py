@@ -15,12 +15,13 @@
   never a thread of the training: it watches the beats and the output, takes the
   stacks, and ends the rank on a stall verdict. It dies with the rank: its stdin is a
   pipe from the rank, and the kernel tells it when the rank is gone.
-- **Waits in collectives** (stragglers): the built-in trainer times its own (a DDP comm
-  hook, clusterjob.runner.dist), any other code is sampled: a thread reads the main
-  thread's innermost frame at most ``SAMPLE_HZ`` times a second and counts the samples
-  inside ``torch.distributed`` (there the collective released the GIL). A monitor
-  thread writes them to the rank's health file every ``WRITE_EVERY_S``; later probes
-  (GPU telemetry) add their readings to the same file from the same thread.
+- **Waits in collectives** (stragglers): the built-in trainer times its own (its
+  ``Waits``: from its last gradient to the end of DDP's backward), any other code is
+  sampled: a thread reads the main thread's innermost frame at most ``SAMPLE_HZ`` times
+  a second and counts the samples inside ``torch.distributed`` (there the collective
+  released the GIL). A monitor thread writes them to the rank's health file every
+  ``WRITE_EVERY_S``; later probes (GPU telemetry) add their readings to the same file
+  from the same thread.
 
 Importing this module loads no torch (``clusterjob.heartbeat`` is part of the API).
 """
@@ -81,9 +82,8 @@ def beat() -> None:
 
 class WaitClock:
     """Seconds this rank waited inside collectives, added by whoever measures them (the
-    trainer's comm hook from gloo's threads, the sampler), from its first collective on
-    (``first``: start-up and data loading are no time it could have waited); the monitor
-    reads them."""
+    trainer's step, the sampler), from its first collective on (``first``: start-up and
+    data loading are no time it could have waited); the monitor reads them."""
 
     def __init__(self, method: str) -> None:
         self.method = method

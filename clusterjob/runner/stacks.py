@@ -87,16 +87,19 @@ def main_thread(threads: list[Thread], ident: Optional[int]) -> Optional[Thread]
 @dataclass(frozen=True)
 class Place:
     """Where a main thread is: inside a collective (``call`` is its name) or at ``call``
-    (the call on the source line, or the function) at ``frame``."""
+    (the call on the source line, or the function) at ``frame``, your code's innermost,
+    and ``inside``, the library frame it waits in (None: it is in your code itself)."""
 
     collective: bool
     call: str
     frame: Optional[Frame] = None
+    inside: Optional[Frame] = None
 
     def words(self) -> str:
         if self.collective:
             return f"in {self.call}"
-        return f"{self.call} at {self.frame.place}" if self.frame else self.call
+        text = f"{self.call} at {self.frame.place}" if self.frame else self.call
+        return text + (f" (in {self.inside.function}, {self.inside.place})" if self.inside else "")
 
 
 def place(thread: Optional[Thread]) -> Optional[Place]:
@@ -111,7 +114,7 @@ def place(thread: Optional[Thread]) -> Optional[Place]:
     if any(part in inner.file for part in _BACKWARD_FILES) and "backward" in {f.function for f in thread.frames}:
         return Place(True, "backward")  # DDP's all-reduce waits in C++ at the end of backward
     own = next((f for f in thread.frames if not _library(f.file)), inner)
-    return Place(False, call_on(own), own)
+    return Place(False, call_on(own), own, inner if inner is not own else None)
 
 
 def _library(file: str) -> bool:

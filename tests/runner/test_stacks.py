@@ -56,7 +56,7 @@ def test_where_a_main_thread_is(tmp_path):
     # the innermost frame of your own code, not of the library it called into
     queued = stacks.place(stacks.parse(dump(("/usr/lib/python3.11/threading.py", 331, "wait"),
                                             (str(script), 3, "<module>")))[-1])
-    assert queued.words() == "compute at train.py:3"
+    assert queued.words() == "compute at train.py:3 (in wait, threading.py:331)"
     backward = stacks.place(stacks.parse(dump((f"{TORCH}/autograd/graph.py", 824, "_engine_run_backward"),
                                               (f"{TORCH}/_tensor.py", 625, "backward"), (str(script), 3, "step")))[-1])
     assert backward.words() == "in backward"

@@ -7,6 +7,8 @@ left behind."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 from datetime import datetime
@@ -35,7 +37,10 @@ dist.all_reduce(t)
 
 def test_a_rank_asleep_before_an_all_reduce_is_named_and_the_run_stopped(tmp_path):
     project(tmp_path, SLEEPER, health={"stall_s": 10, "on_stall": "stop"})
-    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
+    (tmp_path / "bin").mkdir()  # a py-spy (the [health] extra) that says how it was asked
+    (tmp_path / "bin" / "py-spy").write_text('#!/bin/sh\necho "native frames: $*"\n')
+    (tmp_path / "bin" / "py-spy").chmod(0o755)
+    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait", path_first=str(tmp_path / "bin"))
     run = the_run(tmp_path)
     wait_for(lambda: "rank 1 ready" in log(run, 1) and "rank 0 ready" in log(run, 0), 90, "both ranks")
     hung = time.monotonic()
@@ -60,7 +65,10 @@ def test_a_rank_asleep_before_an_all_reduce_is_named_and_the_run_stopped(tmp_pat
     folder = run / "logs" / "stall-1"
     assert sorted(p.name for p in folder.iterdir()) == ["rank0.txt", "rank1.txt", "request.json", "verdict.json"]
     assert " in all_reduce" in (folder / "rank0.txt").read_text()
-    assert 'train.py", line 10 in <module>' in (folder / "rank1.txt").read_text()
+    rank1 = (folder / "rank1.txt").read_text()
+    assert rank1.startswith(f"# rank 1 on {HOST}, pid ") and 'train.py", line 10 in <module>' in rank1
+    pid = json.loads((run / "logs" / "rank1.health.json").read_text())["ref"]["pid"]
+    assert rank1.endswith(f"# native frames (py-spy dump --native)\nnative frames: dump --native --pid {pid}\n")
     assert json.loads((folder / "verdict.json").read_text())["action"] == "stop"
     assert f"stall 1: no progress on any rank for 10 s; stacks in {folder}; {line}" in (
         run / "logs" / "rank0.err").read_text()
@@ -124,6 +132,9 @@ def test_a_plain_script_that_prints_then_hangs_is_caught_from_its_last_line_and_
     project(tmp_path, PRINTER, health={"stall_s": 5, "on_stall": "warn"})
     waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
     run = the_run(tmp_path)
+    wait_for(lambda: "step 2" in log(run, 0), 90, "the steps")
+    for _ in range(2):  # stacks of ranks making progress: they go on as before (every step below)
+        assert cli(tmp_path, "stack", str(run)).stdout.count("most recent call first") >= 2
     wait_for(lambda: info(run).get("stalls"), 90, "the stall")
     last_line = (run / "logs" / "rank0.out").stat().st_mtime
     line = f"rank 1 on {HOST}: time.sleep at train.py:10; rank 0 in all_reduce"
@@ -141,3 +152,16 @@ def test_a_plain_script_that_prints_then_hangs_is_caught_from_its_last_line_and_
     assert stall["ended_at"] is not None and stall["action"] == "warn"  # progress came back: the stall is over
     assert log(run, 0).count("step ") == 30
     assert_nothing_left(run)
+
+
+def test_a_watcher_ends_with_its_rank_and_leaves_nothing(tmp_path):
+    project(tmp_path, SLEEPER, health={"stall_s": 600})
+    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
+    run = the_run(tmp_path)
+    wait_for(lambda: "rank 1 ready" in log(run, 1), 90, "rank 1")
+    os.kill(json.loads((run / "logs" / "rank1.health.json").read_text())["ref"]["pid"], signal.SIGKILL)
+    out, err = waiting.communicate(timeout=90)
+    assert info(run)["error"]["message"] == "rank 1 was killed by SIGKILL (no traceback)", out + err
+    assert_nothing_left(run)
+    assert json.loads((run / "logs" / "rank1.ended").read_text())["session"] == json.loads(
+        (run / "logs" / "rank0.health.json").read_text())["session"]  # its watcher saw it go
