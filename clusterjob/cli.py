@@ -147,6 +147,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from clusterjob.launch.executor import records  # each run's state, as `status` derives it
     from clusterjob.report.build import ReportOptions
 
     options = ReportOptions(dir=args.dir, group_by=args.group_by, format=args.format, metric=args.metric,
@@ -154,10 +155,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.watch:
         from clusterjob.report import watch
 
-        return watch.main(options)
+        return watch.main(options, records)
     from clusterjob.report import build as report
 
-    return report.main(options)
+    return report.main(options, records)
 
 
 @_reads_run_folders
@@ -194,6 +195,24 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
     return sbatch.main(args.spec, args.set, style=args.style)
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    from clusterjob.launch import datafetch
+
+    return datafetch.main(args)
+
+
+def _add_data_parser(sub) -> None:
+    from clusterjob.spec.catalog import FILED
+
+    p = sub.add_parser("data", help="download a built-in dataset where there is internet (a login node)")
+    fetch = p.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "fetch", help="download DATASET into --root (what the specs' data.root names), unless it is there")
+    fetch.add_argument("dataset", choices=FILED, help=" | ".join(FILED))
+    fetch.add_argument("--root", help="the data.root of the runs that read it (default ./data); on a filesystem "
+                                      "the compute nodes see")
+    fetch.set_defaults(func=cmd_data)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's one-line bad input (exit 2) instead of its usage block."""
 
@@ -202,7 +221,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _executor_metavar() -> str:
-    """auto|local|slurm: the executors' names, none of their modules imported."""
+    """auto|local|slurm: the built-in executors' names, none of their modules imported
+    (nor importlib.metadata, which those of other packages need)."""
     from clusterjob.launch.executor import listed_names
 
     return "|".join(("auto", *listed_names()))
@@ -218,11 +238,14 @@ def _add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
     p.add_argument("dir", help="results/<name>, results/, or one run folder")
     p.add_argument("--group-by", nargs="+", metavar="KEY",
-                   help="group keys (default: swept keys but the seeds, train.seed and params.seed)")
+                   help="group keys: any key of the runs' resolved spec (e.g. train.lr, or lr), name, status, "
+                        "world_size, backend, amp, git_sha (default: every key of the runs' params and every spec "
+                        "key whose value differs between runs of one experiment, but the seeds train.seed and "
+                        "params.seed). Each experiment (spec name) is reported apart")
     # --format and --mode are checked by the report itself: one error line, like every bad input
     p.add_argument("--format", metavar="md|csv|html|json", help="default md (or from --out's suffix)")
-    p.add_argument("--metric", metavar="NAME", help="primary metric (default: val_acc if logged, else the first "
-                                                    "metric the runs logged)")
+    p.add_argument("--metric", metavar="NAME", help="primary metric of each experiment whose runs logged it "
+                                                    "(default: val_acc if logged, else the first metric logged)")
     p.add_argument("--mode", metavar="max|min", help="which way is better (default: min for names with loss or "
                                                      "err, else max)")
     p.add_argument("--out", help="write to this file instead of the terminal")
@@ -244,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(p)
     # the executors (like --style, --format and --mode) check their own names: one error line
     p.add_argument("--executor", default="auto", metavar=_executor_metavar(),
-                   help="auto (the default): Slurm if sbatch works, else local processes")
+                   help="auto (the default): Slurm if sbatch works, else local processes; or the name an "
+                        "installed package registers (entry point group clusterjob.executors)")
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.add_argument("--no-preflight", action="store_true",
@@ -299,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     _add_report_parser(sub)
+    _add_data_parser(sub)
     return parser
 
 

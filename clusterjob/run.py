@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import os
 import sys
 from pathlib import Path
-from typing import MutableMapping, Optional
+from typing import Any, MutableMapping, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput
+from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
 from clusterjob.spec.schema import Spec, dump_spec, expand_sweep, load_spec
 
@@ -71,9 +71,13 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     # Absolute: your code may change the working directory (entrypoint.workdir: run).
     run = RunDir(Path(dist.from_rank0("run-dir", lambda: os.path.abspath(_choose_run(args, spec, params).path))))
     _register(run, env, stop)
-    if dist.from_rank0("retries", lambda: runrecord.after_requeue(run, spec.resources.max_retries)) == "failed":
+    resources = spec.resources
+    decided = dist.from_rank0("retries", lambda: runrecord.after_requeue(run, resources.max_retries,
+                                                                         resources.retry_backoff_s))
+    if decided == runrecord.FAILED:
         dist.destroy()
         return "failed"  # a node failure with no retry left: recorded by rank 0
+    runrecord.hold(decided, lambda: stop.requested)  # the back-off after a node failure that Slurm's hold did not cover
     watched = health.start(run, env, spec)  # before the code takes over stdout and stderr (the output pump)
     try:
         outcome = target(run, stop)
@@ -105,12 +109,12 @@ def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
     ``clusterjob cancel``, which signals only a process it verified); rank 0 also
     stops when the run is marked cancelled."""
     from clusterjob.core import procs
-    from clusterjob.core.rundir import link_rank_logs, write_atomic
+    from clusterjob.core.rundir import link_rank_logs
 
     link_rank_logs(run, env.rank)
     ref = procs.current()
     if ref is not None:
-        write_atomic(run.proc_file(env.rank), json.dumps(ref.to_dict()) + "\n")
+        procs.save(run.proc_file(env.rank), ref)
     if env.rank == 0:
         stop.watch(run)
 
@@ -155,7 +159,7 @@ def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
     return _create(RunDir(Path(spec.output.root) / spec.name / new_run_id()), spec, params)
 
 
-def _create(run: RunDir, spec: Spec, params: dict, **fields: Optional[str]) -> RunDir:
+def _create(run: RunDir, spec: Spec, params: dict, **fields: Any) -> RunDir:
     return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params, **fields)
 
 
@@ -178,7 +182,7 @@ def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:
     run = RunDir(parent / (f"slurm-{job.run_key}-{taken[-1][0] + 1}" if taken else f"slurm-{job.run_key}"))
     if taken:
         print(f"{(mine or taken[-1][1]).path} is {why}; this job runs in {run.path}", flush=True)
-    return _create(run, spec, params, slurm_job_id=job.run_key, slurm_job_submitted=submitted)
+    return _create(run, spec, params, job=Job(SLURM, job.run_key), slurm_job_submitted=submitted)
 
 
 def _job_runs(parent: Path, key: str) -> list[tuple[int, RunDir]]:

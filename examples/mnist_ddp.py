@@ -13,6 +13,7 @@ regex in jobs/own_script.yaml.
 
 import argparse
 import os
+import shlex
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,12 @@ def parser():
 
 def mnist(root, train, limit):
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
-    ds = datasets.MNIST(root, train=train, download=True, transform=tf)
+    try:
+        ds = datasets.MNIST(root, train=train, download=True, transform=tf)
+    except RuntimeError as err:  # not under root, and no internet here (a compute node)
+        fetch = f"clusterjob data fetch mnist --root {shlex.quote(root)}"
+        raise RuntimeError(f"MNIST is not under {root} and could not be downloaded; download it (12 MB) where "
+                           f"there is internet, e.g. on the login node: {fetch}") from err
     return Subset(ds, range(min(limit, len(ds)))) if limit else ds
 
 

@@ -52,3 +52,42 @@ def write_pickle(path: Path, mapping: dict) -> str:
     with open(path, "wb") as f:
         _Py2Pickler(f, protocol=2).dump({Py2Str(k): v for k, v in mapping.items()})
     return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+CIFAR_NAMES = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
+
+
+def write_cifar(root: Path, rows: int = 4, test_rows: int = 6, seed: int = 0) -> dict:
+    """A small CIFAR-10 under ``root/cifar-10-batches-py`` in the published format (five
+    train batches, a test batch, batches.meta); returns torchvision's checksum table for
+    these files ({"train_list", "test_list", "meta_md5"}). torchvision checks CIFAR-10's
+    md5s against the published files, so a process that reads these needs that table
+    pointed at them (``cifar_checksums``)."""
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    train_list = []
+    for b in range(1, 6):
+        data = rng.integers(0, 256, (rows, 3072), dtype=np.uint8)
+        md5 = write_pickle(folder / f"data_batch_{b}", {b"data": data, b"labels": rng.integers(0, 10, rows).tolist(),
+                                                        b"batch_label": b"training batch %d of 5" % b})
+        train_list.append([f"data_batch_{b}", md5])
+    test_md5 = write_pickle(folder / "test_batch", {b"data": rng.integers(0, 256, (test_rows, 3072), dtype=np.uint8),
+                                                    b"labels": rng.integers(0, 10, test_rows).tolist()})
+    meta_md5 = write_pickle(folder / "batches.meta", {b"label_names": [Py2Str(n) for n in CIFAR_NAMES],
+                                                      b"num_cases_per_batch": rows, b"num_vis": 3072})
+    return {"train_list": train_list, "test_list": [["test_batch", test_md5]], "meta_md5": meta_md5}
+
+
+def cifar_checksums(folder: Path, table: dict) -> Path:
+    """A ``sitecustomize.py`` in ``folder`` that points torchvision's CIFAR-10 checksum
+    table at ``table`` (from ``write_cifar``) in every Python process started with
+    ``folder`` on PYTHONPATH. Only the table: torchvision's own code still checks the
+    files and reads them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "from torchvision.datasets import CIFAR10\n"
+        f"CIFAR10.train_list = {table['train_list']!r}\n"
+        f"CIFAR10.test_list = {table['test_list']!r}\n"
+        f"CIFAR10.meta = {{**CIFAR10.meta, 'md5': {table['meta_md5']!r}}}\n")
+    return folder

@@ -78,3 +78,21 @@ def jsonl_series(run_dir: Path, axis: str, skip: tuple = ("epoch", "step")) -> d
 def as_float32(series: dict) -> dict:
     """The values as TensorBoard keeps them (float32)."""
     return {name: [(step, float(np.float32(value))) for step, value in points] for name, points in series.items()}
+
+
+def logger_series(run_dir: Path, axis: str) -> dict:
+    """{logger: {metric: [(position, value)]}} of each logger of the run, read back with
+    its own reader."""
+    info = json.loads((run_dir / "run.json").read_text())
+    return {"tensorboard": tensorboard_series(run_dir / "tensorboard"),
+            "mlflow": mlflow_series(info["mlflow_tracking_uri"], info["mlflow_run_id"]),
+            "wandb": wandb_series(run_dir, info["wandb_run_id"], axis)}
+
+
+def check_each_step_once(run_dir: Path, axis: str, skip: tuple = ("epoch", "step")) -> None:
+    """Each logger holds what metrics.jsonl holds: each metric at each position once."""
+    want = jsonl_series(run_dir, axis, skip)
+    got = logger_series(run_dir, axis)
+    assert got["tensorboard"] == as_float32(want), got["tensorboard"]
+    assert got["mlflow"] == want, got["mlflow"]
+    assert got["wandb"] == want, got["wandb"]

@@ -97,3 +97,20 @@ def traceback_excerpt(text: str, fallback: int = 4) -> list:
     rest = lines[last + 1 + len(source):]
     exception = [line for line in rest if line and not line.startswith((" ", "\t"))][:1]
     return [lines[last].strip(), *("  " + s.strip() for s in source), *exception]
+
+
+def one_line(text: str) -> str:
+    """``text`` with its lines joined by a space: an exception's text (a download's tries,
+    one per line) inside a one-line message."""
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def is_bad_input(exception_line: str) -> bool:
+    """Whether a traceback's exception line ("clusterjob.core.errors.SpecError: ...")
+    names one of clusterjob's bad-input errors (those of the modules loaded here)."""
+    family, todo = set(), [BadInput]
+    while todo:
+        cls = todo.pop()
+        family.add(f"{cls.__module__}.{cls.__qualname__}")
+        todo += cls.__subclasses__()
+    return exception_line.split(":", 1)[0].strip() in family

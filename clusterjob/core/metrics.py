@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter, methodcaller
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from clusterjob.core.files import lines_from_end, named_write_errors
+from clusterjob.core import units
+from clusterjob.core.files import lines_from_end, named_write_errors, open_regular
 from clusterjob.core.rundir import METRICS_FILE, is_number, loads, read_text, shown, write_atomic
 
 
@@ -418,7 +420,9 @@ class Latest:
 
     @property
     def shown(self) -> str:
-        """"train_loss 1.234"."""
+        """"train_loss 1.234", "val_acc 97.03%" (an accuracy in %, as the report shows it)."""
+        if self.name in units.PERCENT:
+            return f"{self.name} {units.quantity(self.name, self.value)}"
         return f"{self.name} {self.value:.4g}"
 
     @property
@@ -451,12 +455,61 @@ def latest(path: Path, name: Optional[str] = None) -> Optional[Latest]:
 
 def own_latest(run_path: Path, entrypoint: Optional[dict]) -> Optional[Latest]:
     """What a glance shows of the user's own code (status, the --wait summary, the live
-    line): its first configured metric (else the latest one logged), with its latest
-    value and step. None for the built-in trainer (``entrypoint`` None) or before any
-    metric."""
+    line): the metric the report ranks by (``default_metric`` of the metrics logged),
+    with its latest value and step. None for the built-in trainer (``entrypoint`` None)
+    or before that metric was logged."""
     if entrypoint is None:
         return None
-    names = entrypoint.get("metrics")
-    first = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
     path = run_path / METRICS_FILE
-    return latest(path, first) or (latest(path) if first is not None else None)
+    names = logged_names(path)
+    name = default_metric(table_order(names))
+    return latest(path, name) if name in names else None
+
+
+# ----------------------------------------------------------------------------- which metric ranks
+
+# The order of the report's metrics table: these names first, the others as first logged.
+METRIC_ORDER = (
+    "epoch", "step", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema",
+    "val_acc_tta", "lr", "epoch_time_s", "samples_per_s",
+)
+# Logged columns that say where or how fast a run is, not how good it is.
+BOOKKEEPING = ("epoch", "step", "lr", "epoch_time_s", "samples_per_s")
+
+
+def table_order(names: Iterable[str]) -> list:
+    """Metric names as the report's tables order them: those of METRIC_ORDER first."""
+    seen = dict.fromkeys(names)
+    return [n for n in METRIC_ORDER if n in seen] + [n for n in seen if n not in METRIC_ORDER]
+
+
+def default_metric(names: Sequence[str]) -> str:
+    """The metric that ranks runs unless one is asked for, of the ``names`` logged (in
+    table order): val_acc when logged, else the first one that is no bookkeeping (epoch,
+    step, lr, lr_<group>, times, throughput), else val_acc. The one rule for the report's
+    ranking and for what status shows of your own code."""
+    useful = [n for n in names if n not in BOOKKEEPING and not n.startswith("lr_")]
+    return "val_acc" if "val_acc" in names or not useful else useful[0]
+
+
+def logged_names(path: Path) -> list:
+    """The names of the numbers a metrics.jsonl holds (step aside), in the order first
+    logged: read from its first TAIL_LIMIT bytes, and from its last ones when it is larger."""
+    fd, st, _ = open_regular(path)
+    if fd is None:
+        return []
+    try:
+        head = os.read(fd, TAIL_LIMIT)
+    except OSError:
+        head = b""
+    finally:
+        os.close(fd)
+    lines = head.split(b"\n")
+    if st.st_size > TAIL_LIMIT:  # a big file: its last lines too (a metric first logged late)
+        lines = lines[:-1] + list(reversed(list(lines_from_end(path, TAIL_LIMIT))))
+    seen: dict = {}
+    for raw in lines:
+        line = loads(raw.decode("utf-8", errors="replace"))
+        if isinstance(line, dict):
+            seen.update((k, None) for k, v in line.items() if k != "step" and is_number(v))
+    return list(seen)

@@ -3,17 +3,23 @@ the same pid (pids are reused, and results folders are shared between users and 
 
 A ``ProcessRef`` holds the host, the boot, the pid and the process's start time from
 /proc/PID/stat; ``check`` says whether that very process is still alive here. Nothing is
-ever signalled without it. Stdlib only (``status`` and ``cancel`` run on login nodes).
+ever signalled without it. ``save`` and ``load`` keep one in a file (a rank's
+``logs/rankN.proc.json``); ``started_before`` tells the ranks of an earlier start of a
+run from those its current launcher started. Stdlib only (``status`` and ``cancel`` run
+on login nodes).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from clusterjob.core.files import loads, read_text, write_atomic
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,23 @@ class ProcessRef:
         except (TypeError, KeyError, ValueError):
             return None
         return ref if ref.pid > 0 else None
+
+
+def save(path: Path, ref: ProcessRef) -> None:
+    """Record ``ref`` in ``path`` (whole or not at all)."""
+    write_atomic(path, json.dumps(ref.to_dict()) + "\n")
+
+
+def load(path: Path) -> Optional[ProcessRef]:
+    """The ref ``path`` records, or None when it is missing, damaged or not a ref."""
+    text, _ = read_text(path, limit=4096)
+    return ProcessRef.from_dict(loads(text or ""))
+
+
+def started_before(ref: ProcessRef, other: ProcessRef) -> bool:
+    """Whether ``ref``'s process started before ``other``'s, both on one host since one
+    boot (start times compare only there); False where that cannot be told."""
+    return (ref.host, ref.boot_id) == (other.host, other.boot_id) and ref.start_ticks < other.start_ticks
 
 
 def _boot_id() -> str:

@@ -86,6 +86,21 @@ class Session:
                 "knows_checkpoints": self.knows_checkpoints}
 
 
+SLURM = "slurm"  # the executor of every Slurm job, a raw sbatch template's run included
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job that runs the run, as its executor knows it: the executor's name and the
+    job's id there (Slurm's: 123, or 123_4 for an array task)."""
+
+    executor: str
+    id: str
+
+    def to_dict(self) -> dict:
+        return {"executor": self.executor, "id": self.id}
+
+
 @dataclass(frozen=True)
 class Stall:
     """A stall the health watchdog saw (docs/design.md, "Hung and slow ranks"): its number
@@ -130,7 +145,7 @@ class RunRecord:
     name: Optional[str] = None
     status: Optional[str] = None
     params: Optional[dict] = None  # the resolved params, dotted keys (the sweep point, params.NAME)
-    slurm_job_id: Optional[str] = None  # 123, or 123_4 for an array task
+    job: Optional[Job] = None  # what runs it, for its executor (run.json also keeps slurm_job_id: see update)
     # The SubmitTime (scontrol) of the job that made the run folder slurm-<job>, at its
     # first start: with the id it tells that job (and its requeues) from a later job
     # that got the same id. A requeue sets a new SubmitTime, so only the first start's counts.
@@ -180,13 +195,20 @@ class RunRecord:
         """Every field as run.json would hold it (for tables and views that want dicts)."""
         return {f.name: to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
+    @property
+    def slurm_job_id(self) -> Optional[str]:
+        """The run's Slurm job (123, array task 123_4) when its job is Slurm's: what
+        squeue, sacct, a raw template's run folder (slurm-<id>) and the report's
+        slurm_job_id column name."""
+        return self.job.id if self.job is not None and self.job.executor == SLURM else None
+
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
 
 
 def to_json(value: Any) -> Any:
     """A record value as JSON holds it (errors, process refs and attempts are records too)."""
-    if isinstance(value, (RunError, ProcessRef, Attempt, Session, Stall, Straggler)):
+    if isinstance(value, (RunError, ProcessRef, Attempt, Session, Job, Stall, Straggler)):
         return value.to_dict()
     if isinstance(value, list):
         return [to_json(item) for item in value]
@@ -273,7 +295,19 @@ def _int_field(raw: dict, key: str, problems: list) -> Optional[int]:
     return None
 
 
-def _job_field(raw: dict, problems: list) -> Optional[str]:
+def _job_field(raw: dict, problems: list) -> Optional[Job]:
+    """The run's job: ``job`` (executor, id); else, as a run.json of an earlier version
+    has it (or a cut-off one still shows it), ``slurm_job_id``: a Slurm job's id."""
+    value = raw.get("job")
+    if isinstance(value, dict) and type(value.get("executor")) is str and type(value.get("id")) is str:
+        return Job(value["executor"], value["id"])
+    if value is not None:
+        problems.append(_bad("job", value, 'a job such as {"executor": "slurm", "id": "123_4"}'))
+    old = _slurm_job_id(raw, problems)
+    return Job(SLURM, old) if old is not None else None
+
+
+def _slurm_job_id(raw: dict, problems: list) -> Optional[str]:
     value = raw.get("slurm_job_id")
     if value is None or isinstance(value, str):
         return value
@@ -456,7 +490,7 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         if not isinstance(value, int) or type(value) is bool or abs(value) >= 2**53:
             values[key] = _int_field(raw, key, problems)
     return RunRecord(
-        **values, slurm_job_id=_job_field(raw, problems), params=_params_field(raw, problems),
+        **values, job=_job_field(raw, problems), params=_params_field(raw, problems),
         final=_final_field(raw, problems), error=_error_field(raw, problems),
         hosts=_text_list_field(raw, "hosts", problems, "a list of node names"),
         warnings=_text_list_field(raw, "warnings", problems, "a list of lines of text"),
@@ -513,10 +547,11 @@ def _stands(record: RunRecord, fields: dict) -> bool:
 def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
-    on disk. A cancelled run stays cancelled unless ``reopen``: the run was started
-    again on purpose; so does a run a stall failed, but for its retry (``_stands``).
-    Updates take turns (a lock file beside run.json): each reads what the one before
-    wrote, so none undoes another's fields."""
+    on disk, and with ``job`` its Slurm id as ``slurm_job_id`` (null for another
+    executor's job), the key earlier versions read. A cancelled run stays cancelled
+    unless ``reopen``: the run was started again on purpose; so does a run a stall
+    failed, but for its retry (``_stands``). Updates take turns (a lock file beside
+    run.json): each reads what the one before wrote, so none undoes another's fields."""
     path = info_path(folder)
     with locked(Path(folder) / LOCK_FILE):
         raw, _ = read_raw(path)
@@ -525,5 +560,8 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
         if not reopen and _stands(record, fields):
             fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
         raw.update((key, to_json(value)) for key, value in fields.items())
+        if "job" in fields:  # the copy earlier versions read (docs/design.md, "Results layout")
+            job = fields["job"]
+            raw["slurm_job_id"] = job.id if isinstance(job, Job) and job.executor == SLURM else None
         write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
     return checked(raw)[0]

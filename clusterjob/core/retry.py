@@ -9,12 +9,18 @@ code is not, and neither is bad input (exit 2): retrying would fail the same way
 first after ``resources.retry_backoff_s`` and each further one after twice the wait
 before, counted in ``retries``, apart from preemption's ``requeues``. Stdlib only: the
 local supervisor, Slurm's teardown line and the runner all use it.
+
+``decide`` is the one decision after such a failure (the attempt recorded, its number,
+the wait, the line that says it); each caller keeps only its own action: the local
+supervisor pauses, the Slurm job script requeues and holds its job, the runner that
+starts after Slurm's NODE_FAIL waits out what Slurm's own hold did not cover.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -63,6 +69,35 @@ def next_retry(info: RunRecord, max_retries: int) -> Optional[int]:
 def backoff_s(first_s: float, number: int) -> float:
     """The wait before retry ``number`` (1, 2, ...): ``first_s``, doubled for each further one."""
     return min(MAX_BACKOFF_S, first_s * 2 ** (number - 1))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What follows a failure of the machine, once ``decide`` recorded it in run.json
+    (``record``): retry ``number`` after ``wait_s``, or none left (``number`` None: the
+    run stays failed); ``line`` says which, after the cause."""
+
+    number: Optional[int]
+    wait_s: float
+    line: str
+    record: RunRecord
+
+
+def decide(run: RunDir, cause: str, max_retries: int, first_backoff_s: float, job: Optional[str] = None,
+           hosts: Optional[list] = None) -> Optional[Decision]:
+    """The decision after a failure of the machine (``cause``, in words): None when
+    retries are off (``max_retries`` 0: the failure stands, nothing is recorded); else
+    the attempt is recorded (``record_attempt``: with a retry left the run is reopened)
+    and the decision returned."""
+    if max_retries == 0:
+        return None
+    number = next_retry(run.read(), max_retries)
+    record = record_attempt(run, cause, number, job, hosts)
+    if number is None:
+        return Decision(None, 0.0, f"{cause}; resources.max_retries={max_retries} reached", record)
+    wait_s = backoff_s(first_backoff_s, number)
+    return Decision(number, wait_s, f"{cause}; retry {number} of {max_retries} from the last checkpoint in "
+                                    f"{wait_s:g} s", record)
 
 
 def record_attempt(run: RunDir, why: str, retry: Optional[int], job: Optional[str] = None,

@@ -44,7 +44,6 @@ SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
-LOGGERS_FILE = "loggers.json"  # what each logger (TensorBoard, MLflow, W&B) was sent: each metric's last step
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
 
@@ -81,10 +80,6 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / LOGS
-
-    @property
-    def loggers_file(self) -> Path:
-        return self.path / LOGGERS_FILE
 
     @property
     def tensorboard(self) -> Path:
@@ -157,7 +152,7 @@ def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict,
     if claim_as is not None:
         claim.take(run.path, claim_as)
     write_atomic(run.spec_file, spec_yaml)
-    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "slurm_job_id": None,
+    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "job": None,
                   "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
                   "final": None, "error": None, **fields})
     return run

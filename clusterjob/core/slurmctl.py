@@ -1,8 +1,17 @@
-"""Thin wrappers over the Slurm commands clusterjob runs (squeue, sacct, scontrol, scancel).
+"""The Slurm commands clusterjob runs (squeue, sacct, scontrol, sinfo, scancel), and the
+one reader of what they answer.
 
-None of them raises on a missing or unreachable Slurm. The queries tell a failed query
-(None: no Slurm here, controller down, timed out) from an answer ({}: none of these
-jobs is in the queue), so that callers never take an error for "the job ended".
+Reading: every answer is read by name, never by position. A table (``sacct -P``,
+``sacctmgr -P``, ``squeue``/``sinfo -o`` with ``|``) by its header line (``table``);
+``scontrol show ... -o`` as ``Key=Value`` records (``records``); ``scontrol show config``
+as ``Key = Value`` lines (``settings``). Every number goes through ``number``: ASCII
+digits only, at most ``MOST``. A number that cannot be read is unknown (None), never 0
+and never a crash: the report shows ``-``, the preflight a line from ``unreadable``.
+
+Asking: none of the queries raises on a missing or unreachable Slurm. They tell a
+failed query (None: no Slurm here, controller down, timed out) from an answer ({}:
+none of these jobs is in the queue), so that callers never take an error for "the job
+ended".
 """
 
 from __future__ import annotations
@@ -10,22 +19,130 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional
+from typing import Callable, Iterable, Optional
+
+from clusterjob.core.errors import BadInput, SlurmUnreachable, brief, escape
 
 TIMEOUT_S = 15
 # squeue's answer for a single job id that has left the controller's memory (MinJobAge):
 # an answer ("not in the queue"), not a failure, although squeue exits 1.
 _GONE = "Invalid job id specified"
+# Slurm keeps its counts and seconds in 32 bits and writes NO_VAL (0xfffffffe) and
+# INFINITE (0xffffffff) as words; a number at or above them is garbage, and so is a
+# longer digit run (int() of thousands of digits is slow or refused).
+MOST = 0xFFFFFFFD
+_DIGITS = re.compile(r"[0-9]{1,18}")
+# The start of a field of ``scontrol show ... -o``: a word such as JobId=, CPUs/Task=,
+# AllocNode:Sid= after a blank (a value may hold blanks: JobName=a b).
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/.]*)=")
 
 
-def _query(cmd: list[str], env: Optional[dict] = None) -> Optional[subprocess.CompletedProcess]:
+class Unreadable(BadInput):
+    """A Slurm command answered, but not with something that can be read (the message
+    names the command, the field and what it said)."""
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def number(text: Optional[str], most: int = MOST) -> Optional[int]:
+    """A whole number as Slurm writes it (ASCII digits; blanks around it allowed), at most
+    ``most``; None for anything else: words (Unknown, N/A), other digits (², ٣), signs,
+    fractions, a number past the bound, no text at all."""
+    stripped = (text or "").strip(" \t")
+    if not _DIGITS.fullmatch(stripped):
+        return None
+    value = int(stripped)
+    return value if value <= most else None
+
+
+def parse_duration(text: str) -> Optional[int]:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` / ``MM`` in seconds; None for anything else
+    (UNLIMITED, INVALID, a part that is no number or is 60 or more after the first)."""
+    days, dash, clock = text.strip().rpartition("-")
+    parts = [number(part) for part in clock.split(":")]
+    day_count = number(days) if dash else 0
+    if len(parts) > 3 or day_count is None or None in parts or any(p >= 60 for p in parts[1:] if p is not None):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + (part or 0)
+    return seconds + day_count * 86400
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """The rows of a ``|``-separated answer whose first line names the columns, each as
+    {column: value}. A row with more or fewer fields than the header (a value that held
+    ``|``) is left out: its columns cannot be told apart."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    header = lines[0].split("|")
+    rows = (line.split("|") for line in lines[1:])
+    return [dict(zip(header, values)) for values in rows if len(values) == len(header)]
+
+
+def records(text: str) -> list[dict[str, str]]:
+    """``scontrol show <thing> -o``: one record per line, each {key: value}. A value runs
+    to the next ``Key=`` word, so it may hold blanks; a key found twice in a line (a value
+    that held `` Key=`` text, such as a hostile job name) is left out (``_once``)."""
+    found = []
+    for line in text.splitlines():
+        keys = list(_KEY.finditer(line))
+        record = _once((here.group(1), line[here.end():after.start() if after else len(line)].strip())
+                       for here, after in zip(keys, [*keys[1:], None]))
+        if record:
+            found.append(record)
+    return found
+
+
+def settings(text: str) -> dict[str, str]:
+    """``scontrol show config``: its ``Key = Value`` lines as {key: value}; a key found
+    twice is left out, as in ``records``."""
+    pairs = (line.partition("=") for line in text.splitlines())
+    return _once((key.strip(), value.strip()) for key, sep, value in pairs
+                 if sep and key.strip() and not any(char.isspace() for char in key.strip()))
+
+
+def _once(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """{key: value} of ``pairs`` without the keys found twice: which value is Slurm's own
+    cannot be told."""
+    found: dict[str, str] = {}
+    twice = set()
+    for key, value in pairs:
+        if key in found:
+            twice.add(key)
+        found[key] = value
+    return {key: value for key, value in found.items() if key not in twice}
+
+
+def unreadable(command: str, field: str, text: Optional[str]) -> str:
+    """The line that says a field of the cluster's answer could not be read."""
+    said = f"no {field}" if text is None else f"{field}={brief(text)}"
+    return f"the cluster's answer could not be read: `{command}` gave {said}"
+
+
+def unanswered(command: str, done: Optional[object]) -> str:
+    """The line that says a command did not answer, with what it said instead."""
+    if done is None:
+        return f"`{command}` did not answer (it could not run, or ran past {TIMEOUT_S} s)"
+    said = escape(" ".join((getattr(done, "stderr", "") or "").split()))
+    return f"`{command}` did not answer: " + (said[:300] if said else f"exit {getattr(done, 'returncode', '?')}")
+
+
+# ----------------------------------------------------------------------------- asking
+
+
+def _query(cmd: list[str], env: Optional[dict] = None, stdin: Optional[str] = None,
+           timeout_s: float = 0) -> Optional[subprocess.CompletedProcess]:
     """The finished command, or None when it could not run or ran past TIMEOUT_S."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, errors="replace", env=env)
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout_s or TIMEOUT_S,
+                              stdin=None if stdin is not None else subprocess.DEVNULL, errors="replace", env=env)
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -37,12 +154,15 @@ def _run(cmd: list[str], env: Optional[dict] = None) -> Optional[str]:
 
 def ask(cmd: list[str], stdin: Optional[str] = None) -> Optional[subprocess.CompletedProcess]:
     """A read-only Slurm command's result (any exit status), None when it could not run."""
-    if stdin is None:
-        return _query(cmd)
-    try:
-        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S, errors="replace")
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return _query(cmd, stdin=stdin)
+
+
+def reachable(timeout_s: float = 10.0) -> bool:
+    """True when ``sbatch`` exists and the controller answers ``sinfo``."""
+    if not shutil.which("sbatch") or not shutil.which("sinfo"):
+        return False
+    done = _query(["sinfo", "-h", "-o", "%P"], timeout_s=timeout_s)
+    return done is not None and done.returncode == 0
 
 
 def requeue(job_id: str, hold: bool = False) -> bool:
@@ -61,28 +181,35 @@ def release(job_id: str) -> bool:
     return _run(["scontrol", "release", job_id]) is not None
 
 
+def _job(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o`` of one job (its first record); {} when it does not answer."""
+    return next(iter(records(_run(["scontrol", "show", "job", "-o", job_id]) or "")), {})
+
+
 def start_later(job_id: str, seconds: float) -> bool:
     """Hold a requeued (pending) job until ``seconds`` from now, unless Slurm holds it
     longer already (its own delay of a requeued job); False when that did not work."""
-    out = _run(["scontrol", "show", "job", "-o", job_id]) or ""
-    found = re.search(r"(?:^|\s)StartTime=(\S+)", out)
     try:
-        held_s = (datetime.fromisoformat(found.group(1)) - datetime.now()).total_seconds() if found else 0.0
-    except ValueError:  # StartTime=Unknown
+        held_s = (datetime.fromisoformat(_job(job_id).get("StartTime", "")) - datetime.now()).total_seconds()
+    except ValueError:  # StartTime=Unknown, or not said
         held_s = 0.0
     if held_s >= seconds:
         return True
     return _run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{math.ceil(seconds)}"]) is not None
 
 
+def submit_time(job_id: str) -> Optional[str]:
+    """The job's SubmitTime as ``scontrol show job`` gives it (None when it does not
+    answer). A requeue sets it anew; a later job that gets the same id has its own."""
+    return _job(job_id).get("SubmitTime") or None
+
+
 def previous_state(job_id: str) -> Optional[str]:
     """How the job's session before this one ended (sacct -D lists each session of a
     requeued job: REQUEUED, PREEMPTED, NODE_FAIL, ...); None without accounting or
     without an earlier session."""
-    out = _run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State", "-j", job_id]) or ""
-    states = [state.split()[0] for job, _, state in (line.partition("|") for line in out.splitlines())
-              if job == job_id and state.split()]
-    return states[-2] if len(states) >= 2 else None
+    listed = (segments([job_id]) or {}).get(job_id, [])
+    return listed[-2].state if len(listed) >= 2 else None
 
 
 def cancel(job_id: str) -> bool:
@@ -94,12 +221,12 @@ def queue_states(job_ids: list[str]) -> Optional[dict[str, str]]:
     absent; None when squeue did not answer."""
     if not job_ids:
         return {}
-    done = _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(job_ids)])
+    done = _query(["squeue", "-r", "-o", "%i|%T", "-j", ",".join(job_ids)])
     if done is None:
         return None
     if done.returncode != 0:
         return {} if _GONE in done.stderr else None
-    return dict(line.split("|", 1) for line in done.stdout.splitlines() if "|" in line)
+    return {row["JOBID"]: row["STATE"] for row in table(done.stdout) if row.get("JOBID") and "STATE" in row}
 
 
 def accounting_states(job_ids: list[str]) -> Optional[dict[str, str]]:
@@ -107,58 +234,49 @@ def accounting_states(job_ids: list[str]) -> Optional[dict[str, str]]:
     sacct did not answer (no accounting on this cluster, or unreachable)."""
     if not job_ids:
         return {}
-    out = _run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
+    out = _run(["sacct", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
     if out is None:
         return None
-    states = {}
-    for line in out.splitlines():
-        job, _, state = line.partition("|")
-        states[job] = state.split()[0] if state.split() else ""  # "CANCELLED by 0" -> CANCELLED
-    return states
+    return {row["JobID"]: _state(row.get("State")) for row in table(out) if row.get("JobID")}
 
 
-def submit_time(job_id: str) -> Optional[str]:
-    """The job's SubmitTime as ``scontrol show job`` gives it (None when it does not
-    answer). A requeue sets it anew; a later job that gets the same id has its own."""
-    out = _run(["scontrol", "show", "job", "-o", job_id]) or ""
-    found = re.search(r"(?:^|\s)SubmitTime=(\S+)", out)
-    return found.group(1) if found else None
+def _state(text: Optional[str]) -> str:
+    """A job state without sacct's words after it: "CANCELLED by 0" -> CANCELLED."""
+    return (text or "").split(" ", 1)[0]
 
 
 def time_left_s(job_id: str) -> Optional[int]:
     """Seconds before the job's time limit, from squeue (None if unknown or unlimited)."""
-    out = (_run(["squeue", "-h", "-o", "%L", "-j", job_id]) or "").strip()
-    return parse_duration(out) if out else None
+    rows = table(_run(["squeue", "-o", "%L", "-j", job_id]) or "")
+    return parse_duration(rows[0].get("TIME_LEFT", "")) if rows else None
 
 
-def parse_duration(text: str) -> Optional[int]:
-    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` to seconds; None for INVALID/UNLIMITED."""
-    days, _, clock = text.rpartition("-")
-    try:
-        parts = [int(p) for p in clock.split(":")]
-        seconds = 0
-        for part in parts:
-            seconds = seconds * 60 + part
-        return seconds + int(days or 0) * 86400
-    except ValueError:
-        return None
+CONFIG = ["scontrol", "show", "config"]
 
 
-def max_array_size(default: int = 1001) -> int:
-    """The cluster's MaxArraySize (array indices run 0 .. MaxArraySize-1); Slurm's
-    default when the controller does not say."""
-    for line in (_run(["scontrol", "show", "config"]) or "").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize" and value.strip().isdigit():
-            return int(value.strip())
-    return default
+def max_array_size(asker: Optional[Callable[..., Optional[object]]] = None) -> int:
+    """The cluster's MaxArraySize (array indices run 0 .. MaxArraySize-1; 0: job arrays
+    are off). SlurmUnreachable when ``scontrol show config`` does not answer, Unreadable
+    when its MaxArraySize cannot be read: the split of a sweep is never a guess."""
+    done = (asker or ask)(CONFIG)
+    if done is None or getattr(done, "returncode", 1) != 0:
+        raise SlurmUnreachable(unanswered("scontrol show config", done))
+    text = settings(getattr(done, "stdout", "") or "").get("MaxArraySize")
+    found = number(text)
+    if found is None:
+        raise Unreadable(unreadable("scontrol show config", "MaxArraySize", text))
+    return found
+
+
+# ----------------------------------------------------------------------------- sessions (sacct -D)
 
 
 @dataclass(frozen=True)
 class Segment:
     """One session of a job as sacct -D lists it (a requeued job has one per start): its
     state, when it was (re)submitted, started and ended (Unix seconds; None: not yet),
-    seconds it ran, and the CPUs and GPUs it held."""
+    seconds it ran, and the CPUs and GPUs it held (None: AllocTRES is empty, as for a
+    session that never started)."""
 
     job: str
     state: str
@@ -166,44 +284,65 @@ class Segment:
     start: Optional[int]
     end: Optional[int]
     elapsed_s: int
-    cpus: int
-    gpus: int
+    cpus: Optional[int]
+    gpus: Optional[int]
 
 
 _SEGMENT_FIELDS = "JobID,State,Submit,Start,End,ElapsedRaw,AllocTRES"
 _IDS_PER_QUERY = 500  # a command line of a few KiB, whatever the sweep
+_NOT_YET = ("Unknown", "None", "")  # sacct's times of a session that has not started or ended
 
 
 def segments(job_ids: list[str]) -> Optional[dict[str, list[Segment]]]:
     """{job id: its sessions, oldest first} from sacct (every requeued session, -D); a
-    job sacct does not know is absent; None when sacct did not answer (no accounting on
-    this cluster, or unreachable). An array is asked once for all its tasks. Times are
-    asked as Unix seconds (SLURM_TIME_FORMAT), so no time zone is guessed."""
+    job sacct does not know, or whose answer cannot be read, is absent; None when sacct
+    did not answer (no accounting on this cluster, or unreachable). An array is asked
+    once for all its tasks. Times are asked as Unix seconds (SLURM_TIME_FORMAT), so no
+    time zone is guessed."""
     wanted = set(job_ids)
     asked = sorted({job.split("_")[0] for job in wanted})
     found: dict[str, list[Segment]] = {}
+    unread = set()
     env = {**os.environ, "SLURM_TIME_FORMAT": "%s"}
     for first in range(0, len(asked), _IDS_PER_QUERY):
         chunk = ",".join(asked[first:first + _IDS_PER_QUERY])
-        out = _run(["sacct", "-D", "-X", "-n", "-P", "-o", _SEGMENT_FIELDS, "-j", chunk], env)
+        out = _run(["sacct", "-D", "-X", "-P", "-o", _SEGMENT_FIELDS, "-j", chunk], env)
         if out is None:
             return None
-        for segment in filter(None, map(_segment, out.splitlines())):
-            if segment.job in wanted:
+        for row in table(out):
+            segment = _segment(row) if row.get("JobID") in wanted else None
+            if segment is not None:
                 found.setdefault(segment.job, []).append(segment)
-    return {job: sorted(listed, key=lambda seg: seg.submit or 0) for job, listed in found.items()}
+            elif row.get("JobID") in wanted:
+                unread.add(row["JobID"])
+    return {job: sorted(listed, key=lambda seg: seg.submit or 0) for job, listed in found.items() if job not in unread}
 
 
-def _segment(line: str) -> Optional[Segment]:
-    """One line of ``segments``' sacct query; None when it is not one."""
-    parts = line.split("|")
-    if len(parts) != 7 or not parts[5].isdigit():
+def _segment(row: dict[str, str]) -> Optional[Segment]:
+    """One row of ``segments``' sacct query; None when a field of it cannot be read."""
+    elapsed, times, held = number(row.get("ElapsedRaw")), _times(row), _held(row.get("AllocTRES"))
+    if elapsed is None or times is None or held is None:
         return None
-    tres = dict(item.partition("=")[::2] for item in parts[6].split(",") if "=" in item)
-    submit, start, end = (int(text) if text.isdigit() else None for text in parts[2:5])  # Unknown, None
-    return Segment(parts[0], (parts[1].split() or [""])[0], submit, start, end, int(parts[5]),
-                   _count(tres.get("cpu")), _count(tres.get("gres/gpu")))
+    return Segment(row["JobID"], _state(row.get("State")), *times, elapsed, *held)
 
 
-def _count(text: Optional[str]) -> int:
-    return int(text) if text is not None and text.isdigit() else 0
+def _times(row: dict[str, str]) -> Optional[tuple[Optional[int], Optional[int], Optional[int]]]:
+    """Submit, Start and End in Unix seconds (None: not yet); None when one cannot be read."""
+    texts = [row.get(key) for key in ("Submit", "Start", "End")]
+    values = [None if text in _NOT_YET else number(text) for text in texts]
+    if any(value is None and text not in _NOT_YET for value, text in zip(values, texts)):
+        return None
+    return values[0], values[1], values[2]
+
+
+def _held(text: Optional[str]) -> Optional[tuple[Optional[int], Optional[int]]]:
+    """(CPUs, GPUs) of an AllocTRES such as ``billing=8,cpu=4,gres/gpu=2,mem=8G``: no
+    ``gres/gpu`` is no GPU; empty is (None, None), not said; None when it cannot be read."""
+    if text is None:
+        return None
+    if not text.strip():
+        return None, None
+    tres = dict(item.partition("=")[::2] for item in text.split(","))
+    cpus = number(tres.get("cpu"))
+    gpus = number(tres["gres/gpu"]) if "gres/gpu" in tres else 0
+    return None if cpus is None or gpus is None else (cpus, gpus)

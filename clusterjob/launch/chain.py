@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import RunDir, find_runs, is_job_id
+from clusterjob.core.rundir import RunDir, find_runs
 from clusterjob.launch import executor
 from clusterjob.launch.executor import DONE, FAILED, WAITING, Dependency, RunView
 
@@ -55,7 +55,7 @@ def states(paths: Sequence["str | Path"]) -> list[Dependency]:
 def _dependency(run: RunDir, view: RunView) -> Dependency:
     record = view.record
     status = record.status or "unknown"
-    job = record.slurm_job_id if view.queue_state and is_job_id(record.slurm_job_id) else None
+    job = record.job if view.queue_state else None  # in its executor's queue
     if status == "completed":
         return Dependency(run, DONE, status)
     if status in ("failed", "cancelled"):
@@ -64,7 +64,7 @@ def _dependency(run: RunDir, view: RunView) -> Dependency:
     owner = executor.of_record(record)
     live = view.queue_state or (owner.live(run, view) if owner is not None and run.exists() else None)
     if status in ("pending", "running") or live:
-        return Dependency(run, WAITING, status + (f", job {job}" if job else ""), job)
+        return Dependency(run, WAITING, status + (f", job {job.id}" if job else ""), job)
     return Dependency(run, FAILED, f"{status} and nothing runs it (`clusterjob resume {run.path}` starts it)")
 
 
@@ -95,8 +95,3 @@ def waiting_line(deps: Sequence[Dependency]) -> str:
 
 def all_done(deps: Sequence[Dependency]) -> bool:
     return all(dep.state == DONE for dep in deps)
-
-
-def jobs(deps: Sequence[Dependency]) -> list[str]:
-    """The queued Slurm jobs (array tasks too) of the dependencies still waiting."""
-    return [dep.job for dep in deps if dep.state == WAITING and dep.job is not None]

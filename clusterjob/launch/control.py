@@ -13,13 +13,14 @@ import codecs
 import contextlib
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional
 
 from clusterjob.core import claim, rankhealth, stalls, units
-from clusterjob.core.errors import BadInput, escape, traceback_excerpt
+from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular
 from clusterjob.core.record import Stall
 from clusterjob.core.rundir import (
@@ -38,6 +39,7 @@ from clusterjob.launch.executor import RunView
 _MAX_STDERR_WARNINGS = 20
 CANCEL_WAIT_S = 60.0  # cancel waits this long for the ranks (a plain script is killed after its grace)
 _MAX_RUN_WARNINGS = 5  # of one run's, under the status table
+MAX_MESSAGE_LINES = 8  # of one error message, in status and the `submit --wait` summary
 
 
 def refresh(runs: list[RunDir], write_back: bool = False) -> list[dict]:
@@ -93,7 +95,7 @@ def status_table(runs: list[RunDir], infos: list[dict]) -> str:
     rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
     for run, info in zip(runs, infos):
         rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), *_progress(run, info, own),
-                     info["slurm_job_id"] or "-", _restarts(info)))
+                     _shown(info["job"]["id"]) if info["job"] else "-", _restarts(info)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once
@@ -136,8 +138,9 @@ def _restarts(info: dict) -> str:
 
 
 def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
-    """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 0.95"
-    beside runs of your own code), your code's step and first metric."""
+    """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 95.00%"
+    beside runs of your own code), your code's step and the metric the report ranks by
+    (``metrics.own_latest``: one choice for both)."""
     if info["entrypoint"] is not None:
         from clusterjob.core import metrics  # numpy with it: only where runs of your own code are listed
 
@@ -150,10 +153,42 @@ def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
 
 
 def _error_lines(run: RunDir, error: dict) -> str:
-    """The run's error, then its traceback's last frame, source line and exception line."""
-    tail = "\n    ".join(_shown(line) for line in traceback_excerpt(error["traceback"] or ""))
-    head = f"{_shown(run.run_id)}: failed on rank {error['rank']}: {_shown(error['message'])}"
-    return head + (f"\n    {tail}" if tail else "")
+    """The run's error (its message line by line), then its traceback's last frame and
+    source line, and the exception line unless it repeats the message; none of the
+    traceback for bad input, whose message says it all (the key, the value, the fix)."""
+    said = message_lines(error["message"])
+    lines = [f"{_shown(run.run_id)}: failed{on_rank(error['rank'])}: {said[0]}", *("    " + s for s in said[1:])]
+    excerpt = traceback_excerpt(error["traceback"] or "")
+    if excerpt and is_bad_input(excerpt[-1]):
+        excerpt = []
+    said_first = _exception_said((error["message"] or "").strip().split("\n", 1)[0])
+    lines += ["    " + _shown(line) for line in excerpt if _exception_said(line) != said_first]
+    return "\n".join(lines)
+
+
+def on_rank(rank: Optional[int]) -> str:
+    """" on rank 1" where one rank failed; "" where no single rank did (every process
+    killed, a dependency that failed, a limit reached)."""
+    return f" on rank {rank}" if rank is not None else ""
+
+
+def message_lines(message: Optional[str]) -> list[str]:
+    """An error message as terminal lines: its non-blank lines (an exception's text may
+    hold several: a download's tries), each escaped, at most MAX_MESSAGE_LINES."""
+    lines = [_shown(line.rstrip()) for line in (message or "").splitlines() if line.strip()] or ["(no message)"]
+    if len(lines) > MAX_MESSAGE_LINES:
+        more = len(lines) - MAX_MESSAGE_LINES + 1
+        lines = [*lines[:MAX_MESSAGE_LINES - 1], f"... and {more} more line(s): `clusterjob logs` shows them all"]
+    return lines
+
+
+_QUALIFIED = re.compile(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*(?::|$))")
+
+
+def _exception_said(line: str) -> str:
+    """An exception line as a message says it: the class without its module
+    ("clusterjob.core.errors.BadInput: x" -> "BadInput: x")."""
+    return _QUALIFIED.sub("", line.strip())
 
 
 def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
@@ -223,7 +258,21 @@ def cmd_logs(run_text: str, rank: int = 0, follow: bool = False) -> int:
 
 
 def _no_logs(run: RunDir, rank: int) -> BadInput:
-    return BadInput(f"no logs for rank {rank} in {run.logs} yet (pending job, or no such rank)")
+    """Why rank ``rank`` has no log to show: the run has no such rank, has not started
+    yet, or is running and the rank wrote nothing yet; else its files are gone."""
+    world = run.read().world_size
+    if rank < 0 or (world is not None and rank >= world):
+        ranks = f"its {world} rank(s) are 0..{world - 1}" if world else "ranks count from 0"
+        return BadInput(f"--rank {rank}: {run.path} has no rank {rank}: {ranks}")
+    (view,) = views([run])
+    state = _state(view.to_dict())
+    if world is None:
+        never = "it never started" if view.record.status in FINAL_STATUSES else "its ranks have not started yet"
+        return BadInput(f"no logs for rank {rank} of {run.path}: the run is {state} and {never}")
+    if view.record.status in ("pending", "running"):
+        return BadInput(f"no logs for rank {rank} of {run.path} yet: the run is {state} and the rank wrote nothing "
+                        "yet; try again in a moment")
+    return BadInput(f"no logs for rank {rank} in {run.logs}: the run is {state} and the rank's log files are gone")
 
 
 def _print_logs(run: RunDir, rank: int) -> None:
@@ -375,5 +424,6 @@ def cmd_cancel(run_text: str) -> int:
         lines = cancel(run)
     for line in lines:
         print(line)
-    print(f"cancelled {run.path}")
+    (view,) = views([run])  # the run as status shows it: cancelled, or "pending (cancel requested)" until it is
+    print(f"{run.path}: {_state(view.to_dict())}")
     return 0

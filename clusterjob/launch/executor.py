@@ -1,21 +1,28 @@
 """What runs a run's ranks (docs/design.md, "Executors and scripts"): one protocol that
 every executor implements, and a registry of them by name.
 
-An executor is a subclass of ``Executor`` in a module of ``clusterjob/launch/executors/``
-named as the executor, decorated with ``@register``, so adding an executor is adding
-that one module. Its name is known from the module's file name, and the module is
-imported when the executor is first used: listing the names (``--help``) imports none,
-``status`` of finished runs imports none, a run's executor imports its own module.
-submit, resume, status, logs and cancel speak to executors through this protocol only:
+An executor is a subclass of ``Executor`` in one module: a built-in one in
+``clusterjob/launch/executors/``, named as the executor and decorated with ``@register``;
+one of another package registered by entry point in the group ``clusterjob.executors``
+(clusterjob.core.plugins), which also declares the resources keys it reads (``options``,
+an ``ExecutorOptions``), so adding an executor is adding that one module. (The built-in
+executors' keys are declared in clusterjob.spec.options, which every task reads without
+importing an executor.) A built-in name is known from the module's file name, and the
+module is imported when the executor is first used: listing the names (``--help``)
+imports none, ``status`` of finished runs imports none, a run's executor imports its
+own module; entry points are read only for a name that is not built in. submit,
+resume, status, logs and cancel speak to executors through this protocol only:
 
 - ``unavailable``: whether it can start runs from here (``--executor auto`` takes the
-  available one of the highest ``auto_rank``);
+  available built-in one of the highest ``auto_rank``);
 - ``check``: what this executor cannot run, as bad input, before anything is written
   (the local GPU count, the Slurm cluster's preflight);
 - ``start``: hand run folders this process claimed over (a job, a supervisor), or,
   with ``follow``, keep them here; ``wait`` follows them to their end;
 - ``refresh``: what became of runs whose run.json does not say yet (the queue, the
-  processes), read-only unless ``write_back``; ``live``: why a run may still run;
+  processes), read-only unless ``write_back``; ``live``: why a run may still run.
+  ``views`` (and ``records``, its records) is the one derivation of a run's state
+  that every read-only view shows;
 - ``cancel``: stop a run, and mark it cancelled once no rank of it is alive.
 """
 
@@ -25,14 +32,17 @@ import abc
 import importlib
 import pkgutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
-from clusterjob.core import procs
+from clusterjob.core import plugins, procs
 from clusterjob.core.errors import BadInput
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, now_iso
 from clusterjob.launch import executors
 
 if TYPE_CHECKING:  # the spec's module (and YAML) is not needed to list or read runs
+    from clusterjob.spec.options import ExecutorOptions
     from clusterjob.spec.schema import Spec
 
 
@@ -62,12 +72,13 @@ class Dependency:
     """A run another run waits for (``submit --after``), as its executor sees it now:
     ``state`` DONE (completed), WAITING (it may still complete) or FAILED (it never will:
     failed, cancelled, stopped with nothing to start it, gone), with its status in words
-    (``why``) and its Slurm job while that is queued (``job``)."""
+    (``why``) and its job while that is in its executor's queue (``job``: a Slurm job
+    is what Slurm's afterok can name)."""
 
     run: RunDir
     state: str
     why: str
-    job: Optional[str] = None
+    job: Optional[Job] = None
 
 
 DONE, WAITING, FAILED = "done", "waiting", "failed"
@@ -76,10 +87,10 @@ DONE, WAITING, FAILED = "done", "waiting", "failed"
 @dataclass(frozen=True)
 class Watch:
     """What ``submit --wait`` shows while it follows runs: ``progress`` while a run runs
-    in this process (its latest progress, for the live line), ``ended`` once a run is
-    final (its summary line)."""
+    in this process (its new progress lines, clusterjob.launch.progress.Line), ``ended``
+    once a run is final (its summary line)."""
 
-    progress: Callable[[Optional[str]], None] = lambda text: None
+    progress: Callable[[list], None] = lambda lines: None
     ended: Callable[[RunDir, RunRecord], None] = lambda run, info: None
 
 
@@ -97,6 +108,9 @@ class Executor(abc.ABC):
 
     name: ClassVar[str]
     auto_rank: ClassVar[int] = 0  # `--executor auto` takes the available executor of the highest rank
+    # The resources keys this executor declares for itself (clusterjob.spec.options), read
+    # with ``options.of(spec)``; None: it has none.
+    options: ClassVar[Optional[type[ExecutorOptions]]] = None
 
     @classmethod
     @abc.abstractmethod
@@ -154,25 +168,28 @@ class Executor(abc.ABC):
         return {}
 
 
-_REGISTRY: dict[str, type[Executor]] = {}
+_REGISTRY: dict[str, type[Executor]] = {}  # the built-in executors imported so far
+_FOREIGN: dict[str, type[Executor]] = {}  # the executors of other packages loaded so far
 _SEARCHED: list[str] = []  # the folders of executors whose modules were all imported
 
 
 def register(cls: type[Executor]) -> type[Executor]:
-    """Class decorator: the executor is known by ``cls.name``."""
+    """Class decorator of a built-in executor: known by ``cls.name``. (An executor of
+    another package is known by its entry point's name.)"""
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def listed_names() -> list[str]:
-    """The executors' names as their modules are named in clusterjob/launch/executors/,
-    none of them imported (what ``--help`` shows), in alphabetical order."""
+    """The built-in executors' names as their modules are named in
+    clusterjob/launch/executors/, none of them imported (what ``--help`` shows), in
+    alphabetical order."""
     return sorted({module.name for module in pkgutil.iter_modules(executors.__path__)
                    if not module.name.startswith("_")})
 
 
 def _known() -> dict[str, type[Executor]]:
-    """Every executor, once each module of clusterjob/launch/executors/ was imported."""
+    """Every built-in executor, once each module of clusterjob/launch/executors/ was imported."""
     if _SEARCHED != list(executors.__path__):
         for name in listed_names():
             importlib.import_module(f"{executors.__name__}.{name}")
@@ -181,17 +198,33 @@ def _known() -> dict[str, type[Executor]]:
 
 
 def _load(name: str) -> Optional[type[Executor]]:
-    """The executor ``name``: its own module imported on first use; a name no module is
-    called imports every module (a module may register another name). Executors of other
-    packages, by entry point, would be looked up here, where a name is not built in."""
+    """The executor ``name``: a built-in one's own module imported on first use (a name
+    no module is called imports every module: a module may register another name), else
+    an executor of another package, by its entry point (clusterjob.core.plugins)."""
     if name not in _REGISTRY and name in listed_names():
         importlib.import_module(f"{executors.__name__}.{name}")
-    return _REGISTRY.get(name) or _known().get(name)
+    return _REGISTRY.get(name) or _known().get(name) or _foreign(name)
+
+
+def _foreign(name: str) -> Optional[type[Executor]]:
+    """The executor of another package registered as ``name``, imported now; None when
+    none is. What its entry point names must be an ``Executor`` of that name."""
+    if name not in _FOREIGN:
+        found = plugins.load(name)
+        if found is None:
+            return None
+        if not (isinstance(found, type) and issubclass(found, Executor) and found.name == name):
+            raise BadInput(f"executor {name!r}: its entry point ({plugins.GROUP}) names {found!r}, not an "
+                           f"Executor (clusterjob.launch.executor) named {name!r}; fix its package or uninstall it")
+        _FOREIGN[name] = found
+    return _FOREIGN[name]
 
 
 def names() -> list[str]:
-    """The executors' names, the one ``auto`` tries first first (imports every executor)."""
-    return sorted(_known(), key=lambda name: (-_known()[name].auto_rank, name))
+    """The executors' names: the built-in ones (importing each), the one ``auto`` tries
+    first first; then those of other packages (their entry points listed, none imported)."""
+    built_in = sorted(_known(), key=lambda name: (-_known()[name].auto_rank, name))
+    return built_in + [name for name in plugins.names() if name not in built_in]
 
 
 def get(name: str) -> Executor:
@@ -202,10 +235,12 @@ def get(name: str) -> Executor:
 
 
 def choose(requested: str) -> Executor:
-    """The executor of ``--executor``: ``auto`` is the first available; a named one that
-    is not available is bad input saying why."""
+    """The executor of ``--executor``: ``auto`` is the first available built-in one (an
+    executor of another package runs only when named); a named one that is not
+    available is bad input saying why."""
     if requested == "auto":
-        found = next((name for name in names() if _known()[name].unavailable() is None), None)
+        built_in = sorted(_known().values(), key=lambda cls: (-cls.auto_rank, cls.name))
+        found = next((cls.name for cls in built_in if cls.unavailable() is None), None)
         if found is None:
             raise BadInput("--executor auto: no executor can run here")
         return get(found)
@@ -217,8 +252,8 @@ def choose(requested: str) -> Executor:
 
 
 def of_record(record: RunRecord) -> Optional[Executor]:
-    """The executor a run.json names, else the one that adopts a run naming none (or a
-    name no executor has)."""
+    """The executor a run.json names, else the built-in one that adopts a run naming
+    none (or a name no executor has)."""
     named = _load(record.executor) if isinstance(record.executor, str) else None
     if named is not None:
         return named()
@@ -241,6 +276,13 @@ def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
         for index, view in zip(indices, fresh):
             found[index] = view
     return found
+
+
+def records(folders: Sequence) -> list[RunRecord]:
+    """The records of the run ``folders`` as ``views`` derives them, read-only: the one
+    state every read-only view shows (status, logs -f, report, report --watch, the
+    ``submit --wait`` report), handed to the report, which may not import this side."""
+    return [view.record for view in views([RunDir(Path(folder)) for folder in folders])]
 
 
 def learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:

@@ -141,9 +141,9 @@ def _abandon(window: Window, reason: str) -> str:
 
 
 def _has_job(run: RunDir) -> bool:
-    """Whether Slurm has a job for the run (its run.json names one)."""
+    """Whether an executor has a job for the run (its run.json names one: a Slurm job)."""
     try:
-        return run.read().slurm_job_id is not None
+        return run.read().job is not None
     except OSError:
         return False
 

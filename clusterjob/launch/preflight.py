@@ -5,6 +5,9 @@ One ``Check`` per question: the partition exists and is up; nodes, CPUs per node
 time limit fit the partition and the QOS; the GPUs asked for exist there (gres, with the
 constraint); the sweep fits MaxArraySize (or how it is split); ``sbatch --test-only``
 accepts the script as rendered. Each failing check names what was found and the fix.
+The answers are read with clusterjob.core.slurmctl's reader; a command that does not
+answer, or a value of its answer that cannot be read, fails the checks that need it with
+a line that says so, never a guess (such as nodes with 0 CPUs).
 Nothing here writes: only scontrol/sinfo/sacctmgr show and sbatch --test-only.
 """
 
@@ -15,9 +18,20 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from clusterjob.core import slurmctl
+from clusterjob.core.errors import BadInput, SlurmUnreachable
+from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec
 
 Ask = Callable[..., Optional[object]]  # slurmctl.ask: (cmd, stdin=None) -> CompletedProcess | None
+
+PARTITIONS = "scontrol show partition"
+NODES = "sinfo -N"
+QOS = "sacctmgr show qos"
+_UNANSWERED_FIX = "check that Slurm answers here (SLURM_CONF, slurmctld), or pass --no-preflight to submit anyway"
+_UNREAD_FIX = "ask the cluster's admins what it means, or pass --no-preflight to submit without this check"
+_ARRAY_FIX = ("submit each sweep point as a spec of its own (one value per swept key: one run needs no array), "
+              "or ask the cluster's admins for job arrays")
+_UNLIMITED = ("UNLIMITED", "INFINITE")
 
 
 @dataclass(frozen=True)
@@ -36,88 +50,129 @@ class Check:
 
 @dataclass(frozen=True)
 class Partition:
-    """What ``scontrol show partition -o`` says of one partition."""
+    """What ``scontrol show partition -o`` says of one partition; ``unread``: the fields
+    (and what they said) that could not be read, whose values here are None."""
 
     name: str
-    state: str
-    total_nodes: int
+    state: Optional[str]  # None: not said
+    total_nodes: Optional[int]
     max_nodes: Optional[int]  # None: unlimited
     max_time_min: Optional[int]  # None: unlimited
     qos: Optional[str]  # the partition's own QOS
     default: bool
+    unread: tuple[tuple[str, Optional[str]], ...] = ()
 
 
-def _fields(line: str) -> dict:
-    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+def _read(fields: dict, key: str, parse: Callable[[str], Optional[int]], unread: list,
+          limit: bool = False) -> Optional[int]:
+    """``fields[key]`` parsed; None for a ``limit`` that is UNLIMITED, and for a value that
+    cannot be read, which goes into ``unread``."""
+    text = fields.get(key)
+    if limit and text is not None and text.upper() in _UNLIMITED:
+        return None
+    value = None if text is None else parse(text)
+    if value is None:
+        unread.append((key, text))
+    return value
 
 
-def _limit(text: str, parse: Callable[[str], Optional[int]]) -> Optional[int]:
-    return None if text.upper() in ("UNLIMITED", "INFINITE", "") else parse(text)
+def _minutes(text: str) -> Optional[int]:
+    seconds = slurmctl.parse_duration(text)
+    return None if seconds is None else seconds // 60
 
 
 def parse_partitions(text: str) -> list[Partition]:
     """``scontrol show partition -o`` (one line per partition) as Partitions."""
     found = []
-    for line in text.splitlines():
-        f = _fields(line)
+    for f in slurmctl.records(text):
         if "PartitionName" not in f:
             continue
-        time_s = _limit(f.get("MaxTime", ""), slurmctl.parse_duration)
-        found.append(Partition(
-            f["PartitionName"], f.get("State", "UP"), int(f.get("TotalNodes", "0") or 0),
-            _limit(f.get("MaxNodes", ""), lambda t: int(t) if t.isdigit() else None),
-            None if time_s is None else time_s // 60,
-            None if f.get("QoS", "N/A") in ("N/A", "") else f["QoS"], f.get("Default") == "YES"))
+        unread: list = []
+        total = _read(f, "TotalNodes", slurmctl.number, unread)
+        most = _read(f, "MaxNodes", slurmctl.number, unread, limit=True)
+        time_min = _read(f, "MaxTime", _minutes, unread, limit=True)
+        found.append(Partition(f["PartitionName"], f.get("State") or None, total, most, time_min,
+                               None if f.get("QoS", "N/A") in ("N/A", "") else f["QoS"], f.get("Default") == "YES",
+                               tuple(unread)))
     return found
 
 
 def parse_minutes(text: str) -> Optional[int]:
-    """A QOS MaxWall (``[D-]HH:MM:SS``, ``MM:SS`` or minutes) in minutes; None: unlimited."""
-    if not text:
-        return None
-    seconds = slurmctl.parse_duration(text if ":" in text else f"{text}:00")
-    return None if seconds is None else seconds // 60
+    """A QOS MaxWall (``[D-]HH:MM:SS``, ``MM:SS`` or minutes) in minutes; None when it
+    cannot be read."""
+    return _minutes(text if ":" in text else f"{text}:00")
 
 
-def parse_tres(text: str) -> dict:
-    """``node=2,gres/gpu=4,cpu=8`` as {"node": 2, "gres/gpu": 4, "cpu": 8}."""
-    out = {}
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        if value.isdigit():
-            out[key.strip()] = int(value)
-    return out
+def parse_tres(text: str) -> dict[str, Optional[int]]:
+    """``node=2,gres/gpu=4,cpu=8`` as {"node": 2, "gres/gpu": 4, "cpu": 8}; None for a
+    value that is no count (``mem=8G``, or one that cannot be read)."""
+    pairs = (part.partition("=") for part in text.split(","))
+    return {key.strip(): slurmctl.number(value) for key, sep, value in pairs if sep}
+
+
+def _unread(name: str, command: str, pairs) -> Check:
+    """The failed check ``name`` whose answer from ``command`` could not be read."""
+    said = "; ".join(slurmctl.unreadable(command, field, text) for field, text in pairs)
+    return Check(name, False, said, _UNREAD_FIX)
+
+
+def _part_unread(name: str, part: Partition, *keys: str) -> Optional[Check]:
+    pairs = [(key, text) for key, text in part.unread if key in keys]
+    return _unread(name, PARTITIONS, pairs) if pairs else None
 
 
 def check_partition(spec: Spec, partitions: list[Partition]) -> tuple[Check, Optional[Partition]]:
-    want = spec.resources.partition
+    want = SlurmOptions.of(spec).partition
     names = ", ".join(p.name for p in partitions) or "none"
     found = next((p for p in partitions if p.name == want or (want is None and p.default)), None)
     if found is None:
         what = f"{want!r} does not exist" if want else "no partition given and the cluster has no default"
         return Check("partition", False, f"{what} (partitions: {names})",
                      f"set resources.partition to one of: {names}"), None
+    if found.state is None:
+        return _unread("partition", PARTITIONS, [("State", None)]), found
     if found.state != "UP":
         return Check("partition", False, f"{found.name} is {found.state}",
                      "pick another partition, or wait until it is UP"), found
-    return Check("partition", True, f"{found.name} ({found.total_nodes} nodes, state UP)"), found
+    size = "" if found.total_nodes is None else f"{found.total_nodes} nodes, "
+    return Check("partition", True, f"{found.name} ({size}state UP)"), found
 
 
 def check_nodes(spec: Spec, part: Partition) -> Check:
-    nodes = spec.resources.nodes
-    cap = min(n for n in (part.max_nodes, part.total_nodes) if n is not None)
+    nodes, total = spec.resources.nodes, part.total_nodes
+    unread = _part_unread("nodes", part, "TotalNodes", "MaxNodes")
+    if unread is not None or total is None:
+        return unread or _unread("nodes", PARTITIONS, [("TotalNodes", None)])
+    cap = total if part.max_nodes is None else min(part.max_nodes, total)
     if nodes > cap:
-        why = f"MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes < part.total_nodes \
-            else f"it has {part.total_nodes} nodes"
+        why = f"MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes < total \
+            else f"it has {total} nodes"
         return Check("nodes", False, f"resources.nodes: {nodes} does not fit partition {part.name} ({why})",
                      f"set resources.nodes to at most {cap}, or use a larger partition")
     return Check("nodes", True, f"{nodes} of at most {cap} in {part.name}")
 
 
-def check_cpus(spec: Spec, cpus_per_node: list[int], part: Partition) -> Check:
+def _nodes_unknown(name: str, nodes: list[dict], part: Partition, problem: Optional[str],
+                   key: str, column: str) -> Optional[Check]:
+    """The failed check ``name`` when sinfo did not answer, lists no node, or gave a
+    ``column`` that cannot be read; None when every node's ``key`` is known."""
+    if problem is not None:
+        return Check(name, False, problem, _UNANSWERED_FIX)
+    if not nodes:
+        return Check(name, False, f"`{NODES}` lists no nodes in partition {part.name}", "use another partition")
+    bad = next((node for node in nodes if node[key] is None), None)
+    if bad is not None:
+        return _unread(name, f"{NODES} -p {part.name}", [(column, bad["said"].get(column))])
+    return None
+
+
+def check_cpus(spec: Spec, nodes: list[dict], part: Partition, problem: Optional[str] = None) -> Check:
     r = spec.resources
     need = r.tasks_per_node * r.cpus_per_task
-    have = max(cpus_per_node, default=0)
+    unknown = _nodes_unknown("cpus", nodes, part, problem, "cpus", "CPUS")
+    if unknown is not None:
+        return unknown
+    have = max(node["cpus"] for node in nodes)
     if need > have:
         return Check("cpus", False, f"tasks_per_node {r.tasks_per_node} x cpus_per_task {r.cpus_per_task} = {need} "
                                     f"CPUs per node, but the nodes of {part.name} have at most {have}",
@@ -125,8 +180,13 @@ def check_cpus(spec: Spec, cpus_per_node: list[int], part: Partition) -> Check:
     return Check("cpus", True, f"{need} CPUs per node of {have}")
 
 
-def check_time(spec: Spec, part: Partition, qos_wall: Optional[int], qos: Optional[str]) -> Check:
+def check_time(spec: Spec, part: Partition, qos_row: Optional[dict], qos: Optional[str]) -> Check:
     minutes = spec.resources.time_min
+    wall_text = (qos_row or {}).get("MaxWall", "")
+    qos_wall = parse_minutes(wall_text) if wall_text else None
+    unread = _part_unread("time", part, "MaxTime")
+    if unread is not None or (wall_text and qos_wall is None):
+        return unread or _unread("time", QOS, [("MaxWall", wall_text)])
     limits = [(part.max_time_min, f"partition {part.name} MaxTime"), (qos_wall, f"QOS {qos} MaxWall")]
     for limit, where in limits:
         if limit is not None and minutes > limit:
@@ -136,35 +196,45 @@ def check_time(spec: Spec, part: Partition, qos_wall: Optional[int], qos: Option
     return Check("time", True, f"{minutes} min ({', '.join(shown) or 'no limit'})")
 
 
-def check_qos(spec: Spec, qos: Optional[str], row: Optional[dict]) -> Check:
-    """The spec's QOS (else the partition's) exists, and the job fits its MaxTRES."""
+def check_qos(spec: Spec, qos: Optional[str], row: Optional[dict], problem: Optional[str] = None) -> Check:
+    """The spec's QOS (else the partition's) exists, and the job fits its MaxTRES;
+    ``problem``: why sacctmgr did not answer."""
     if qos is None:
         return Check("qos", True, "none asked")
-    if row is None and spec.resources.qos is None:
+    if row is None and SlurmOptions.of(spec).qos is None:
         return Check("qos", True, f"the partition's QOS {qos} (its limits are not readable here)")
     if row is None:
-        return Check("qos", False, f"resources.qos: {qos!r} does not exist (or accounting does not answer)",
+        if problem is not None:
+            return Check("qos", False, f"resources.qos: {qos!r} could not be checked: {problem}", _UNANSWERED_FIX)
+        return Check("qos", False, f"resources.qos: {qos!r} does not exist",
                      "set resources.qos to a QOS of `sacctmgr show qos`, or leave it out")
     tres = parse_tres(row.get("MaxTRES", ""))
     r = spec.resources
     asked = {"node": r.nodes, "cpu": r.nodes * r.tasks_per_node * r.cpus_per_task,
              "gres/gpu": r.nodes * r.gpus_per_node}
     for key, value in asked.items():
-        if key in tres and value > tres[key]:
-            return Check("qos", False, f"the job asks {key}={value}, over QOS {qos}'s MaxTRES {key}={tres[key]}",
-                         f"ask for at most {key}={tres[key]} per job, or use another QOS")
+        limit = tres.get(key, -1)
+        if limit is None:
+            return _unread("qos", QOS, [("MaxTRES", row.get("MaxTRES"))])
+        if limit >= 0 and value > limit:
+            return Check("qos", False, f"the job asks {key}={value}, over QOS {qos}'s MaxTRES {key}={limit}",
+                         f"ask for at most {key}={limit} per job, or use another QOS")
     return Check("qos", True, f"{qos} (MaxTRES {row.get('MaxTRES') or 'none'}, MaxWall {row.get('MaxWall') or 'none'})")
 
 
-def check_gpus(spec: Spec, nodes: list[dict], part: Partition) -> Check:
+def check_gpus(spec: Spec, nodes: list[dict], part: Partition, problem: Optional[str] = None) -> Check:
     r = spec.resources
     if r.gpus_per_node == 0:
         return Check("gpus", True, "none asked (CPU)")
-    wanted = set(filter(None, re.split(r"[&|,]", r.constraint or "")))
+    unknown = _nodes_unknown("gpus", nodes, part, problem, "gpus", "GRES")
+    if unknown is not None:
+        return unknown
+    constraint = SlurmOptions.of(spec).constraint
+    wanted = set(filter(None, re.split(r"[&|,]", constraint or "")))
     fit = [n for n in nodes if n["gpus"] >= r.gpus_per_node and (not wanted or wanted & n["features"])]
     if len(fit) < r.nodes:
-        most = max((n["gpus"] for n in nodes), default=0)
-        where = f" with features {r.constraint}" if r.constraint else ""
+        most = max(n["gpus"] for n in nodes)
+        where = f" with features {constraint}" if constraint else ""
         return Check("gpus", False, f"{r.nodes} node(s) with {r.gpus_per_node} GPUs{where} asked; partition "
                                     f"{part.name} has {len(fit)} (at most {most} GPUs per node)",
                      "lower resources.gpus_per_node/nodes, change resources.constraint, or use a GPU partition")
@@ -172,22 +242,69 @@ def check_gpus(spec: Spec, nodes: list[dict], part: Partition) -> Check:
 
 
 def check_array(points: int, max_array: int) -> Check:
+    """How a sweep of ``points`` runs goes into job arrays of at most ``max_array`` (the
+    cluster's MaxArraySize; 0: it takes no arrays)."""
     if points <= 1:
         return Check("array", True, "one run, no array")
+    if max_array == 0:
+        return Check("array", False, f"a sweep of {points} runs is submitted as job arrays, and this cluster "
+                                     "takes none (MaxArraySize=0 in `scontrol show config`)", _ARRAY_FIX)
     if points <= max_array:
         return Check("array", True, f"{points} runs in one array (MaxArraySize {max_array})")
     parts = -(-points // max_array)
     return Check("array", True, f"{points} runs split into {parts} arrays of at most {max_array} (MaxArraySize)")
 
 
+def array_check(points: int, ask: Optional[Ask] = None) -> tuple[Check, int]:
+    """The array check of a sweep of ``points``, and how many runs one of its arrays holds
+    (0 when the check failed). One run asks nothing."""
+    if points <= 1:
+        return check_array(points, 1), 1
+    try:
+        limit = slurmctl.max_array_size(ask) if ask is not None else slurmctl.max_array_size()
+    except SlurmUnreachable as err:
+        return Check("array", False, str(err), _UNANSWERED_FIX), 0
+    except slurmctl.Unreadable as err:
+        return Check("array", False, str(err), _ARRAY_FIX), 0
+    check = check_array(points, limit)
+    return check, limit if check.ok else 0
+
+
+def array_size(points: int) -> int:
+    """How many runs of a sweep of ``points`` one job array holds (one run asks nothing):
+    bad input, with the array check's line, where the cluster takes no arrays or its
+    MaxArraySize cannot be read; SlurmUnreachable where scontrol does not answer."""
+    if points <= 1:
+        return 1
+    try:
+        limit = slurmctl.max_array_size()
+    except slurmctl.Unreadable as err:
+        raise BadInput(f"{err}; fix: {_ARRAY_FIX}") from None
+    check = check_array(points, limit)
+    if not check.ok:
+        raise BadInput(f"{check.detail}; fix: {check.fix}")
+    return limit
+
+
+_GRES_COUNT = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:([^:,(]*)")
+
+
+def _gpus(gres: str) -> Optional[int]:
+    """The GPUs of a node's gres (``gpu:a100:4(S:0-1),mps:100``); None when a count of
+    them cannot be read."""
+    counts = [slurmctl.number(count) for count in _GRES_COUNT.findall(gres)]
+    return None if None in counts else sum(count or 0 for count in counts)
+
+
 def node_rows(text: str) -> list[dict]:
-    """``sinfo -h -N -o %N|%c|%G|%f`` as {name, cpus, gpus, features} per node."""
+    """``sinfo -N -o %N|%c|%G|%f`` (with its header) as {name, cpus, gpus, features,
+    said} per node; cpus and gpus are None when they cannot be read (``said``: the row)."""
     rows = []
-    for line in text.splitlines():
-        name, cpus, gres, features = (line.split("|") + ["", "", ""])[:4]
-        gpus = sum(int(m) for m in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres))
-        rows.append({"name": name, "cpus": int(cpus) if cpus.strip().isdigit() else 0, "gpus": gpus,
-                     "features": set(filter(None, features.replace("(null)", "").split(",")))})
+    for row in slurmctl.table(text):
+        gres = row.get("GRES")
+        rows.append({"name": row.get("NODELIST", ""), "cpus": slurmctl.number(row.get("CPUS")),
+                     "gpus": None if gres is None else _gpus(gres), "said": row,
+                     "features": set(filter(None, row.get("AVAIL_FEATURES", "").replace("(null)", "").split(",")))})
     return rows
 
 
@@ -200,29 +317,32 @@ def check_test_only(script: str, ask: Ask) -> Check:
     return Check("sbatch --test-only", True, said.removeprefix("sbatch: ") or "accepted")
 
 
+def _answer(done: Optional[object], command: str) -> tuple[str, Optional[str]]:
+    """(stdout, None) of a command that answered; ("", why not) otherwise."""
+    if done is None or getattr(done, "returncode", 1) != 0:
+        return "", slurmctl.unanswered(command, done)
+    return getattr(done, "stdout", "") or "", None
+
+
 def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.ask) -> list[Check]:
     """Every check of ``spec`` (``points`` runs, rendered as ``scripts``) against the cluster."""
-    shown = ask(["scontrol", "show", "partition", "-o"])
-    if shown is None or getattr(shown, "returncode", 1) != 0:
-        return [Check("slurm", False, "scontrol does not answer", "check SLURM_CONF and that slurmctld is up")]
-    first, part = check_partition(spec, parse_partitions(getattr(shown, "stdout", "")))
+    shown, problem = _answer(ask(["scontrol", "show", "partition", "-o"]), PARTITIONS)
+    if problem is not None:
+        return [Check("slurm", False, problem, "check SLURM_CONF and that slurmctld is up")]
+    first, part = check_partition(spec, parse_partitions(shown))
     if part is None:
         return [first]
-    listed = ask(["sinfo", "-h", "-N", "-p", part.name, "-o", "%N|%c|%G|%f"])
-    nodes = node_rows(getattr(listed, "stdout", "") if listed is not None else "")
-    qos = spec.resources.qos or part.qos
-    row = _qos_row(qos, ask) if qos else None
-    wall = parse_minutes(row.get("MaxWall", "")) if row else None
-    checks = [first, check_nodes(spec, part), check_cpus(spec, [n["cpus"] for n in nodes], part),
-              check_time(spec, part, wall, qos), check_qos(spec, qos, row),
-              check_gpus(spec, nodes, part), check_array(points, slurmctl.max_array_size())]
+    listed, unlisted = _answer(ask(["sinfo", "-N", "-p", part.name, "-o", "%N|%c|%G|%f"]), NODES)
+    nodes = node_rows(listed)
+    qos = SlurmOptions.of(spec).qos or part.qos
+    row, unasked = _qos_row(qos, ask) if qos else (None, None)
+    checks = [first, check_nodes(spec, part), check_cpus(spec, nodes, part, unlisted),
+              check_time(spec, part, row, qos), check_qos(spec, qos, row, unasked),
+              check_gpus(spec, nodes, part, unlisted), array_check(points, ask)[0]]
     return checks + [check_test_only(script, ask) for script in scripts[:1]]
 
 
-def _qos_row(name: str, ask: Ask) -> Optional[dict]:
-    done = ask(["sacctmgr", "-n", "-P", "show", "qos", name, "format=Name,MaxWall,MaxTRES"])
-    for line in (getattr(done, "stdout", "") or "").splitlines() if done is not None else []:
-        got_name, wall, tres = (line.split("|") + ["", ""])[:3]
-        if got_name == name:
-            return {"MaxWall": wall, "MaxTRES": tres}
-    return None
+def _qos_row(name: str, ask: Ask) -> tuple[Optional[dict], Optional[str]]:
+    """sacctmgr's row of QOS ``name`` (None: no such QOS), or why sacctmgr did not answer."""
+    said, problem = _answer(ask(["sacctmgr", "-P", "show", "qos", name, "format=Name,MaxWall,MaxTRES"]), QOS)
+    return next((row for row in slurmctl.table(said) if row.get("Name") == name), None), problem

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
@@ -41,7 +42,7 @@ def signal_delay_s(spec: Spec) -> int:
 def sbatch_options(spec: Spec, points: int = 1) -> dict[str, Optional[str]]:
     """The ``#SBATCH`` options a spec decides, as sbatch spells them; None leaves an
     option out (no gres without GPUs, no mem for mem_gb 0, no partition when null)."""
-    r = spec.resources
+    r, slurm = spec.resources, SlurmOptions.of(spec)
     return {
         "job-name": spec.name,
         "nodes": str(r.nodes),
@@ -50,11 +51,11 @@ def sbatch_options(spec: Spec, points: int = 1) -> dict[str, Optional[str]]:
         "cpus-per-task": str(r.cpus_per_task),
         "mem": slurm_mem(r.mem_gb) if r.mem_gb else None,
         "time": slurm_time(r.time_min),
-        "partition": r.partition,
-        "account": r.account,
-        "qos": r.qos,
-        "constraint": r.constraint,
-        "array": slurm_array(points, r.array_parallelism) if points > 1 else None,
+        "partition": slurm.partition,
+        "account": slurm.account,
+        "qos": slurm.qos,
+        "constraint": slurm.constraint,
+        "array": slurm_array(points, slurm.array_parallelism) if points > 1 else None,
     }
 
 
@@ -84,6 +85,7 @@ def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[st
         "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]},
                                   **after_options(after_jobs)},
     }
-    if r.array_parallelism:
-        params["array_parallelism"] = r.array_parallelism
+    parallelism = SlurmOptions.of(spec).array_parallelism
+    if parallelism:
+        params["array_parallelism"] = parallelism
     return params

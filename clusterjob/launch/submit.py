@@ -11,18 +11,17 @@ submission that fails after its run folders were made and before the executor ha
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
 from clusterjob.core import claim, metrics, units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import RunDir, RunRecord, make_runs
-from clusterjob.launch import chain, executor
+from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
+from clusterjob.launch.progress import LiveLine
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, dump_spec, expand_sweep, load_spec
 
 
@@ -40,7 +39,7 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     points = expand_sweep(spec)
     check_paths(spec)
     deps = dependencies(spec, chain.resolve(after))
-    chosen = choose_executor(executor_name)
+    chosen = _dry_run_executor(executor_name) if dry_run else choose_executor(executor_name)
     chosen.check(spec, len(points), preflight=preflight and not dry_run, after=deps)
     if dry_run:
         for line in chosen.preview(spec, len(points), deps):
@@ -58,6 +57,20 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
 
             snapshot.take(snap, points, runs)
         return _start(spec, runs, chosen, wait, window, deps)
+
+
+def _dry_run_executor(requested: str) -> Executor:
+    """The executor a dry run shows: a named one even where it cannot run (a dry run
+    sends nothing, so it needs no cluster), with a note on stderr of what went unchecked."""
+    if requested == "auto":
+        return choose_executor(requested)
+    chosen = executor.get(requested)
+    why = chosen.unavailable()
+    if why is not None:
+        print(f"note: --executor {requested}: {why}. A dry run needs no cluster, so here is what would be sent, "
+              "unchecked: no preflight (validate --cluster) ran and the cluster's limits were not read (a sweep "
+              "is split at Slurm's default MaxArraySize, 1001)", file=sys.stderr)
+    return chosen
 
 
 def dependencies(spec: Spec, runs: Sequence[RunDir]) -> list[Dependency]:
@@ -126,30 +139,6 @@ def _finish(runs: list[RunDir], infos: list[RunRecord]) -> int:
     return 0 if all(i.status == "completed" for i in infos) else 1
 
 
-class LiveLine:
-    """One terminal line rewritten in place; on a pipe, a plain line every 10 s at most."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.tty, self.clock = stream, stream.isatty(), time.monotonic
-        self.last, self.shown_at = None, 0.0
-
-    def show(self, text) -> None:
-        if not text or text == self.last:
-            return
-        if self.tty:
-            self.stream.write("\r\033[K" + text[: shutil.get_terminal_size().columns - 1])
-        elif self.clock() - self.shown_at >= 10:
-            self.stream.write(text + "\n")
-            self.shown_at = self.clock()
-        self.last = text
-        self.stream.flush()
-
-    def clear(self) -> None:
-        if self.tty and self.last:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-
 def summary_line(info: RunRecord, run: RunDir) -> str:
     """`<run_id> completed val_acc 95.12% val_loss 0.163 epoch 5 -> <path>` (your own
     code: `train_loss 1.234 (step 20)`, its first metric), or the error; then the run's
@@ -164,9 +153,12 @@ def summary_line(info: RunRecord, run: RunDir) -> str:
         parts.append(escape(str(own)))  # names from the code's own file: safe for a terminal
     elif "epoch" in final:
         parts.append(f"epoch {final['epoch']}")
+    said = control.message_lines(info.error.message) if info.error is not None else []
     if info.error is not None:
-        parts.append(f"error (rank {info.error.rank}): {info.error.message}")
-    return "\n".join(["  ".join(parts) + f"  -> {run.path}", *(f"  warning: {escape(w)}" for w in info.warnings)])
+        rank = f" (rank {info.error.rank})" if info.error.rank is not None else ""
+        parts.append(f"error{rank}: {said[0]}")
+    return "\n".join(["  ".join(parts) + f"  -> {run.path}", *("    " + line for line in said[1:]),
+                      *(f"  warning: {escape(w)}" for w in info.warnings)])
 
 
 def print_report(runs: list[RunDir]) -> None:
@@ -174,7 +166,7 @@ def print_report(runs: list[RunDir]) -> None:
     from clusterjob.report import build as report
 
     print()
-    print(report.format_report([run.path for run in runs], fmt="md"))
+    print(report.format_report([run.path for run in runs], fmt="md", states=executor.records))
 
 
 # ----------------------------------------------------------------------------- resume
@@ -186,8 +178,6 @@ def resume(run_text: str, wait: bool = False) -> int:
     whose every process died without recording its end (kill -9, the OOM killer, a
     reboot) counts as stopped. The run is claimed (clusterjob.core.claim) from the check
     of its state until it is handed over, so of several resumes at once one starts it."""
-    from clusterjob.launch import control
-
     run = control.resolve_run(run_text)
     control.readable_record(run)  # before anything is started or written
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
@@ -202,8 +192,25 @@ def resume(run_text: str, wait: bool = False) -> int:
         retries = {"retries": 0} if info.retries else {}  # a resume gives max_retries afresh
         run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None, error=None,
                    launcher=None, cancel_requested_at=None, **retries, **owner.reopened())
-        print(f"resuming {run.path} ({owner.name}) from its last checkpoint")
+        print(f"resuming {run.path} ({owner.name}) {_resumes_from(run, info)}")
         return _start(spec, [run], owner, wait, window, deps)
+
+
+def _resumes_from(run: RunDir, info: RunRecord) -> str:
+    """Where the resumed run starts, as far as its folder tells: its last checkpoint, or
+    the beginning (it never started, or saved none; your own code may keep its
+    checkpoints elsewhere)."""
+    if not info.sessions and info.started_at is None:
+        return "from the beginning: it never started"
+    try:
+        saved = any(path.is_file() for path in run.checkpoints.iterdir())
+    except OSError:
+        saved = False
+    if saved:
+        return "from its last checkpoint"
+    if info.entrypoint is not None:
+        return "with no checkpoint in its checkpoints/ folder: your code starts where its own checkpoints say"
+    return "from the beginning: it saved no checkpoint"
 
 
 def _executor_of(run: RunDir) -> Executor:
@@ -219,8 +226,6 @@ def _executor_of(run: RunDir) -> Executor:
 def _check_resumable(run: RunDir) -> None:
     """Bad input unless the run stopped: completed, or still running (its job in the
     queue, a process of it alive), it is refused. Reads only."""
-    from clusterjob.launch import control
-
     (view,) = control.views([run])
     status = view.record.status
     if status == "completed":

@@ -15,9 +15,14 @@ terminal ends nothing). It owns its ranks:
   at its next step boundary, a plain script is stopped and killed after
   ``entrypoint.stop_grace_s``; a second Ctrl-C, or ``STOP_GRACE_S``, kills them all.
   Once no rank is alive the run is ``cancelled`` (``resume`` continues it from its
-  checkpoint), and so are the runs not started yet; the same after ``clusterjob cancel``;
-- when a rank fails, the others are stopped; a rank killed by a signal nobody here sent
-  is named as the cause, over the other ranks' "connection reset" errors;
+  checkpoint), and so are the runs not started yet; the same after ``clusterjob cancel``
+  (read from run.json at each tick: the supervisor stops the ranks it started, also
+  those that had not recorded themselves yet when the cancel looked, and it alone
+  marks the run cancelled once they all exited);
+- every rank is polled at each tick: when one exits non-zero or is killed, the others
+  are stopped within seconds (SIGTERM, SIGKILL after ``GRACE_S``), and the run fails or
+  is retried naming that rank and how it ended; a rank killed by a signal nobody here
+  sent is named as the cause, over the other ranks' "connection reset" errors;
 - a run that waits for other runs (run.json's ``after``, from ``submit --after``) starts
   once they completed, and is failed ("dependency failed") once one never will;
 - a failure that points at the machine (clusterjob.core.retry) starts the run again
@@ -38,10 +43,10 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from clusterjob.core import claim, metrics, retry, stalls
+from clusterjob.core import claim, procs, retry, stalls
 from clusterjob.core import env as envmod
-from clusterjob.core.errors import escape
 from clusterjob.core.rundir import (
+    FINAL_STATUSES,
     RunDir,
     RunError,
     RunRecord,
@@ -90,6 +95,9 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def start_ranks(run: RunDir, world: int) -> list[subprocess.Popen]:
+    """Start the run's ranks, each recorded in ``logs/rankN.proc.json`` at once (the rank
+    records itself again once it runs): a ``cancel`` finds every rank of this start
+    from its first instant, never only the records of an earlier start."""
     run.logs.mkdir(parents=True, exist_ok=True)
     port, ranks, parent = free_port(), [], os.getpid()
     for rank in range(world):
@@ -98,6 +106,8 @@ def start_ranks(run: RunDir, world: int) -> list[subprocess.Popen]:
                                           env=rank_environ(dict(os.environ), rank, world, port),
                                           stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                           start_new_session=True, preexec_fn=_die_with(parent)))
+        if (ref := procs.current(ranks[-1].pid)) is not None:
+            procs.save(run.proc_file(rank), ref)
     return ranks
 
 
@@ -164,17 +174,12 @@ class Supervisor:
         """After a failure of the machine: None once the run is reopened for a retry and
         its back-off passed; else its final record (no retry left, or stopped meanwhile)."""
         resources = load_spec(run.spec_file).resources
-        if resources.max_retries == 0:
+        decision = retry.decide(run, cause, resources.max_retries, resources.retry_backoff_s,
+                                hosts=[socket.gethostname()])
+        if decision is None:
             return run.read()
-        number = retry.next_retry(run.read(), resources.max_retries)
-        info = retry.record_attempt(run, cause, number, hosts=[socket.gethostname()])
-        if number is None:
-            print(f"{run.path}: {cause}; resources.max_retries={resources.max_retries} reached", flush=True)
-            return info
-        wait_s = retry.backoff_s(resources.retry_backoff_s, number)
-        print(f"{run.path}: {cause}; retry {number} of {resources.max_retries} from the last checkpoint in "
-              f"{wait_s:g} s", flush=True)
-        return self._pause(run, wait_s)
+        print(f"{run.path}: {decision.line}", flush=True)
+        return decision.record if decision.number is None else self._pause(run, decision.wait_s)
 
     def _await_dependencies(self, run: RunDir) -> Optional[RunRecord]:
         """None once every run this one waits for (run.json's ``after``) completed; else
@@ -210,14 +215,18 @@ class Supervisor:
         return None
 
     def _wait(self, run: RunDir, ranks: list[subprocess.Popen], sent: dict) -> None:
-        """Until every rank exited: stop the others when one fails, all on a stop request."""
+        """Until every rank exited: stop the others when one fails (exits non-zero or is
+        killed), all on a stop request or a ``clusterjob cancel`` of the run. Every rank
+        is polled at every tick: a rank waiting in a collective must not hide a sibling
+        that died (it would wait for it until ``dist.timeout_s``). A rank that exits 0
+        finished its part: the others run on to their own end (docs/design.md, "Failures")."""
         kill_at: Optional[float] = None
-        while any(p.poll() is None for p in ranks):
+        while alive := [p for p in ranks if p.poll() is None]:
             self.on_tick(run)
             failed = any(p.returncode not in (None, 0) for p in ranks)
-            if kill_at is None and (failed or self.stop_signal is not None):
+            if kill_at is None and (failed or self.stop_signal is not None or _cancel_asked(run)):
                 if not failed:
-                    _say_stopping(sum(p.poll() is None for p in ranks))
+                    _say_stopping(len(alive), cancel=self.stop_signal is None)
                 _signal(ranks, signal.SIGTERM, sent)
                 kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
             if kill_at is not None and (time.monotonic() > kill_at or self.requests > 1):
@@ -228,10 +237,10 @@ class Supervisor:
         """The run's final state from the ranks' exit codes and what they recorded."""
         info = run.read()
         status = info.status
-        asked = self.stop_signal is not None or info.cancel_requested_at is not None
-        if asked and status not in ("completed", "failed", "cancelled"):
-            # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it)
-            return run.update(status="cancelled", finished_at=now_iso())
+        if self.stop_signal is not None or info.cancel_requested_at is not None:
+            # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it);
+            # an end the run recorded first (or a cancel that marked it) stands
+            return info if status in FINAL_STATUSES else run.update(status="cancelled", finished_at=now_iso())
         if stalls.verdict(info) is not None:
             return info  # a stall's verdict: the ranks were ended on purpose
         bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
@@ -240,16 +249,22 @@ class Supervisor:
                 return run.update(status="failed", finished_at=now_iso(), error=RunError(
                     None, "the ranks exited without finishing the run"))
             return info
-        if self.stop_signal is not None:
-            return info  # preempted (it checkpointed) or cancelled
         return _record_failure(run, bad, sent)
 
 
-def _say_stopping(alive: int) -> None:
+def _say_stopping(alive: int, cancel: bool = False) -> None:
     """One line as the ranks are asked to stop (a plain script is killed after its
     grace period; the built-in trainer checkpoints first)."""
     noun = "rank" if alive == 1 else "ranks"
-    print(f"\nstopping {alive} {noun} (Ctrl-C again to kill them now)", file=sys.stderr, flush=True)
+    why = "cancel requested: " if cancel else ""
+    how = "" if cancel else " (Ctrl-C again to kill them now)"
+    print(f"\n{why}stopping {alive} {noun}{how}", file=sys.stderr, flush=True)
+
+
+def _cancel_asked(run: RunDir) -> bool:
+    """Whether ``clusterjob cancel`` asked the run to stop (run.json); the supervisor
+    stops the ranks it started, whatever records the cancel found."""
+    return run.read().cancel_requested_at is not None
 
 
 def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:
@@ -264,41 +279,30 @@ def _killed(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> Optional[tup
     sent, without a traceback; None when there is none."""
     for rank, code in bad:
         if code < 0 and rank not in sent and not run.error_file(rank).exists():
-            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            return rank, f"rank {rank} was killed by {name}"
+            return rank, f"rank {rank} {_ended(code)}"
     return None
+
+
+def _ended(code: int) -> str:
+    """How a rank ended, from its exit status: "exited with code 3", "was killed by SIGKILL"."""
+    if code >= 0:
+        return f"exited with code {code}"
+    return f"was killed by {signal.Signals(-code).name if -code in signal.valid_signals() else f'signal {-code}'}"
 
 
 def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunRecord:
     """A rank killed by a signal that nobody here sent, without a traceback, is the cause
     (the others then fail on a closed connection); else the first traceback; else the
-    first non-zero exit."""
+    first rank that exited non-zero by itself (not the siblings stopped for it)."""
     killed = _killed(run, bad, sent)
-    if killed is not None:
-        rank, said = killed
-        return run.update(status="failed", finished_at=now_iso(), error=RunError(
-            rank, f"{said} (no traceback)", "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
-    if first_error(run) is not None:
+    if killed is None and first_error(run) is not None:
         return mark_failed(run, "")
-    rank, code = bad[0]
-    stderr = " | ".join(tail_lines(run.logs / f"rank{rank}.err", 5))
-    return mark_failed(run, f"rank {rank} exited with code {code}: {stderr}")
-
-
-def last_progress(run: RunDir) -> Optional[str]:
-    """The live line on the terminal: your own code's first metric with its latest value
-    and step, else rank 0's latest progress or epoch line."""
-    own = metrics.own_latest(run.path, run.read().entrypoint)
-    if own is not None:
-        return escape(str(own))  # names from the code's own file: safe for a terminal
-    try:
-        with open(run.logs / "rank0.out", "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4096))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    shown = [line for line in lines if line.startswith(("[progress]", "epoch "))]
-    return shown[-1].removeprefix("[progress] ") if shown else None
+    if killed is None:
+        first, code = next(((rank, code) for rank, code in bad if rank not in sent), bad[0])
+        killed = first, f"rank {first} {_ended(code)}"
+    rank, said = killed
+    return run.update(status="failed", finished_at=now_iso(), error=RunError(
+        rank, f"{said} (no traceback)", "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
 
 
 def main(argv: list[str]) -> int:

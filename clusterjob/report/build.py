@@ -1,19 +1,24 @@
 """``clusterjob report DIR``: which config wins, and how sure that is.
 
+Each experiment (the runs of one spec name) is reported on its own: a section under its
+name when the folder holds several, in csv and json one table with a ``name`` column
+first (and in json an ``experiments`` list: each one's metric, mode, keys and best).
 The grouped table has one row per group of runs, ranked by the primary metric's
 mean with the best group marked (stats.py says how the metric, the groups, the
 runs that count and the numbers are chosen): the group keys by their dotted names,
 ``n``, then ``<metric>_mean`` and ``<metric>_std`` for the primary metric and the
 standard ones (val_acc, best_val_acc, val_loss, wall_time_s) that exist, then
-``completed`` and ``counted`` (runs). The status line above the table
+``completed`` and ``counted`` (runs); the best one is marked ``*``, ``*?`` when its lead
+is within the noise (``cells.lead_text``). The status line above the table
 says how many runs are not completed; the markdown table shows ``n`` as
 ``completed/all`` for groups that hold such runs, and which ones they are. Numbers
 are written in one unit per quantity (``clusterjob.core.units``).
 
 Formats: ``md`` (the terminal default, fitted to the terminal's width), ``csv``
 (data only), ``json``, ``html`` (one self-contained page with learning curves
-when matplotlib is installed). The per-run table also lists each run's error:
-under the markdown table, in a column of csv, json and html.
+when matplotlib is installed; without it the CLI says so in one line on stderr). The
+per-run table also lists each run's error: under the markdown table, in a column of
+csv, json and html.
 
 Problems with run folders are ``ResultsWarning``s in the Python API
 (``format_report``); the CLI (``main``) prints them to stderr, the md status
@@ -38,12 +43,22 @@ import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import atomic_open
-from clusterjob.report import cost, htmlpage, termtable
-from clusterjob.report.cells import error_lines, group_display, group_legend, id_prefix, runs_display, runs_legend
+from clusterjob.report import cost, htmlpage, plots, termtable
+from clusterjob.report.cells import (
+    error_lines,
+    group_display,
+    group_legend,
+    id_prefix,
+    lead_text,
+    runs_display,
+    runs_legend,
+)
+from clusterjob.report.reading import RunStates
 from clusterjob.report.results import ResultsWarning
 from clusterjob.report.stats import (
     GROUP_METRICS,
     RUN_METRICS,
+    Experiment,
     Report,
     build_report,
     check_mode,
@@ -65,49 +80,64 @@ _MAX_STDERR_WARNINGS = 20
 
 
 def _markdown(report: Report, runs: bool, width: int) -> str:
-    """The markdown report: title, status line, legend, table (and the runs' errors)."""
+    """The markdown report: title, status line, then per experiment its legend and table
+    (and the runs' errors), each under its name when the folder holds several."""
     lines = [f"## {report.title}", "", *termtable.wrap(status_line(report), width), ""]
+    several = len(report.experiments) > 1
+    for experiment in report.experiments:
+        if several:
+            lines += [f"### {experiment.name}", "", *termtable.wrap(status_line(experiment), width), ""]
+        lines += [*_experiment_lines(experiment, runs, width), ""]
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def _experiment_lines(experiment: Experiment, runs: bool, width: int) -> list:
+    """One experiment's legend and table (and its runs' errors)."""
     errors: list = []
     if runs:
-        prefix = id_prefix([str(r) for r in report.runs["run_id"]])
-        legend = runs_legend(report, prefix)
-        columns, heading = runs_display(report, prefix), 2 + len(report.swept)
-        errors = error_lines(report, prefix, width)
+        prefix = id_prefix([str(r) for r in experiment.runs["run_id"]])
+        legend = runs_legend(experiment, prefix)
+        columns, heading = runs_display(experiment, prefix), 2 + len(experiment.swept)
+        errors = error_lines(experiment, prefix, width)
     else:
-        legend, columns, heading = group_legend(report), group_display(report), 1 + len(report.keys)
-    lines += [*termtable.wrap(legend, width), "", *termtable.fit(columns, heading, width)]
-    lines += ["", *errors] if errors else []
-    return "\n".join(lines) + "\n"
+        legend, columns, heading = group_legend(experiment), group_display(experiment), 1 + len(experiment.keys)
+    lines = [*termtable.wrap(legend, width), "", *termtable.fit(columns, heading, width)]
+    return lines + (["", *errors] if errors else [])
 
 
-def _runs_columns(report: Report) -> list:
-    """Columns of the per-run table: run_id, status, swept keys, the run metrics, then
-    (last, so that the columns before keep their places) the epochs the spec asked for,
-    the error, when some run ran on Slurm its cost, and when some run recorded one, the
-    rank its others waited for."""
-    keys = [k for k in report.swept if k != "name"]
-    lead = ["name"] if "name" in report.swept else []
-    metrics = run_metrics(report)
+def _runs_columns(experiment: Experiment) -> list:
+    """Columns of the per-run table, in parts: run_id and status, key columns, the run
+    metrics, then (last, so that the columns before keep their places) the epochs the
+    spec asked for, the error, when some run ran on Slurm its cost, and when some run
+    recorded one, the rank its others waited for."""
+    metrics = run_metrics(experiment)
     planned = ["planned_epochs"] if "epochs" in metrics else []
-    costs = list(cost.COLUMNS) if report.shows_cost else []
-    stragglers = ["straggler"] if report.runs["straggler"].notna().any() else []
-    return lead + ["run_id", "status", *keys, *metrics, *planned, "error", *costs, *stragglers]
+    costs = list(cost.COLUMNS) if experiment.shows_cost else []
+    stragglers = ["straggler"] if experiment.runs["straggler"].notna().any() else []
+    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], costs, stragglers]
 
 
-def _group_columns(report: Report) -> list:
-    """Columns of the grouped table: keys, n, metric mean/std, then completed and counted
-    (last, so that the columns before keep their places), and the summed cost when
-    some run ran on Slurm."""
-    stats = [f"{m}_{s}" for m in report.metrics for s in ("mean", "std")]
-    costs = [f"{c}_sum" for c in cost.COLUMNS] if report.shows_cost else []
-    return [*report.keys, "n", *stats, "completed", "counted", *costs]
+def _group_columns(experiment: Experiment) -> list:
+    """Columns of the grouped table, in parts: keys, n, metric mean/std, then completed
+    and counted (last, so that the columns before keep their places), and the summed
+    cost when some run ran on Slurm."""
+    stats = [f"{m}_{s}" for m in experiment.metrics for s in ("mean", "std")]
+    costs = [f"{c}_sum" for c in cost.COLUMNS] if experiment.shows_cost else []
+    return [experiment.keys, ["n"], stats, ["completed", "counted"], costs]
 
 
 def _data_frame(report: Report, runs: bool) -> pd.DataFrame:
-    """The rows and columns that csv and json carry."""
-    if runs:
-        return report.runs[_runs_columns(report)].reset_index(drop=True)
-    return report.groups[_group_columns(report)]
+    """The rows and columns that csv and json carry: one table; with several experiments
+    theirs one below the other, a ``name`` column first and each part of the columns
+    (keys, metrics, ...) the union of theirs (a column one lacks is empty in its rows)."""
+    parts = [_runs_columns(e) if runs else _group_columns(e) for e in report.experiments]
+    frames = [(e.runs.reset_index(drop=True) if runs else e.groups)[[c for part in p for c in part]]
+              for e, p in zip(report.experiments, parts)]
+    if len(frames) == 1:
+        return frames[0]
+    columns = list(dict.fromkeys(["name", *(c for at in zip(*parts) for part in at for c in part)]))
+    named = [frame.astype(object).assign(name=e.name) for frame, e in zip(frames, report.experiments)]
+    return pd.concat(named, ignore_index=True).reindex(columns=columns)
 
 
 def _csv(report: Report, runs: bool) -> str:
@@ -121,18 +151,29 @@ def _records(frame: pd.DataFrame) -> list:
     return [{c: plain(v) for c, v in zip(columns, row)} for row in frame.itertuples(index=False)]
 
 
+def _described(experiment: Experiment) -> dict:
+    """What an experiment's rows mean: its metric, mode, group keys, best group, and why
+    its best is not clear (null when it is)."""
+    return {"name": experiment.name, "metric": experiment.primary.name, "mode": experiment.primary.mode,
+            "group_by": experiment.keys, "best": experiment.best, "best_note": lead_text(experiment).strip() or None}
+
+
 def _json(report: Report, runs: bool) -> str:
-    """The report as one JSON object; NaN becomes null."""
+    """The report as one JSON object; NaN becomes null. ``metric``, ``mode``, ``group_by``
+    and ``best`` are those of its only experiment (null with several: see ``experiments``)."""
+    described = [_described(e) for e in report.experiments]
+    only = described[0] if len(described) == 1 else dict.fromkeys(described[0])
     data = {
         "title": report.title,
         "root": str(report.root),
         "status_line": status_line(report),
         "status_counts": status_counts(report.runs),
-        "group_by": report.keys,
-        "metric": report.primary.name,
-        "mode": report.primary.mode,
+        "group_by": only["group_by"],
+        "metric": only["metric"],
+        "mode": only["mode"],
         "std": "sample standard deviation (ddof=1)",
-        "best": report.best,
+        "best": only["best"],
+        "experiments": described,
         "runs" if runs else "groups": _records(_data_frame(report, runs)),
         "warnings": report.warnings,
     }
@@ -157,14 +198,15 @@ def render(report: Report, fmt: str = "md", runs: bool = False, width: int = 80)
 
 def format_report(root: "str | Path | Sequence", group_by: Optional[list] = None, fmt: str = "md",
                   runs: bool = False, width: int = 80, metric: Optional[str] = None,
-                  mode: Optional[str] = None) -> str:
+                  mode: Optional[str] = None, states: Optional[RunStates] = None) -> str:
     """The report of the runs under ``root`` as text; problems become ResultsWarnings.
 
     ``root`` is a results folder (as for ``clusterjob report``) or a list of run
-    folders, e.g. the runs one ``submit --wait`` launched. Writes the results
-    cache once the report is made.
+    folders, e.g. the runs one ``submit --wait`` launched. ``states`` derives the
+    state of runs whose run.json does not say they ended (``reading.RunStates``;
+    None: as run.json says). Writes the results cache once the report is made.
     """
-    report = build_report(root, group_by, metric=metric, mode=mode)
+    report = build_report(root, group_by, metric=metric, mode=mode, states=states)
     for message in report.warnings:
         warnings.warn(message, ResultsWarning, stacklevel=2)
     text = render(report, fmt, runs, width)
@@ -262,13 +304,16 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def main(args: ReportOptions) -> int:
-    """``clusterjob report``: print the report of ``args.dir``, or write it to ``args.out``."""
+def main(args: ReportOptions, states: Optional[RunStates] = None) -> int:
+    """``clusterjob report``: print the report of ``args.dir``, or write it to ``args.out``;
+    ``states`` derives the runs' states as ``status`` does (the command line hands it in)."""
     fmt, metric, mode = _check_args(args)
-    report = build_report(args.dir, args.group_by, metric=metric, mode=mode)
+    report = build_report(args.dir, args.group_by, metric=metric, mode=mode, states=states)
     width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() and not args.out else 80
     text = _encodable(render(report, fmt, args.runs, width))
     _print_warnings(report.warnings)  # before the report, so a terminal shows them above it
+    if fmt == "html" and not plots.available():
+        print(f"note: {htmlpage.NO_CURVES}", file=sys.stderr)
     sys.stderr.flush()
     if not args.out:
         sys.stdout.write(text)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from clusterjob.core import units
 from clusterjob.core.errors import escape
-from clusterjob.report.stats import Report, plain, run_metrics
+from clusterjob.report.stats import COMPLETE, PARTIAL, UNFINISHED, Experiment, plain, run_metrics
 from clusterjob.report.termtable import Column
 
 
@@ -77,33 +77,38 @@ def _key_columns(frame: pd.DataFrame, keys: list) -> list:
 
 def _n_cells(groups: pd.DataFrame) -> list:
     """"3", or "2/3" when only 2 of the group's 3 runs are completed."""
-    return [str(n) if done == n else f"{done}/{n}" for n, done in zip(groups["n"], groups["completed"])]
+    return [str(n) if state == COMPLETE else f"{done}/{n}"
+            for n, done, state in zip(groups["n"], groups["completed"], groups["state"])]
 
 
 def group_states(groups: pd.DataFrame) -> list:
-    """Per group: "" (every run completed), "partial" (some did), "unfinished" (none did,
-    some still may) or "failed" (every run failed or was cancelled)."""
-    states = []
-    for n, done, counted in zip(groups["n"], groups["completed"], groups["counted"]):
-        states.append("" if done == n else "partial" if done else "unfinished" if counted else "failed")
-    return states
+    """Per group, its state as the pages mark it: "" (every run completed), "partial",
+    "unfinished" or "failed" (the ``state`` column)."""
+    return ["" if state == COMPLETE else str(state) for state in groups["state"]]
 
 
-def group_display(report: Report) -> list:
+def best_marker(experiment: Experiment) -> str:
+    """"*" for the best group, "*?" when its lead says little (``lead_text``); "" for none."""
+    if experiment.best is None:
+        return ""
+    return "*?" if experiment.lead is not None else "*"
+
+
+def group_display(experiment: Experiment) -> list:
     """Display columns of the grouped table: the best-group marker, keys, n, the metrics,
     and which runs did not complete (when some did not)."""
-    groups = report.groups
-    marks = ["*" if i == 0 and report.best is not None else "" for i in range(len(groups))]
-    columns = [Column("", "", marks, marks, right=False, tight=True), *_key_columns(groups, report.keys)]
+    groups = experiment.groups
+    marks = [best_marker(experiment) if i == 0 else "" for i in range(len(groups))]
+    columns = [Column("", "", marks, marks, right=False, tight=True), *_key_columns(groups, experiment.keys)]
     n = _n_cells(groups)
     columns.append(Column("n", "n", n, n))
-    for metric in report.metrics:
+    for metric in experiment.metrics:
         header, short = metric_text(metric)
         pairs = list(zip(groups[f"{metric}_mean"], groups[f"{metric}_std"]))
         full = [_mean_std(metric, m, s, True) for m, s in pairs]
         compact = [_mean_std(metric, m, s, False) for m, s in pairs]
         columns.append(Column(header, short, full, compact))
-    if report.shows_cost:
+    if experiment.shows_cost:
         columns += cost_columns(groups, "_sum")
     others = [escape(text) for text in groups["not_completed"]]
     if any(others):
@@ -142,65 +147,87 @@ def _epoch_cells(runs: pd.DataFrame) -> list:
             for last, total in zip(runs["epochs"], planned)]
 
 
-def runs_display(report: Report, prefix: str) -> list:
+def runs_display(experiment: Experiment, prefix: str) -> list:
     """Display columns of the per-run table; run ids lose ``prefix``."""
-    runs = report.runs
-    keys = [k for k in report.swept if k != "name"]
-    columns = _key_columns(runs, ["name"] if "name" in report.swept else [])
+    runs = experiment.runs
     ids = [escape(str(r)[len(prefix):]) for r in runs["run_id"]]
-    columns.append(Column("run_id", "run", ids, ids, right=False))
+    columns = [Column("run_id", "run", ids, ids, right=False)]
     status = [escape(str(s)) for s in runs["status"]]
     columns.append(Column("status", "status", status, status, right=False, css="status"))
-    columns += _key_columns(runs, keys)
-    for metric in run_metrics(report):
+    columns += _key_columns(runs, experiment.swept)
+    for metric in run_metrics(experiment):
         header, short = metric_text(metric)
         cells = _epoch_cells(runs) if metric == "epochs" else [_value(metric, v) for v in runs[metric]]
         columns.append(Column(header, short, cells, cells))
-    columns += cost_columns(runs) if report.shows_cost else []
+    columns += cost_columns(runs) if experiment.shows_cost else []
     if runs["straggler"].notna().any():  # the rank the others waited for (health, several ranks)
         stragglers = ["-" if pd.isna(s) else escape(str(s)) for s in runs["straggler"]]
         columns.append(Column("straggler", "straggler", stragglers, stragglers, right=False))
     return columns
 
 
-def run_errors(report: Report) -> list:
+def run_errors(experiment: Experiment) -> list:
     """Each run's recorded error line ("" when none), in the runs table's order."""
-    return ["" if pd.isna(e) else escape(str(e)) for e in report.runs["error"]]
+    return ["" if pd.isna(e) else escape(str(e)) for e in experiment.runs["error"]]
 
 
-def error_lines(report: Report, prefix: str, width: int) -> list:
+def error_lines(experiment: Experiment, prefix: str, width: int) -> list:
     """"Errors:" and one wrapped item per run that recorded one (none: [])."""
-    runs = report.runs
+    runs = experiment.runs
     lines = []
-    for run_id, status, error in zip(runs["run_id"], runs["status"], run_errors(report)):
+    for run_id, status, error in zip(runs["run_id"], runs["status"], run_errors(experiment)):
         if error:
             item = f"- {escape(str(run_id)[len(prefix):])} ({escape(str(status))}): {error}"
             lines += textwrap.wrap(item, width=width, subsequent_indent="  ", break_on_hyphens=False)
     return ["Errors:", *lines] if lines else []
 
 
-def ranking_text(report: Report) -> str:
+def ranking_text(experiment: Experiment) -> str:
     """"sorted by mean loss, lowest first (mode min: the name says loss or err)"."""
-    primary = report.primary
+    primary = experiment.primary
     text = f"sorted by mean {escape(primary.name)}, {'lowest' if primary.ascending else 'highest'} first"
     if primary.why == "--mode":
         return f"{text} (--mode {primary.mode})"
+    if primary.why.startswith("these runs"):
+        return f"{text} ({escape(primary.why)})"
     return text if primary.name == "val_acc" else f"{text} (mode {primary.mode}: {primary.why})"
 
 
-def _counting_text(groups: pd.DataFrame, has_best: bool) -> str:
-    """What counts when some runs did not complete ("" when all did)."""
-    text = ""
-    if ((groups["completed"] > 0) & (groups["completed"] < groups["n"])).any():
+def _counting_text(experiment: Experiment) -> str:
+    """What counts when some runs did not complete ("" when all did), and why no group is
+    best when none is."""
+    groups, text = experiment.groups, ""
+    states = set(groups["state"])
+    if PARTIAL in states:
         text += " An n like 2/3: 2 of the group's 3 runs completed, and only they count."
-    if ((groups["completed"] == 0) & (groups["counted"] > 0)).any():
+    if UNFINISHED in states:
         text += (" A group with no completed run (0/3) shows its unfinished runs at their latest"
                  " epoch, below the others.")
     if (groups["counted"] < groups["n"]).any():
         text += " Failed and cancelled runs never count; the per-run table (--runs) gives their errors."
-    if not has_best and not groups.empty:
+    if experiment.best is None and states & {COMPLETE, PARTIAL}:
+        text += f" No completed run logged {escape(experiment.primary.name)}, so none is best."
+    elif experiment.best is None and states:
         text += " No group has a completed run, so none is best."
     return text
+
+
+def lead_text(experiment: Experiment) -> str:
+    """Why the best group's mark is "*?" ("" when its lead is clear): it rests on one run,
+    or leads the next group by no more than one std."""
+    lead = experiment.lead
+    if lead is None:
+        return ""
+    metric = experiment.primary.name
+    by, spread = units.quantity(metric, lead.by), units.quantity(metric, lead.spread)
+    if pd.isna(lead.spread):
+        weighed = f"leads the next group by {by}, and neither has a std to weigh that by"
+    elif lead.by <= lead.spread:
+        weighed = f"leads the next group by {by}, within one std ({spread})"
+    else:
+        weighed = f"leads the next group by {by} (std {spread})"
+    rests = f"rests on {lead.runs} run and " if lead.runs < 2 else ""
+    return f" *? = best by mean, but not clearly: it {rests}{weighed}; more seeds would tell."
 
 
 def _best_text(metrics: list) -> str:
@@ -208,14 +235,14 @@ def _best_text(metrics: list) -> str:
     return " best_val_acc (best_acc): a run's best val_acc of any epoch;" if "best_val_acc" in metrics else ""
 
 
-def group_legend(report: Report, marker: str = "* = best") -> str:
+def group_legend(experiment: Experiment, marker: str = "* = best") -> str:
     """What the grouped table's numbers mean; ``marker`` says how the best group shows."""
-    by = ", ".join(map(escape, report.keys)) if report.keys else "nothing (one group of all runs)"
+    by = ", ".join(map(escape, experiment.keys)) if experiment.keys else "nothing (one group of all runs)"
     text = (f"Grouped by {by}. Cells: mean ± std over the group's counted runs (sample std, ddof=1; "
-            f"none for one run);{_best_text(report.metrics)} {ranking_text(report)}")
-    text += f" ({marker})." if report.best is not None else "."
-    text += _counting_text(report.groups, report.best is not None)
-    return text + (f" {COST_TEXT} Groups sum every run's." if report.shows_cost else "")
+            f"none for one run);{_best_text(experiment.metrics)} {ranking_text(experiment)}")
+    text += f" ({marker})." if experiment.best is not None else "."
+    text += lead_text(experiment) + _counting_text(experiment)
+    return text + (f" {COST_TEXT} Groups sum every run's." if experiment.shows_cost else "")
 
 
 COST_TEXT = ("compute: GPU-hours (CPU-hours where a run held no GPU) of every Slurm session of a run, requeues and "
@@ -224,13 +251,13 @@ COST_TEXT = ("compute: GPU-hours (CPU-hours where a run held no GPU) of every Sl
              "code keeps its checkpoints elsewhere). From sacct.")
 
 
-def runs_legend(report: Report, prefix: str) -> str:
+def runs_legend(experiment: Experiment, prefix: str) -> str:
     """What the per-run table's numbers mean."""
-    if report.primary.name == "val_acc":
+    if experiment.primary.name == "val_acc":
         legend = ("One row per run; epoch: the last one logged of those the spec asked for; "
                   "val_acc and val_loss at the last epoch logged;")
     else:
-        legend = f"One row per run; {escape(report.primary.name)} at the last value logged;"
-    legend = (legend + _best_text(run_metrics(report))).rstrip(";") + "."
-    legend += f" {COST_TEXT}" if report.shows_cost else ""
+        legend = f"One row per run; {escape(experiment.primary.name)} at the last value logged;"
+    legend = (legend + _best_text(run_metrics(experiment))).rstrip(";") + "."
+    legend += f" {COST_TEXT}" if experiment.shows_cost else ""
     return legend + (f" Run ids: {escape(prefix)}<run>." if prefix else "")

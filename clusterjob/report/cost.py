@@ -14,9 +14,11 @@ compute, queued and lost columns.
 Of each job id only the requeue chain around the run's first recorded start counts
 (``_chain``): an older or later job that got the same id is not this run's.
 
-A run with no Slurm job (local), a job sacct does not know, or a cluster without
-accounting has no number: NaN, which the tables show as ``-``. So has the work lost
-of your own code that keeps its checkpoints elsewhere. Nothing here writes.
+A run with no Slurm job (local), a job sacct does not know or whose answer cannot be
+read (slurmctl.segments), or a cluster without accounting has no number: NaN, which
+the tables show as ``-``. So has the compute of a session that ran but whose AllocTRES
+is empty, and the work lost of your own code that keeps its checkpoints elsewhere: an
+unknown is never counted as 0. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -86,9 +88,17 @@ def cost_of(info: dict, jobs: list, answer: Optional[dict], now: float) -> Cost:
                       key=lambda seg: (seg.submit or 0, seg.start or 0))
     if not segments:
         return Cost()
-    gpu = sum(seg.elapsed_s * seg.gpus for seg in segments) / 3600
-    cpu = sum(seg.elapsed_s * seg.cpus for seg in segments) / 3600
+    gpu, cpu = _compute(segments)
     return Cost(gpu, cpu, _queued(segments, now), _lost([seg for seg in segments if seg.start is not None], starts))
+
+
+def _compute(segments: list) -> tuple[float, float]:
+    """GPU- and CPU-hours of the sessions; NaN for both when a session that ran does not
+    say what it held (an empty AllocTRES): its share would be a guess."""
+    if any(seg.cpus is None and seg.elapsed_s > 0 for seg in segments):
+        return NAN, NAN
+    return (sum(seg.elapsed_s * (seg.gpus or 0) for seg in segments) / 3600,
+            sum(seg.elapsed_s * (seg.cpus or 0) for seg in segments) / 3600)
 
 
 # A requeue submits the job again within seconds of the session's end (sacct: Submit of the
@@ -127,12 +137,13 @@ def _segment_of(segments: list, at: float) -> Optional[int]:
 
 def _queued(segments: list, now: float) -> float:
     """Seconds from each (re)submission to its start (to its end when it never started,
-    to now while it waits)."""
+    to now while it waits); NaN when a session's submission time is not known."""
     waits = []
     for seg in segments:
         until = seg.start if seg.start is not None else seg.end if seg.end is not None else now
-        if seg.submit is not None:
-            waits.append(max(until - seg.submit, 0))
+        if seg.submit is None:
+            return NAN
+        waits.append(max(until - seg.submit, 0))
     return float(sum(waits))
 
 

@@ -1,12 +1,13 @@
 """The HTML report: one self-contained page (inline CSS, curves as embedded SVG images,
-no script) with the status line, warnings, grouped table, curves and runs.
+no script) with the status line, warnings, and per experiment (spec name) its grouped
+table, curves and runs: one section each when the folder holds several.
 
 It reads on any screen: a viewport meta, tables that scroll sideways inside their
 box with a shadow on the side that has more, curve panels side by side on a wide
 screen and stacked on a narrow one (each an SVG whose text stays readable), and
-the legend as text that wraps. Failures show: failed and partial groups are
-tinted and say which runs did not complete, failed runs are marked and carry their
-error line.
+the legend as text beside them (above them on a narrow screen). Failures show: failed
+and partial groups are tinted and say which runs did not complete, failed runs are
+marked and carry their error line.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from clusterjob.report.cells import (
     runs_display,
     runs_legend,
 )
-from clusterjob.report.stats import Report, status_line
+from clusterjob.report.stats import Experiment, Report, status_line
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
-       max-width: 1150px; padding: 0 1em; color: #1d2330; }
+       max-width: 1340px; padding: 0 1em; color: #1d2330; }
 h1 { font-size: 1.5em; margin-bottom: .2em; overflow-wrap: anywhere; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+h2.experiment { font-size: 1.3em; border-bottom: 2px solid #c3c9d4; overflow-wrap: anywhere; } h3 { font-size: 1.05em; }
 .status { font-size: 1.05em; } .legend { color: #555; }
 table { border-collapse: collapse; margin: .5em 0; font-variant-numeric: tabular-nums; }
 /* A table wider than the screen scrolls inside its box; a shadow on a side says there is
@@ -54,9 +56,14 @@ td.error > div { position: sticky; left: .6em; max-width: calc(100vw - 4em); ove
 .fold { display: none; } .fold:not(:checked) + .scroll tr.more { display: none; }
 label { color: #1a5fb4; cursor: pointer; text-decoration: underline; font-size: 13px; }
 .fold:checked ~ label .more-label, .fold:not(:checked) ~ label .less-label { display: none; }
+/* The legend beside the panels on a wide screen, above them on a narrow one. */
+.curvebox { display: flex; gap: .5em 1.2em; align-items: flex-start; }
+.curvebox .panels { flex: 1 1 auto; min-width: 0; }
 .panels { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(440px, 100%), 1fr)); gap: .5em 1.2em; }
 .panels figure { margin: 0; } .panels img { width: 100%; max-width: 600px; height: auto; display: block; }
-ul.curves { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: .3em 1.4em; }
+ul.curves { list-style: none; padding: 0; margin: .5em 0; flex: 0 0 15em; display: flex; flex-direction: column;
+            gap: .4em; overflow-wrap: anywhere; }
+@media (max-width: 900px) { .curvebox { flex-direction: column-reverse; } ul.curves { flex: none; } }
 ul.curves li { display: flex; align-items: center; gap: .45em; }
 .swatch { display: inline-block; width: 2em; border-top: 3px solid; } .swatch.failed { border-top-style: dashed; }
 li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
@@ -73,6 +80,9 @@ li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
   .scroll td:empty, .scroll td.error::before { display: none; } .scroll td.error { display: block; text-align: left; }
 }
 """
+
+
+NO_CURVES = "the page has no learning curves: they need matplotlib (pip install 'clusterjob[plots]')"
 
 
 def _cell(tag: str, text: str, column) -> str:
@@ -96,7 +106,7 @@ def _rows(columns: list, row_classes: list, notes: list, show: int) -> list:
     return body
 
 
-def _table(columns: list, row_classes: list, css: str = "", show: int = 0, notes: tuple = ()) -> str:
+def _table(columns: list, row_classes: list, css: str = "", show: int = 0, notes: tuple = (), fold: str = "") -> str:
     """A display table as HTML (cells escaped), scrolling sideways when too wide; a
     row's ``notes`` entry (an error) goes in a full-width row under it.
 
@@ -111,16 +121,16 @@ def _table(columns: list, row_classes: list, css: str = "", show: int = 0, notes
     count = len(row_classes)
     if not show or count <= show:
         return table
-    toggle = f"fold-{css or 'table'}"
+    toggle = f"fold-{css or 'table'}{fold}"
     label = (f'<label for="{toggle}"><span class="more-label">show all {count} rows</span>'
              f'<span class="less-label">show the first {show} rows</span></label>')
     return f'<input type="checkbox" class="fold" id="{toggle}">{table}{label}'
 
 
-def _group_rows(report: Report) -> list:
+def _group_rows(experiment: Experiment) -> list:
     """Row classes of the grouped table: best, partial, unfinished, failed."""
-    states = group_states(report.groups)
-    return ["best" if i == 0 and report.best is not None else state for i, state in enumerate(states)]
+    states = group_states(experiment.groups)
+    return ["best" if i == 0 and experiment.best is not None else state for i, state in enumerate(states)]
 
 
 def _panel(metric: str, title: str, svg: bytes, x: str) -> str:
@@ -140,19 +150,19 @@ def _legend_item(look) -> str:
             f'style="border-color: {look.color}"></span>{html.escape(look.label + tail)}</li>')
 
 
-def _curves(report: Report) -> str:
-    """Learning curves as embedded SVG panels and a legend, or why there are none."""
-    curves = plots.draw(report)
+def _curves(experiment: Experiment) -> str:
+    """Learning curves as embedded SVG panels with their legend beside, or why there are none."""
+    curves = plots.draw(experiment)
     if curves is None:
         return ('<p class="note">Learning curves need matplotlib: '
                 "<code>pip install 'clusterjob[plots]'</code></p>")
     if not curves.panels:
         return '<p class="note">No epochs or steps logged yet: no curves to draw.</p>'
-    x = plots.x_axis(report.results) or "epoch"
+    x = plots.x_axis(experiment.results) or "epoch"
     figures = "".join(_panel(metric, title, svg, x) for metric, title, svg in curves.panels)
     legend = "".join(_legend_item(look) for look in curves.looks)
     note = f'<p class="legend">{html.escape(curves.note)}</p>' if curves.note else ""
-    return f'<div class="panels">{figures}</div><ul class="curves">{legend}</ul>{note}'
+    return f'<div class="curvebox"><div class="panels">{figures}</div><ul class="curves">{legend}</ul></div>{note}'
 
 
 def _warnings(report: Report) -> str:
@@ -163,25 +173,42 @@ def _warnings(report: Report) -> str:
     return f'<div class="warnings"><b>Warnings</b><ul>{items}</ul></div>'
 
 
-def _runs_section(report: Report) -> str:
+def _runs_section(experiment: Experiment, fold: str) -> str:
     """The per-run table with each run's error, failed runs marked."""
     prefix = ""  # the page has room for whole run ids, and people copy them from it
-    rows = [f"st-{status}" for status in report.runs["status"].astype(str)]
-    table = _table(runs_display(report, prefix), rows, "runs", 25, tuple(run_errors(report)))
-    return f'<p class="legend">{html.escape(runs_legend(report, prefix))}</p>{table}'
+    rows = [f"st-{status}" for status in experiment.runs["status"].astype(str)]
+    table = _table(runs_display(experiment, prefix), rows, "runs", 25, tuple(run_errors(experiment)), fold)
+    return f'<p class="legend">{html.escape(runs_legend(experiment, prefix))}</p>{table}'
 
 
-def page(report: Report, runs: bool) -> str:
-    """One self-contained page: status, grouped table, curves, per-run table."""
-    groups = _table(group_display(report)[1:], _group_rows(report), "groups", 12)
+def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> str:
+    """One experiment's grouped table, curves and per-run table (``runs``: that first),
+    each under a ``heading`` (h2 or h3); ``fold`` tells its toggles from another's."""
+    groups = _table(group_display(experiment)[1:], _group_rows(experiment), "groups", 12, (), fold)
+    legend = group_legend(experiment, "best highlighted")
     sections = [
-        ("Groups", f'<p class="legend">{html.escape(group_legend(report, "best highlighted"))}</p>{groups}'),
-        ("Learning curves", _curves(report)),
-        ("Runs", _runs_section(report)),
+        ("Groups", f'<p class="legend">{html.escape(legend)}</p>{groups}'),
+        ("Learning curves", _curves(experiment)),
+        ("Runs", _runs_section(experiment, fold)),
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    body = "".join(f"<h2>{name}</h2>{content}" for name, content in sections) + loggerlinks.section(report)
+    return "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
+
+
+def _sections(report: Report, runs: bool) -> str:
+    """The experiments: as the page's sections when it has one, else each under its name."""
+    if len(report.experiments) == 1:
+        return _experiment(report.experiments[0], runs, "h2", "")
+    return "".join(f'<h2 class="experiment">{html.escape(e.name)}</h2>'
+                   f'<p class="status">{html.escape(status_line(e))}</p>{_experiment(e, runs, "h3", f"-{i}")}'
+                   for i, e in enumerate(report.experiments))
+
+
+def page(report: Report, runs: bool) -> str:
+    """One self-contained page: status, then per experiment its grouped table, curves and
+    per-run table, then the logger runs."""
+    body = _sections(report, runs) + loggerlinks.section(report)
     heading = html.escape(f"clusterjob report: {report.title}")
     return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'

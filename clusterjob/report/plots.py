@@ -11,14 +11,20 @@ runs logged one, else over "step".
 What is drawn per group is what its table row counts (``stats.counted_runs``): the
 mean of its counted runs, a band of one std clipped to the metric's range. A group
 none of whose runs counts (all failed or cancelled) is drawn from those runs, dashed,
-so that a failure stays in sight, but it never sets the axes while another group
-can: its points beyond them sit on the edge as triangles labelled with their value.
-Accuracies are drawn 0-100 %, metrics that never go below 0 (losses) from 0. Every
-point is marked on short curves, so a group with one epoch is a dot, not nothing.
+so that a failure stays in sight.
+
+The y-axis of a panel is scaled to the groups with completed runs that did not diverge
+(``scaling_groups``), as TensorBoard leaves outliers out of its scale: one collapsed
+run must not flatten every healthy curve. Any other group's points beyond the axis sit
+on its edge as triangles, the last one labelled with its value. Without a completed
+group, accuracies are drawn 0-100 % and the other metrics fit the unfinished groups.
+Metrics that never go below 0 (losses) are drawn from 0. Every point is marked on
+short curves, so a group with one epoch is a dot, not nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from dataclasses import dataclass
@@ -28,23 +34,25 @@ import numpy as np
 import pandas as pd
 
 from clusterjob.core import units
-from clusterjob.report.stats import counted_runs, group_has, group_ids
+from clusterjob.core.metrics import BOOKKEEPING
+from clusterjob.report.stats import COMPLETE, FAILED, PARTIAL, counted_runs, group_has, group_ids
 
 if TYPE_CHECKING:
     from clusterjob.report.reading import Results
-    from clusterjob.report.stats import Report
+    from clusterjob.report.stats import Experiment
 
 MAX_GROUPS = 8  # more lines than this make a plot nobody can read
 MARKED = 12  # curves with at most this many points show each point
 # matplotlib's default colour cycle (tab10): the page's legend uses the same colours.
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf")
-_NOT_CURVES = ("epoch", "step", "lr", "epoch_time_s", "samples_per_s")
 # Drawn size (inches) and font: at 420 px of screen a panel is ~0.75 of its size, and
 # 11 pt text stays about 11 px tall.
 _SIZE, _FONT = (5.4, 3.5), 11
 WIDTH_PX, HEIGHT_PX = round(_SIZE[0] * 96), round(_SIZE[1] * 96)  # its size on a page (CSS px)
-OUTLIER = 3.0  # a failed group's point beyond this many times the others' top is off the scale
+# A completed group whose last point lies further outside the range of the groups already
+# on the axis than that range is tall (at least this share of its values' size) diverged.
+DIVERGED_FLOOR = 0.25
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Look:
     best: bool
     failed: bool  # none of its runs counts: dashed, never sets the axes
     note: str = ""  # for the legend: "best", "failed: no run completed", "2 of 3 completed"
+    completed: bool = False  # some of its runs completed: it may set the axes
+    diverged: bool = False  # completed, but far off the others in some panel: it sets no axis
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ def panels(results: "Results", primary_name: str = "val_acc", table: tuple = ())
     """[(metric, title, scale)]: the primary metric, the other ``table`` metrics logged
     per line, then the train curve: train_loss, else another loss, else the next
     metric logged."""
-    logged = [n for n in results.columns if n not in _NOT_CURVES and not n.startswith("lr_")]
+    logged = [n for n in results.columns if n not in BOOKKEEPING and not n.startswith("lr_")]
     names = list(dict.fromkeys(n for n in map(_curve_name, (primary_name, *table)) if n in logged))
     rest = [n for n in logged if n not in names]
     train = next((n for n in ["train_loss", *rest] if n in rest and "loss" in n), next(iter(rest), None))
@@ -167,53 +177,96 @@ def _series(table: pd.DataFrame, group: int, metric: str, scale: float) -> tuple
             part[(metric, "std")].to_numpy() * scale)
 
 
-def y_limits(data: dict, looks: list, metric: str, bounds: tuple) -> tuple:
-    """The y-axis of a panel (``data``: {group: (x, mean, std)}): the metric's range for
-    accuracies; else from ``bounds``' low end (0 for losses) to the top of the bands of
-    the groups that are not failed, raised for a failed group's points up to OUTLIER
-    times that (all groups set it when every one failed)."""
-    if units.unit(metric) == "%":
-        return -2.0, 102.0  # a margin, so that a line at 0 or 100 % shows whole
-    healthy = [g for g in data if not looks[g].failed]
-    spans = [band(data[g][1], data[g][2], bounds) for g in healthy or data]
+def scaling_groups(data: dict, looks: list, bounds: tuple) -> list:
+    """The groups that set a panel's y-axis (``data``: {group: (x, mean, std)}, best
+    first): those with completed runs that did not diverge, the best of them first, then
+    each next one whose last point lies within the range of those before it, widened on
+    both sides by its height (at least DIVERGED_FLOOR of its values' size); a group
+    beyond that diverged (``diverged_groups``)."""
+    completed = [g for g in data if looks[g].completed and not looks[g].diverged and len(data[g][1])]
+    chosen = completed[:1]
+    for group in completed[1:]:
+        low, high = _extent(data, chosen, bounds)
+        margin = max(high - low, DIVERGED_FLOOR * max(abs(low), abs(high)))
+        if low - margin <= data[group][1][-1] <= high + margin:
+            chosen.append(group)
+    return chosen
+
+
+def diverged_groups(panels: list, looks: list) -> set:
+    """The groups with completed runs that some panel's scale leaves out (``panels``:
+    [(data, bounds)]): far off the others in one metric, they set the axes of none."""
+    diverged = set()
+    for data, bounds in panels:
+        completed = {g for g in data if looks[g].completed and len(data[g][1])}
+        diverged |= completed - set(scaling_groups(data, looks, bounds))
+    return diverged
+
+
+def _extent(data: dict, groups: list, bounds: tuple) -> tuple:
+    """(lowest, highest) of the groups' bands."""
+    spans = [band(data[g][1], data[g][2], bounds) for g in groups]
     low = min((float(np.min(lo)) for lo, _ in spans if len(lo)), default=0.0)
     high = max((float(np.max(hi)) for _, hi in spans if len(hi)), default=1.0)
-    if healthy:
-        failed = np.concatenate([data[g][1] for g in data if looks[g].failed] or [np.array([])])
-        near = failed[np.abs(failed) <= OUTLIER * max(abs(high), abs(low))]
-        low, high = min(low, *near, high), max(high, *near, low)
-    low = bounds[0] if math.isfinite(bounds[0]) else low
+    return low, high
+
+
+def y_limits(data: dict, looks: list, metric: str, bounds: tuple) -> tuple:
+    """(the y-axis of a panel, the groups whose bands set it) (``data``: {group: (x, mean,
+    std)}): the ``scaling_groups``, from ``bounds``' low end for a metric never below 0;
+    without a completed group, 0-100 for accuracies, else the groups that are not failed
+    (all of them when every one failed)."""
+    setters = scaling_groups(data, looks, bounds)
+    if not setters:
+        setters = [g for g in data if not looks[g].failed] or list(data)
+        if units.unit(metric) == "%":
+            return (-2.0, 102.0), setters  # a margin, so that a line at 0 or 100 % shows whole
+    low, high = _extent(data, setters, bounds)
+    floor = math.isfinite(bounds[0])
+    low = bounds[0] if floor and units.unit(metric) != "%" else low
     pad = 0.06 * (high - low) or 0.5 * abs(high) or 1.0
-    return low - (0.02 * pad if math.isfinite(bounds[0]) else pad), high + pad
+    limits = low - (0.02 * pad if floor and low == bounds[0] else pad), high + pad
+    if units.unit(metric) == "%":
+        limits = max(limits[0], -2.0), min(limits[1], 102.0)
+    return limits, setters
 
 
 def _off_scale(ax, x: np.ndarray, y: np.ndarray, limits: tuple, color: str, row: int) -> np.ndarray:
-    """Points beyond ``limits`` drawn on the edge as a triangle with their value (the
-    ``row``-th failed group's labels one line lower, so that two do not overlap); the
-    values clipped to the limits, for the line."""
+    """Points beyond ``limits`` drawn on the edge as triangles (on a long curve only the
+    last one), the last one of each edge labelled with its value (the ``row``-th group
+    with such points one line lower, so that two do not overlap); the values clipped to
+    the limits, for the line."""
     low, high = limits
-    for xi, yi in zip(x, y):
-        if yi > high or yi < low:
-            edge = high if yi > high else low
-            ax.plot([xi], [edge], marker="^" if yi > high else "v", ms=9, color=color, zorder=4, clip_on=False)
-            ax.annotate(f"{yi:.5g}", (xi, edge), xytext=(7, -13 - 12 * row if yi > high else 4 + 12 * row),
-                        textcoords="offset points", fontsize=_FONT - 2, color=color)
+    for above in (True, False):
+        beyond = np.flatnonzero(y > high if above else y < low)
+        if not len(beyond):
+            continue
+        edge = high if above else low
+        shown = beyond if len(x) <= MARKED else beyond[-1:]
+        ax.plot(x[shown], np.full(len(shown), edge), ls="none", marker="^" if above else "v", ms=9, color=color,
+                zorder=4, clip_on=False)
+        last = beyond[-1]
+        ax.annotate(f"{y[last]:.5g}", (x[last], edge), xytext=(7, -13 - 12 * row if above else 4 + 12 * row),
+                    textcoords="offset points", fontsize=_FONT - 2, color=color)
     return np.clip(y, low, high)
 
 
 def _draw_group(ax, x: np.ndarray, mean: np.ndarray, std: np.ndarray, look: Look, limits: tuple,
-                bounds: tuple, row: int = 0) -> None:
-    """One group's line (dots on short curves), its band, or the dashed failed line (the
-    ``row``-th failed one)."""
+                bounds: tuple, row: int = 0, banded: bool = True) -> None:
+    """One group's line (dots on short curves) and, when ``banded``, its band, or the
+    dashed failed line; points beyond ``limits`` on the edge (``_off_scale``, the
+    ``row``-th such group)."""
     marker = "o" if len(x) <= MARKED else None
+    shown = _off_scale(ax, x, mean, limits, look.color, row)
     if look.failed:
-        shown = _off_scale(ax, x, mean, limits, look.color, row)
         ax.plot(x, shown, color=look.color, lw=1.4, ls="--", marker="x", ms=7, zorder=2)
         return
-    ax.plot(x, mean, color=look.color, lw=2.6 if look.best else 1.4, zorder=3 if look.best else 2,
+    ax.plot(x, shown, color=look.color, lw=2.6 if look.best else 1.4, zorder=3 if look.best else 2,
             marker=marker, ms=5 if look.best else 4)
+    if not banded:  # a group off the scale: its band would cover the ones on it
+        return
     low, high = band(mean, std, bounds)
-    ax.fill_between(x, low, high, color=look.color, alpha=0.18, lw=0, zorder=1)
+    ax.fill_between(x, np.clip(low, *limits), np.clip(high, *limits), color=look.color, alpha=0.18, lw=0, zorder=1)
 
 
 def _x_limits(ax, table: pd.DataFrame) -> None:
@@ -226,20 +279,27 @@ def _x_limits(ax, table: pd.DataFrame) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _panel_svg(table: pd.DataFrame, looks: list, metric: str, title: str, scale: float) -> bytes:
-    """One panel as SVG (text kept as text: it scales with the image and can be read)."""
+def _panel_data(table: pd.DataFrame, metric: str, scale: float) -> tuple:
+    """({group: (x, mean, std)}, the metric's value range) of one panel."""
+    data = {g: _series(table, g, metric, scale) for g in table.index.get_level_values("group").unique()}
+    return data, value_range(metric, np.concatenate([mean for _, mean, _ in data.values()]))
+
+
+def _panel_svg(table: pd.DataFrame, panel: tuple, looks: list, metric: str, title: str) -> tuple:
+    """(SVG, whether some point lies beyond the axis) of one panel (``panel``: its
+    ``_panel_data``; text kept as text: it scales with the image and can be read)."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
-    data = {g: _series(table, g, metric, scale) for g in table.index.get_level_values("group").unique()}
-    bounds = value_range(metric, np.concatenate([mean for _, mean, _ in data.values()]))
-    limits = y_limits(data, looks, metric, bounds)
+    data, bounds = panel
+    limits, setters = y_limits(data, looks, metric, bounds)
+    beyond = [g for g, (_, mean, _) in data.items() if np.any((mean < limits[0]) | (mean > limits[1]))]
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": "clusterjob", "font.size": _FONT}):
         fig = Figure(figsize=_SIZE, dpi=100, layout="constrained")
         ax = fig.subplots()
-        failed = [g for g in data if looks[g].failed]
         for group, (x, mean, std) in data.items():
-            _draw_group(ax, x, mean, std, looks[group], limits, bounds, failed.index(group) if group in failed else 0)
+            row = beyond.index(group) if group in beyond else 0
+            _draw_group(ax, x, mean, std, looks[group], limits, bounds, row, group in setters)
         ax.set_ylim(*limits)
         _x_limits(ax, table)
         ax.set_xlabel(str(table.index.names[1]))
@@ -247,46 +307,65 @@ def _panel_svg(table: pd.DataFrame, looks: list, metric: str, title: str, scale:
         ax.grid(alpha=0.3)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="svg", metadata={"Date": None})
-    return buffer.getvalue()
+    return buffer.getvalue(), bool(beyond)
 
 
-def _note(best: bool, n: int, completed: int, counted: int) -> str:
+def _note(best: bool, n: int, completed: int, state: str) -> str:
     """What the legend says of a group beside its name."""
     if best:
         return "best"
-    if not counted:
+    if state == FAILED:
         return "failed: no run completed"
-    return f"{completed} of {n} completed" if completed < n else ""
+    return f"{completed} of {n} completed" if state != COMPLETE else ""
 
 
-def _looks(report: "Report") -> list:
+def _looks(experiment: "Experiment") -> list:
     """How each of the first MAX_GROUPS groups is drawn and named, best first."""
-    groups = report.groups.head(MAX_GROUPS)
-    labels = group_labels(groups, report.keys)
+    groups = experiment.groups.head(MAX_GROUPS)
+    labels = group_labels(groups, experiment.keys)
     looks = []
-    counts = zip(groups["n"], groups["completed"], groups["counted"])
-    for i, (label, (n, completed, counted)) in enumerate(zip(labels, counts)):
-        best = i == 0 and report.best is not None
-        looks.append(Look(label, COLORS[i % len(COLORS)], best, counted == 0, _note(best, n, completed, counted)))
+    rows = zip(labels, groups["n"], groups["completed"], groups["state"])
+    for i, (label, n, completed, state) in enumerate(rows):
+        best = i == 0 and experiment.best is not None
+        looks.append(Look(label, COLORS[i % len(COLORS)], best, state == FAILED, _note(best, n, completed, state),
+                          state in (COMPLETE, PARTIAL)))
     return looks
 
 
-def draw(report: "Report") -> Optional[Curves]:
-    """The report's learning curves; None when matplotlib is not installed, no panels
-    when nothing was logged over epochs or steps."""
+DIVERGED_NOTE = "diverged: left out of the axes' scale"
+CLIPPED_NOTE = ("The y-axes fit the groups with completed runs that did not diverge; a triangle on an axis' edge "
+                "is a point beyond it, the last one with its value.")
+
+
+def available() -> bool:
+    """Whether matplotlib, which draws the curves, is installed."""
     try:
         import matplotlib.figure  # noqa: F401  (only whether it is there)
     except ImportError:
+        return False
+    return True
+
+
+def draw(experiment: "Experiment") -> Optional[Curves]:
+    """The experiment's learning curves; None when matplotlib is not installed, no panels
+    when nothing was logged over epochs or steps."""
+    if not available():
         return None
-    table_metrics = tuple(report.metrics)
-    table = curve_table(report.results, report.runs, report.groups, report.keys, report.primary.name,
-                        table_metrics)
+    table_metrics = tuple(experiment.metrics)
+    table = curve_table(experiment.results, experiment.runs, experiment.groups, experiment.keys,
+                        experiment.primary.name, table_metrics)
     if table.empty:
         return Curves([], [])
-    looks = _looks(report)
-    shown = [p for p in panels(report.results, report.primary.name, table_metrics) if (p[0], "mean") in table.columns]
-    svgs = [(metric, title, _panel_svg(table, looks, metric, title, scale)) for metric, title, scale in shown]
-    drawn = sorted(table.index.get_level_values("group").unique())
-    note = (f"The {len(looks)} best of {len(report.groups)} groups by mean {report.primary.name}."
-            if len(report.groups) > len(looks) else "")
-    return Curves(svgs, [looks[g] for g in drawn], note)
+    shown = [p for p in panels(experiment.results, experiment.primary.name, table_metrics)
+             if (p[0], "mean") in table.columns]
+    data = [_panel_data(table, metric, scale) for metric, _, scale in shown]
+    looks = _looks(experiment)
+    diverged = diverged_groups(data, looks)
+    looks = [dataclasses.replace(look, diverged=True, note=", ".join(filter(None, [look.note, DIVERGED_NOTE])))
+             if g in diverged else look for g, look in enumerate(looks)]
+    drawn = [(metric, title, *_panel_svg(table, panel, looks, metric, title)) for (metric, title, _), panel
+             in zip(shown, data)]
+    groups = sorted(table.index.get_level_values("group").unique())
+    notes = [f"The {len(looks)} best of {len(experiment.groups)} groups by mean {experiment.primary.name}."
+             if len(experiment.groups) > len(looks) else "", CLIPPED_NOTE if any(c for *_, c in drawn) else ""]
+    return Curves([(m, t, svg) for m, t, svg, _ in drawn], [looks[g] for g in groups], " ".join(filter(None, notes)))

@@ -10,7 +10,8 @@ what could be read (status ``unknown`` when run.json gives none).
 
 Parsed runs are cached in ``<root>/.clusterjob-cache.npz``, keyed by the size,
 mtime and inode of each run's two files, so a second report over a large sweep
-only re-reads the runs that changed. The cache holds plain arrays and a JSON
+only re-reads the runs that changed. A run's spec.yaml, as flat keys
+(``specfile``), is read and cached with it: it is written once, at submit. The cache holds plain arrays and a JSON
 header and is loaded with ``allow_pickle=False``: a results folder shared with
 others cannot make the reader run code. ``collect`` only reads it; the cache is
 written by ``Results.save_cache``, which callers run once their work succeeded.
@@ -18,16 +19,18 @@ written by ``Results.save_cache``, which callers run once their work succeeded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from clusterjob.core import metrics, record
 from clusterjob.core.rundir import (
+    FINAL_STATUSES,
     METRICS_FILE,
     NO_STAMP,
     UNKNOWN,
@@ -36,17 +39,19 @@ from clusterjob.core.rundir import (
     found_run,
     scan_runs,
 )
+from clusterjob.report import specfile
 
-__all__ = ["ResultsWarning", "Results", "collect"]
+__all__ = ["ResultsWarning", "Results", "RunStates", "collect", "with_states"]
+
+# The records of run folders as their executors see them now (the queue, the processes):
+# clusterjob.launch.executor.records, the one derivation ``status`` and ``logs -f`` use,
+# read-only. The report may not import the launch side: the command line hands it in.
+RunStates = Callable[[list], list]
 
 CACHE_NAME = ".clusterjob-cache.npz"
-CACHE_VERSION = 5  # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions; 5: straggler
-
-# Column order of the epochs table; metrics not named here follow in the order seen.
-_METRIC_ORDER = (
-    "epoch", "step", "train_loss", "train_acc", "val_loss", "val_acc", "val_acc_ema",
-    "val_acc_tta", "lr", "epoch_time_s", "samples_per_s",
-)
+# 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions;
+# 5: the spec's values, stopped_at and attempts; 6: straggler
+CACHE_VERSION = 6
 
 
 class ResultsWarning(UserWarning):
@@ -108,6 +113,18 @@ class Results:
             keys.update(dict.fromkeys(info["params"] or {}))
         return list(keys)
 
+    def subset(self, indices: Sequence[int]) -> "Results":
+        """These runs only (``indices`` in run order), with the metrics they logged; the
+        whole when it is all of them. Writes no cache (``save_cache`` of the whole does)."""
+        if len(indices) == len(self.infos):
+            return self
+        offsets = self.offsets
+        rows = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in indices] or [np.arange(0)])
+        columns = {name: col[rows] for name, col in self.columns.items()}
+        columns = {name: col for name, col in columns.items() if not np.isnan(col).all()}
+        return Results(self.root, [self.infos[i] for i in indices], [self.problems[i] for i in indices],
+                       self.lengths[list(indices)], columns)
+
     def save_cache(self) -> None:
         """Write the cache of what ``collect`` read, when it changed; a folder that is not
         writable is skipped silently (the cache only makes the next read faster)."""
@@ -120,10 +137,10 @@ class Results:
 
 
 _ROW_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
-               "finished_at", "final", "sessions", "straggler")
+               "finished_at", "stopped_at", "final", "sessions", "attempts", "straggler")
 
 
-def _info(info: record.RunRecord, run: FoundRun) -> dict:
+def _info(info: record.RunRecord, run: FoundRun, spec: Optional[dict]) -> dict:
     """The run's row of fields (the tables want mappings), gaps filled from the folder names."""
     folder = Path(os.path.abspath(run.path))  # string work only: no syscalls per run
     error = info.error or record.RunError(None, None)
@@ -135,17 +152,19 @@ def _info(info: record.RunRecord, run: FoundRun) -> dict:
         **{key: record.to_json(getattr(info, key)) for key in _ROW_FIELDS},  # sessions as run.json holds them
         "error": error.message,
         "error_rank": error.rank,
+        "spec": spec,
     }
 
 
-def _parse_run(run: FoundRun) -> ParsedRun:
-    """Read one run folder; never raises for damaged files."""
+def _parse_run(run: FoundRun, specs: specfile.Reader) -> ParsedRun:
+    """Read one run folder (its spec.yaml through ``specs``); never raises for damaged files."""
     reading = record.read(record.info_path(run.path))
     names, matrix, more = metrics.read_matrix(os.path.join(run.path, METRICS_FILE))
     problems = reading.file_problems
     if problems and reading.empty and not names:
         problems = [f"{record.INFO_FILE} and {METRICS_FILE} are both unreadable"]
-    return ParsedRun(_info(reading.record, run), problems + reading.field_problems + more, names, matrix)
+    info = _info(reading.record, run, specs.read(run.path))
+    return ParsedRun(info, problems + reading.field_problems + more, names, matrix)
 
 
 # ---------------------------------------------------------------- cache
@@ -188,8 +207,10 @@ def _header(raw: np.ndarray) -> Optional[dict]:
     header = json.loads(raw.tobytes().decode("utf-8"))
     if not isinstance(header, dict) or header.get("version") != CACHE_VERSION:
         return None
-    names, runs = header.get("names"), header.get("runs")
+    names, runs, bases = header.get("names"), header.get("runs"), header.get("spec_bases")
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names) and len(set(names)) == len(names)):
+        return None
+    if not (isinstance(bases, dict) and all(isinstance(b, dict) and specfile.is_flat_spec(b) for b in bases.values())):
         return None
     return header if isinstance(runs, list) and all(map(_entry_ok, runs)) else None
 
@@ -208,7 +229,7 @@ def _fits(header: dict, matrix: np.ndarray) -> bool:
 
 _ENTRY_INFO: dict[str, Any] = {"path": str, "run_id": str, "name": str, "status": str, "error": (str, type(None)),
                "error_rank": (int, type(None))}
-_INFO_KEYS = frozenset(_ENTRY_INFO) | frozenset(_ROW_FIELDS)  # exactly what _info returns
+_INFO_KEYS = frozenset(_ENTRY_INFO) | frozenset(_ROW_FIELDS) | {"spec"}  # exactly what _info returns
 
 
 def _entry_ok(entry: object) -> bool:
@@ -233,15 +254,19 @@ def _info_ok(info: object) -> bool:
         return False
     if not all(isinstance(info[key], kind) and type(info[key]) is not bool for key, kind in _ENTRY_INFO.items()):
         return False
-    checked, problems = record.checked({k: v for k, v in info.items() if k not in _ENTRY_INFO})
+    if not specfile.is_encoded(info["spec"]):
+        return False
+    checked, problems = record.checked({k: v for k, v in info.items() if k not in _ENTRY_INFO and k != "spec"})
     return not problems and checked.final == info["final"] and checked.params == info["params"]
 
 
 def _runs_from_cache(header: dict, matrix: np.ndarray) -> dict:
     """Rebuild the cached runs; each gets a view of its block of ``matrix``."""
-    names = header["names"]
+    names, bases = header["names"], header["spec_bases"]
     cached, start = {}, 0
     for entry in header["runs"]:
+        info = entry["info"]
+        info["spec"] = specfile.decode(info["spec"], bases.get(info["name"]))
         rows, cols = entry["rows"], entry["cols"]
         block = matrix[start:start + rows]
         if cols != list(range(len(names))):  # the common case, all metrics, stays a view
@@ -258,14 +283,19 @@ def _save_cache(plan: CachePlan) -> None:
     if not os.access(plan.root, os.W_OK):
         return
     index = {name: i for i, name in enumerate(plan.names)}
+    bases: dict = {}  # each name's first spec: the others are kept as what differs from it
+    for p in plan.parsed:
+        if p.info["spec"] is not None:
+            bases.setdefault(p.info["name"], p.info["spec"])
     entries = [
-        {"key": run.key, "stamp": list(run.stamp), "info": p.info, "problems": p.problems,
-         "rows": len(p.values), "cols": [index[n] for n in p.names]}
+        {"key": run.key, "stamp": list(run.stamp), "problems": p.problems, "rows": len(p.values),
+         "info": {**p.info, "spec": specfile.encode(p.info["spec"], bases.get(p.info["name"]))},
+         "cols": [index[n] for n in p.names]}
         for run, p in zip(plan.runs, plan.parsed)
     ]
     tmp = plan.root / f"{CACHE_NAME}.{os.getpid()}.tmp"
     try:
-        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "runs": entries})
+        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "spec_bases": bases, "runs": entries})
         with open(tmp, "wb") as f:
             np.savez(f, header=np.frombuffer(header.encode("utf-8"), np.uint8), values=plan.matrix)
         os.replace(tmp, plan.root / CACHE_NAME)
@@ -277,12 +307,8 @@ def _save_cache(plan: CachePlan) -> None:
 
 
 def _union_names(parsed: list) -> list:
-    """All metric names, known ones in _METRIC_ORDER first, others as first seen."""
-    seen: dict = {}
-    for p in parsed:
-        seen.update(dict.fromkeys(p.names))
-    known = [n for n in _METRIC_ORDER if n in seen]
-    return known + [n for n in seen if n not in _METRIC_ORDER]
+    """All metric names in the order of the tables (metrics.table_order)."""
+    return metrics.table_order(name for p in parsed for name in p.names)
 
 
 def _stack(parsed: list, names: list) -> np.ndarray:
@@ -302,12 +328,13 @@ def _stack(parsed: list, names: list) -> np.ndarray:
 def _parse_all(runs: list, cached: dict) -> tuple:
     """Parsed runs (from the cache where the stamps match) and whether any was re-read."""
     parsed, fresh = [], False
+    specs = specfile.Reader()  # a sweep's specs differ in a line or two: read as such
     for run in runs:
         hit = cached.get(run.key)
         if hit is not None and hit[0] == run.stamp:
             parsed.append(hit[1])
         else:
-            parsed.append(_parse_run(run))
+            parsed.append(_parse_run(run, specs))
             fresh = True
     return parsed, fresh
 
@@ -350,3 +377,18 @@ def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results
     columns = {name: matrix[:, i] for i, name in enumerate(names)}
     lengths = np.array([len(p.values) for p in parsed], dtype=np.int64)
     return Results(root, [p.info for p in parsed], [p.problems for p in parsed], lengths, columns, plan)
+
+
+def with_states(results: Results, states: Optional[RunStates]) -> Results:
+    """``results`` with the status and error that ``states`` derives for each run whose
+    run.json does not say it ended (every process of a local run gone, a Slurm job that
+    left the queue): what ``status`` shows. The cache keeps what run.json says (its rows
+    are copied, not changed); ``states`` None leaves ``results`` as they are."""
+    open_ = [i for i, info in enumerate(results.infos) if info["status"] not in FINAL_STATUSES]
+    if states is None or not open_:
+        return results
+    infos = list(results.infos)
+    for i, now in zip(open_, states([infos[i]["path"] for i in open_])):
+        error = now.error or record.RunError(None, None)
+        infos[i] = {**infos[i], "status": now.status or UNKNOWN, "error": error.message, "error_rank": error.rank}
+    return dataclasses.replace(results, infos=infos)

@@ -37,12 +37,14 @@ def load_runs(root: "str | os.PathLike", cache: bool = True) -> pd.DataFrame:
     """One row per run under ``root``.
 
     Columns: run_id, name, status (categorical: the documented states, then
-    ``unknown`` for runs whose run.json is missing or unreadable), one column per
-    swept key by its dotted name (e.g. ``train.lr``), epochs (last epoch logged,
+    ``unknown`` for runs whose run.json is missing or unreadable), one column per key
+    by its dotted name (e.g. ``train.lr``: every key of the runs' params, and every
+    spec.yaml key whose value differs between runs of one name), epochs (last epoch logged,
     else the number of lines), val_acc (last value logged), best_val_acc (max over
     epochs), best_epoch, val_loss, train_loss, train_acc (last value logged;
-    val_acc_ema / val_acc_tta too when logged), wall_time_s (finished_at -
-    started_at, else the sum of epoch_time_s), samples_per_s (mean over epochs),
+    val_acc_ema / val_acc_tta too when logged), wall_time_s (the sum of the run's
+    sessions' running time, ``tables.running_time``; else the sum of epoch_time_s, or
+    finished_at - started_at for a run that recorded no sessions), samples_per_s (mean over epochs),
     world_size, slurm_job_id, requeues, started_at, finished_at (UTC datetimes),
     backend, amp, git_sha, error, error_rank, path, warnings, straggler (the rank
     the others waited for: "rank 3 (node4) 45%"). Numbers are float64
@@ -60,7 +62,7 @@ def load_runs(root: "str | os.PathLike", cache: bool = True) -> pd.DataFrame:
 def load_epochs(root: "str | os.PathLike", cache: bool = True) -> pd.DataFrame:
     """One row per run and logged line under ``root``.
 
-    Columns: run_id and name (categoricals), the swept keys, then every metric
+    Columns: run_id and name (categoricals), the key columns, then every metric
     logged by any run (epoch and step int64, nullable Int64 when some lines lack
     them; the others float64, NaN where a line did not log it). Rows are in run
     order, then epoch (or step) order. Problems are emitted as ``ResultsWarning``

@@ -1,18 +1,23 @@
 """The numbers of ``clusterjob report``: which metric ranks the runs, how they group,
 and mean and std per group.
 
-The primary metric is ``--metric`` (with ``--mode max|min``), else val_acc (max)
-when the runs logged it, else the first metric they logged (min when its name
-says loss or err, else max). Groups are formed by the swept keys but the seeds;
-they are ranked by the primary metric's mean, the best first. The std is pandas'
-sample std (ddof=1), so a group of one run has none.
+Each experiment (the runs of one spec name) is a section of its own (``Experiment``):
+runs of different names are never averaged together nor compared for best, and each
+has its own primary metric: ``--metric`` (with ``--mode max|min``) where its runs
+logged it, else ``core.metrics.default_metric`` (val_acc when logged, else the first
+metric logged; min when its name says loss or err, else max). Its groups are formed
+by its keys but the seeds (``tables.shown_keys``: every key of the runs' params, and
+every spec.yaml key whose value differs between its runs), or by ``--group-by``
+(any key of the resolved spec); they are ranked by the primary metric's mean, the
+best first. The std is pandas' sample std (ddof=1), so a group of one run has none.
 
 Which runs count (``counted_runs``): a group's numbers are those of its completed
 runs; a group with none completed counts its unfinished runs (running, pending,
 preempted, timeout, unknown) at their latest values; failed and cancelled runs never
 count, so a diverged run cannot drag a healthy group's mean. Groups with completed
 runs rank first, then the unfinished ones, then those with nothing to count; only a
-group with completed runs can be best.
+group with completed runs can be best. A group's ``state`` column says which of these
+it is, once (``group_state``): every reader of the table goes by it.
 """
 
 from __future__ import annotations
@@ -26,21 +31,23 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from clusterjob.core import metrics as metricsfile
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
 from clusterjob.report import cost
-from clusterjob.report.reading import Results, collect
-from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame
+from clusterjob.report.reading import Results, RunStates, collect, with_states
+from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame, shown_keys, spec_keys
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
 GROUP_METRICS = ("val_acc", "best_val_acc", "val_loss", "wall_time_s")
 RUN_METRICS = ("epochs", "val_acc", "best_val_acc", "val_loss", "wall_time_s", "samples_per_s")
 SEED_KEYS = ("train.seed", "params.seed")  # what a sweep repeats, never a group key
 MODES = ("max", "min")
-# Logged columns that say where or how fast a run is, not how good it is.
-_BOOKKEEPING = ("epoch", "step", "lr", "epoch_time_s", "samples_per_s")
-# Runs-table columns that make sense as group keys besides the swept keys.
+# Runs-table columns that make sense as group keys besides the key columns.
 _EXTRA_KEYS = ("name", "status", "world_size", "backend", "amp", "git_sha")
+# A group's state (the ``state`` column): every run completed, some did, none did but
+# some still may, none did nor will (every run failed or was cancelled).
+COMPLETE, PARTIAL, UNFINISHED, FAILED = "complete", "partial", "unfinished", "failed"
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,13 @@ class Primary:
 
 
 @dataclass
-class Report:
-    """The tables of one report, before formatting."""
+class Experiment:
+    """The tables of one experiment (the runs of one spec name), before formatting."""
 
-    root: Path
-    results: Results
+    name: str
+    results: Results  # its runs only
     runs: pd.DataFrame  # load_runs' table, planned_epochs (and the primary metric when it is a user's own)
-    swept: list  # the swept keys ("name" first when the root holds several names)
+    swept: list  # the key columns (tables.shown_keys, and the --group-by keys of the spec)
     keys: list  # the group keys
     groups: pd.DataFrame  # group_table(runs, keys, primary, metrics)
     primary: Primary
@@ -75,24 +82,59 @@ class Report:
         return cost.COLUMNS[0] in self.runs.columns
 
     @property
-    def warnings(self) -> list:
-        """Problems found in the run folders, one line each."""
-        return self.results.warnings
-
-    @property
     def best(self) -> Optional[dict]:
         """Group keys and values of the best group: the first, when it has completed runs
         with the metric (None when no group has)."""
-        if self.groups.empty or self.groups["completed"].iloc[0] == 0 \
+        if self.groups.empty or self.groups["state"].iloc[0] not in (COMPLETE, PARTIAL) \
                 or pd.isna(self.groups[f"{self.primary.name}_mean"].iloc[0]):
             return None
         return {key: plain(self.groups[key].iloc[0]) for key in self.keys}
 
     @property
+    def lead(self) -> Optional["Lead"]:
+        """How far the best group leads the next one, when that is within the noise (None
+        when it is not, or there is no other group with completed runs to compare)."""
+        return best_lead(self) if self.best is not None else None
+
+
+@dataclass
+class Report:
+    """The experiments of one report (one section each), before formatting."""
+
+    root: Path
+    results: Results  # every run
+    experiments: list  # Experiment, in the order their runs were found
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        """Every run, experiment after experiment (the runs tables, one below the other)."""
+        if len(self.experiments) == 1:
+            return self.experiments[0].runs
+        return pd.concat([e.runs.astype(object) for e in self.experiments], ignore_index=True)
+
+    @property
+    def only(self) -> Experiment:
+        """The report's experiment, when it has one (the tables below are its)."""
+        if len(self.experiments) != 1:
+            raise ValueError(f"the report has {len(self.experiments)} experiments; see Report.experiments")
+        return self.experiments[0]
+
+    groups = property(lambda self: self.only.groups, doc="The only experiment's grouped table.")
+    keys = property(lambda self: self.only.keys, doc="The only experiment's group keys.")
+    swept = property(lambda self: self.only.swept, doc="The only experiment's key columns.")
+    primary = property(lambda self: self.only.primary, doc="The only experiment's primary metric.")
+    metrics = property(lambda self: self.only.metrics, doc="The only experiment's grouped metrics.")
+    best = property(lambda self: self.only.best, doc="The only experiment's best group.")
+
+    @property
+    def warnings(self) -> list:
+        """Problems found in the run folders, one line each."""
+        return self.results.warnings
+
+    @property
     def title(self) -> str:
         """The experiment name, or the folder when it holds several."""
-        names = self.runs["name"].dropna().unique()
-        return str(names[0]) if len(names) == 1 else str(self.root)
+        return self.experiments[0].name if len(self.experiments) == 1 else str(self.root)
 
     def save_cache(self) -> None:
         """Write the results cache (after the report succeeded)."""
@@ -144,8 +186,7 @@ def choose_primary(results: Results, metric: Optional[str] = None, mode: Optiona
     check_mode(mode)
     names = rankable(results)
     if metric is None:
-        useful = [n for n in names if n not in _BOOKKEEPING and not n.startswith("lr_")]
-        metric = "val_acc" if "val_acc" in names or not useful else useful[0]
+        metric = metricsfile.default_metric(names)
     elif metric not in names:
         close = [n for n in names if n.startswith(metric)][:1] or difflib.get_close_matches(metric, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -158,6 +199,28 @@ def choose_primary(results: Results, metric: Optional[str] = None, mode: Optiona
     return Primary(metric, chosen, why)
 
 
+def _primaries(parts: list, metric: Optional[str], mode: Optional[str]) -> list:
+    """Each experiment's primary metric: ``--metric`` where its runs logged it, else its
+    own default (the legend says so); BadInput when no experiment's runs logged it."""
+    chosen: list[Optional[Primary]] = []
+    errors = []
+    for part in parts:
+        try:
+            chosen.append(choose_primary(part, metric, mode))
+        except BadInput as err:
+            errors.append(err)
+            chosen.append(None)
+    if len(errors) == len(parts):
+        raise errors[0]
+    return [c or _unasked(part, metric) for c, part in zip(chosen, parts)]
+
+
+def _unasked(results: Results, metric: Optional[str]) -> Primary:
+    """The default primary metric of runs that did not log the --metric asked for."""
+    own = choose_primary(results)
+    return Primary(own.name, own.mode, f"these runs did not log --metric {metric}")
+
+
 def group_metrics(runs: pd.DataFrame, primary: Primary) -> list:
     """The grouped table's metrics: the primary one, then the standard ones (all of them
     for val_acc, the built-in trainer's; else those some run has a value for)."""
@@ -167,14 +230,15 @@ def group_metrics(runs: pd.DataFrame, primary: Primary) -> list:
     return [primary.name, *rest]
 
 
-def run_metrics(report: Report) -> list:
+def run_metrics(experiment: Experiment) -> list:
     """The metric columns of the per-run table; runs that logged steps but no epochs
     (a user's own code) show their last step instead of the epochs."""
-    if report.primary.name == "val_acc":
+    if experiment.primary.name == "val_acc":
         return list(RUN_METRICS)
-    where = "step" if "step" in report.runs.columns else "epochs"
-    rest = [m for m in RUN_METRICS[1:] if m != report.primary.name and report.runs[m].notna().any()]
-    return [where, report.primary.name, *rest]
+    runs = experiment.runs
+    where = "step" if "step" in runs.columns else "epochs"
+    rest = [m for m in RUN_METRICS[1:] if m != experiment.primary.name and runs[m].notna().any()]
+    return [where, experiment.primary.name, *rest]
 
 
 def _extra_columns(results: Results, primary: Primary) -> list:
@@ -189,31 +253,35 @@ def _extra_columns(results: Results, primary: Primary) -> list:
 # ---------------------------------------------------------------- groups
 
 
-def _swept_keys(results: Results, runs: pd.DataFrame) -> list:
-    """Swept keys; "name" leads when the root holds runs of several names."""
-    keys = results.param_keys
-    return (["name"] if runs["name"].nunique() > 1 else []) + keys
-
-
-def _resolve_key(key: str, swept: list, runs: pd.DataFrame) -> str:
-    """A --group-by key as a runs-table column; a unique suffix such as "lr" works."""
-    allowed = list(dict.fromkeys(swept + [k for k in _EXTRA_KEYS if k in runs.columns]))
+def _resolve_key(key: str, shown: list, spec: list) -> str:
+    """A --group-by key as a runs-table column: a key column, one of _EXTRA_KEYS or any
+    key of the runs' spec.yaml; a unique suffix such as "lr" works."""
+    allowed = list(dict.fromkeys(shown + list(_EXTRA_KEYS) + spec))
     if key in allowed:
         return key
-    by_suffix = [k for k in swept if k.endswith("." + key)]
-    if len(by_suffix) == 1:
-        return by_suffix[0]
+    for among in (shown, allowed):
+        by_suffix = [k for k in among if k.endswith("." + key)]
+        if len(by_suffix) == 1:
+            return by_suffix[0]
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise BadInput(f"--group-by: unknown key {key!r}{hint}; keys of these runs: {', '.join(allowed)}")
+    listed = ", ".join(map(escape, shown + list(_EXTRA_KEYS)))
+    raise BadInput(f"--group-by: unknown key {key!r}{hint}; keys of these runs: {listed}, "
+                   "or any key of their spec.yaml (e.g. train.lr)")
 
 
-def group_keys(runs: pd.DataFrame, swept: list, group_by: Optional[list] = None) -> list:
-    """The group keys: ``group_by`` (comma lists allowed), else every swept key but the seeds."""
+def wanted_keys(group_by: Optional[list]) -> Optional[list]:
+    """--group-by's keys, comma lists split; None without --group-by."""
     if group_by is None:
-        return [key for key in swept if key not in SEED_KEYS]
-    wanted = [part.strip() for item in group_by for part in item.split(",") if part.strip()]
-    return list(dict.fromkeys(_resolve_key(key, swept, runs) for key in wanted))
+        return None
+    return [part.strip() for item in group_by for part in item.split(",") if part.strip()]
+
+
+def group_keys(shown: list, spec: list, wanted: Optional[list] = None) -> list:
+    """The group keys: ``wanted`` (--group-by), else every key column but the seeds."""
+    if wanted is None:
+        return [key for key in shown if key not in SEED_KEYS]
+    return list(dict.fromkeys(_resolve_key(key, shown, spec) for key in wanted))
 
 
 # Statuses whose runs never count in their group's numbers: they ended without a result.
@@ -241,6 +309,12 @@ def counted_runs(runs: pd.DataFrame, keys: list) -> pd.Series:
     return pd.Series(counted, index=runs.index)
 
 
+def group_state(n: np.ndarray, completed: np.ndarray, counted: np.ndarray) -> np.ndarray:
+    """Each group's state from its run counts: COMPLETE, PARTIAL, UNFINISHED or FAILED."""
+    return np.where(completed == n, COMPLETE, np.where(completed > 0, PARTIAL,
+                                                       np.where(counted > 0, UNFINISHED, FAILED)))
+
+
 def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
     """Per group (``ids`` numbers each run's): "2 failed, 1 running", the runs that are
     not completed ("" when none), the documented states first."""
@@ -257,7 +331,7 @@ def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str]) -> pd.DataFrame:
     """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
     <cost>_sum over all its runs (when ``runs`` has the cost columns), completed, counted,
-    not_completed ("1 failed"); ranked as the module docstring says."""
+    not_completed ("1 failed") and state; ranked as the module docstring says."""
     counted = counted_runs(runs, keys)
     frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
     for metric in metrics:  # a run that does not count has no value in its group
@@ -273,46 +347,123 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
     table["counted"] = grouped["_counted"].sum().astype(np.int64)
     table["not_completed"] = _not_completed(frame["status"], grouped.ngroup().to_numpy())
+    table["state"] = group_state(*(table[c].to_numpy() for c in ("n", "completed", "counted")))
     table = table.reset_index().drop(columns=["_all"], errors="ignore")
     return _ranked(table, primary)
+
+
+_TIERS = {COMPLETE: 0, PARTIAL: 0, UNFINISHED: 1, FAILED: 2}
 
 
 def _ranked(table: pd.DataFrame, primary: Primary) -> pd.DataFrame:
     """Groups with completed runs first, then unfinished ones, then those with nothing
     counted; by the primary metric's mean within each (missing means last)."""
-    tier = np.where(table["completed"] > 0, 0, np.where(table["counted"] > 0, 1, 2))
+    tier = table["state"].map(_TIERS).to_numpy()
     mean = table[f"{primary.name}_mean"].to_numpy(dtype=float)
     value = mean if primary.ascending else -mean
     order = np.lexsort((np.where(np.isnan(value), np.inf, value), tier))  # stable: ties keep their order
     return table.iloc[order].reset_index(drop=True)
 
 
+# ---------------------------------------------------------------- how sure the best is
+
+
+@dataclass(frozen=True)
+class Lead:
+    """The best group's lead over the next one, when it says little: ``runs`` (the best
+    group's counted runs), ``by`` (the lead) and ``spread`` (the larger std of the two;
+    NaN: neither has one)."""
+
+    runs: int
+    by: float
+    spread: float
+
+
+def best_lead(experiment: Experiment) -> Optional[Lead]:
+    """The Lead of the best group over the next group with completed runs, when the best
+    rests on one run or leads by no more than one std of either; None otherwise."""
+    groups, name = experiment.groups, experiment.primary.name
+    rivals = groups[groups["state"].isin((COMPLETE, PARTIAL)) & groups[f"{name}_mean"].notna()]
+    if len(rivals) < 2:
+        return None
+    best, next_ = rivals.iloc[0], rivals.iloc[1]
+    by = abs(float(best[f"{name}_mean"]) - float(next_[f"{name}_mean"]))
+    stds = [float(g[f"{name}_std"]) for g in (best, next_) if pd.notna(g[f"{name}_std"])]
+    spread = max(stds, default=math.nan)
+    counted = int(best["counted"])
+    return Lead(counted, by, spread) if counted < 2 or not by > spread else None
+
+
+# ---------------------------------------------------------------- the report
+
+
 def _sorted_runs(runs: pd.DataFrame, keys: list) -> pd.DataFrame:
-    """Runs ordered by their swept keys (seeds of one config together), then folder order."""
+    """Runs ordered by their key columns (seeds of one config together), then folder order."""
     try:
         return runs.sort_values(keys, kind="stable", na_position="last") if keys else runs
     except TypeError:  # a key mixing numbers and text cannot be ordered: keep folder order
         return runs
 
 
+def _by_name(results: Results) -> list:
+    """[(name, run indices)] of each experiment, in the order its first run was found."""
+    parts: dict = {}
+    for i, info in enumerate(results.infos):
+        parts.setdefault(info["name"], []).append(i)
+    return list(parts.items())
+
+
+def _experiment_keys(parts: list, group_by: Optional[list]) -> list:
+    """Per experiment: (key columns, group keys); a --group-by key that no experiment
+    knows is BadInput, one that only some know groups those."""
+    wanted = wanted_keys(group_by)
+    found = []
+    for part in parts:
+        shown, spec = shown_keys(part), spec_keys(part)
+        keys, errors = [], []
+        for key in wanted if wanted is not None else [None]:
+            try:
+                keys += group_keys(shown, spec, None if key is None else [key])
+            except BadInput as err:
+                errors.append((key, err))
+        found.append((shown, list(dict.fromkeys(keys)), errors))
+    for key in wanted or []:
+        failed = [err for _, _, errors in found for k, err in errors if k == key]
+        if len(failed) == len(parts):
+            raise failed[0]
+    return [(shown, keys) for shown, keys, _ in found]
+
+
+def _experiment(name: str, results: Results, costs: dict, shown: list, keys: list, primary: Primary) -> Experiment:
+    """The tables of one experiment's runs."""
+    columns = shown + [key for key in keys if key not in shown and key not in _EXTRA_KEYS]
+    runs = runs_frame(results, _extra_columns(results, primary), columns).assign(**costs)
+    runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
+    metrics = group_metrics(runs, primary)
+    groups = group_table(runs, keys, primary, metrics)
+    return Experiment(name, results, _sorted_runs(runs, columns), columns, keys, groups, primary, metrics)
+
+
 def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
-                 metric: Optional[str] = None, mode: Optional[str] = None) -> Report:
-    """Read the runs under ``root`` (or a list of run folders) and group them; BadInput
-    for a bad DIR, key, metric or mode. Writes nothing: ``Report.save_cache`` does."""
+                 metric: Optional[str] = None, mode: Optional[str] = None,
+                 states: Optional[RunStates] = None) -> Report:
+    """Read the runs under ``root`` (or a list of run folders) and group each experiment's, each run's
+    state as ``states`` derives it (``reading.with_states``); BadInput for a bad DIR,
+    key, metric or mode. Writes nothing: ``Report.save_cache`` does."""
     try:
-        results = collect(root, cache=cache)
+        results = with_states(collect(root, cache=cache), states)
     except FileNotFoundError:
         raise no_runs(root) from None
     if not results.infos:
         raise no_runs(root)
-    primary = choose_primary(results, metric, mode)
-    runs = runs_frame(results, _extra_columns(results, primary)).assign(**cost.columns(results.infos))
-    runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
-    swept = _swept_keys(results, runs)
-    keys = group_keys(runs, swept, group_by)
-    metrics = group_metrics(runs, primary)
-    groups = group_table(runs, keys, primary, metrics)
-    return Report(results.root, results, _sorted_runs(runs, swept), swept, keys, groups, primary, metrics)
+    costs = cost.columns(results.infos)  # one sacct call for every run
+    named = _by_name(results)
+    parts = [results.subset(indices) for _, indices in named]
+    primaries = _primaries(parts, metric, mode)
+    keys = _experiment_keys(parts, group_by)
+    experiments = [_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary)
+                   for (name, indices), part, (shown, group), primary in zip(named, parts, keys, primaries)]
+    return Report(results.root, results, experiments)
 
 
 # ---------------------------------------------------------------- status
@@ -326,7 +477,7 @@ def status_counts(runs: pd.DataFrame) -> dict:
     return {status: int(counts[status]) for status in order if status in counts.index}
 
 
-def status_line(report: Report) -> str:
+def status_line(report: "Report | Experiment") -> str:
     """"12 runs: 9 completed, 2 running, 1 unknown; 1 damaged (see warnings)"."""
     counts = status_counts(report.runs)
     parts = ", ".join(f"{n} {escape(status)}" for status, n in counts.items())

@@ -6,13 +6,14 @@ array operations over all runs at once (no per-row DataFrame work).
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from clusterjob.core.rundir import MAX_INFO_BYTES, SPEC_FILE, STATUSES, UNKNOWN, is_number, read_text
+from clusterjob.core.rundir import STATUSES, UNKNOWN, is_number
 from clusterjob.report.reading import Results
 
 # Metrics whose last value the runs table carries under the same name
@@ -95,10 +96,16 @@ def timestamp(text: Optional[str]) -> Optional[datetime]:
 
 
 def _wall_time(results: Results) -> np.ndarray:
-    """finished_at - started_at where both exist, else the sum of epoch_time_s."""
+    """Each run's running time (``running_time``); where that is not known, finished_at -
+    started_at for a run that recorded no sessions (older versions), else the sum of
+    epoch_time_s (a running run: the epochs so far)."""
     summed = _segment_reduce(results, "epoch_time_s", np.add)
     out = summed.copy()
     for i, info in enumerate(results.infos):
+        if info["sessions"]:
+            out[i] = running_time(info)
+            out[i] = summed[i] if math.isnan(out[i]) else out[i]
+            continue
         start, end = timestamp(info["started_at"]), timestamp(info["finished_at"])
         if start is not None and end is not None:
             try:
@@ -106,6 +113,28 @@ def _wall_time(results: Results) -> np.ndarray:
             except TypeError:  # one time with an offset, one without: no honest difference
                 pass
     return out
+
+
+def running_time(info: dict) -> float:
+    """The sum of the run's sessions' running times: each from its start (run.json
+    ``sessions``) to the last end recorded before the next start (finished_at, stopped_at,
+    an attempt's end, or the newest checkpoint a later session found, written before the
+    stop); the time a run spent stopped, queued or waiting for a resume is left out.
+    NaN when a session's end is not known (it still runs, or nothing was recorded)."""
+    starts = sorted(t for t in (timestamp(s.get("at")) for s in info["sessions"]) if t is not None)
+    marks = [info["finished_at"], info["stopped_at"], *(a.get("at") for a in info["attempts"]),
+             *(s.get("checkpoint_at") for s in info["sessions"])]
+    ends = [t for t in map(timestamp, marks) if t is not None]
+    total = 0.0
+    try:
+        for start, after in zip(starts, [*starts[1:], None]):
+            inside = [t for t in ends if start <= t and (after is None or t <= after)]
+            if not inside:
+                return math.nan
+            total += (max(inside) - start).total_seconds()
+    except TypeError:  # times with and without an offset: no honest difference
+        return math.nan
+    return total if starts else math.nan
 
 
 def _fill_from_final(results: Results, values: dict, names: Iterable) -> None:
@@ -138,69 +167,87 @@ def _run_values(results: Results, extra: Sequence[str]) -> dict:
     return values
 
 
-# ---------------------------------------------------------------- swept keys
+# ---------------------------------------------------------------- keys
 
 
-def _param_column(values: list) -> pd.Series:
-    """One swept key's values; lists and dicts become JSON text so they can group."""
+# Spec keys that never group: the experiment itself (each name is a report section of its
+# own) and the sweep that made the points (the points' values are keys of their own).
+_NOT_KEYS = ("name", "sweep")
+
+
+def shown_keys(results: Results) -> list:
+    """The keys the runs table shows: every key of the runs' params (their sweep points and
+    your code's params), then every spec.yaml key whose value differs between runs of one
+    name (a ``--set``, an edited spec), in the order first seen."""
+    keys = dict.fromkeys(results.param_keys)
+    specs: dict = {}
+    for info in results.infos:
+        if info["spec"] is not None:
+            specs.setdefault(info["name"], []).append(info["spec"])
+    for same_name in specs.values():
+        keys.update(dict.fromkeys(_differing(same_name)))
+    return list(keys)
+
+
+def _differing(specs: list) -> list:
+    """The keys with two values or more among the specs that hold them (a key only some
+    specs hold, as one written by another version, is no difference), in first-seen order."""
+    seen = dict(specs[0])
+    differ: dict = {}
+    for spec in specs[1:]:
+        for key, value in spec.items() - seen.items():  # set work in C: 10,000 specs of 80 keys
+            if key in seen:
+                differ[key] = None
+            else:
+                seen[key] = value
+    return [key for key in seen if key in differ and key.split(".", 1)[0] not in _NOT_KEYS]
+
+
+def spec_keys(results: Results) -> list:
+    """Every key of any run's spec.yaml, in first-seen order (what --group-by may name)."""
+    keys: dict = {}
+    for info in results.infos:
+        keys.update(dict.fromkeys(info["spec"] or {}))
+    return list(keys)
+
+
+def key_value(info: dict, key: str) -> Any:
+    """A run's value of ``key``: its params' (run.json), else its spec.yaml's; None when neither has it."""
+    params = info["params"]
+    if params is not None and key in params:
+        return params[key]
+    return (info["spec"] or {}).get(key)
+
+
+def _key_column(values: list) -> pd.Series:
+    """One key's values; lists and dicts become JSON text so they can group."""
     values = [json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v for v in values]
     return pd.Series(values, dtype=None if any(v is not None for v in values) else float)
 
 
-def _spec_value(loader: Any, node: Any, key: str) -> Any:
-    """The value at dotted ``key`` in a composed YAML document; None when absent or not
-    a plain value (aliases are never expanded: a damaged folder cannot blow up the report)."""
-    import yaml
-
-    for part in key.split("."):
-        if not isinstance(node, yaml.MappingNode):
-            return None
-        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
-    plain = isinstance(node, yaml.ScalarNode) or (
-        isinstance(node, yaml.SequenceNode) and all(isinstance(item, yaml.ScalarNode) for item in node.value))
-    return loader.construct_object(node, deep=True) if plain else None
+def _keys_table(results: Results, keys: Optional[Sequence[str]] = None) -> dict:
+    """{key: Series over runs} of ``keys`` (default: ``shown_keys``)."""
+    keys = shown_keys(results) if keys is None else keys
+    return {key: _key_column([key_value(info, key) for info in results.infos]) for key in keys}
 
 
-def _spec_root(path: str) -> Optional[tuple]:
-    """(loader, root node) of the run's spec.yaml, composed, never constructed whole;
-    None when there is none to read."""
-    text, _ = read_text(f"{path}/{SPEC_FILE}", MAX_INFO_BYTES)
-    if not text:
-        return None
-    try:
-        import yaml  # only the runs that need their spec read it
-
-        loader = yaml.SafeLoader(text)
-        return loader, loader.get_single_node()
-    except Exception:  # no readable spec
-        return None
+_ENTRYPOINT_KEYS = ("entrypoint.script", "entrypoint.module", "entrypoint.function")
 
 
-def _params_from_spec(path: str, keys: list) -> dict:
-    """Swept values read back from spec.yaml, for a run whose run.json lost them."""
-    spec = _spec_root(path)
-    try:
-        found = {key: _spec_value(spec[0], spec[1], key) for key in keys} if spec else {}
-    except Exception:  # no readable spec either: the run stays in a group of unknown keys
-        return {}
-    return {key: value for key, value in found.items() if value is not None}
-
-
-def _spec_epochs(path: str) -> Optional[int]:
+def _spec_epochs(info: dict) -> Optional[int]:
     """train.epochs of the run's spec.yaml; None for your own code (an entrypoint, which
     has no epochs of ours) or a spec that does not say."""
-    found = _params_from_spec(path, ["train.epochs", "entrypoint.script", "entrypoint.module",
-                                     "entrypoint.function"])
-    epochs = found.pop("train.epochs", None)
-    if found or type(epochs) is not int or epochs < 1:
+    spec = info["spec"] or {}
+    epochs = spec.get("train.epochs")
+    if any(spec.get(key) is not None for key in _ENTRYPOINT_KEYS) or type(epochs) is not int or epochs < 1:
         return None
     return epochs
 
 
 def planned_epochs(results: Results, runs: pd.DataFrame) -> pd.arrays.IntegerArray:
     """The epochs each run's spec asked for (nullable Int64, in ``results`` order). A
-    completed run of the built-in trainer (it records its amp) ran them all; the spec of
-    any other run is read (few: the failed, stopped and running ones)."""
+    completed run of the built-in trainer (it records its amp) ran them all; any other
+    run's spec says."""
     status = runs["status"].astype(object).to_numpy()
     epochs = runs["epochs"].to_numpy()
     values = []
@@ -208,18 +255,8 @@ def planned_epochs(results: Results, runs: pd.DataFrame) -> pd.arrays.IntegerArr
         if status[i] == "completed":
             values.append(int(epochs[i]) if info["amp"] is not None and epochs[i] > 0 else None)
         else:
-            values.append(_spec_epochs(info["path"]))
+            values.append(_spec_epochs(info))
     return _int_column(values)
-
-
-def _params_table(results: Results) -> dict:
-    """{swept key: Series over runs}; runs without params try their spec.yaml."""
-    keys = results.param_keys
-    params = []
-    for info in results.infos:
-        known = info["params"]
-        params.append(known if known is not None else _params_from_spec(info["path"], keys))
-    return {key: _param_column([p.get(key) for p in params]) for key in keys}
 
 
 # ---------------------------------------------------------------- columns
@@ -284,15 +321,16 @@ RUN_FIELDS = ("run_id", "name", "status", "epochs", "planned_epochs", "best_val_
 # ---------------------------------------------------------------- frames
 
 
-def runs_frame(results: Results, metrics: Sequence[str] = ()) -> pd.DataFrame:
+def runs_frame(results: Results, metrics: Sequence[str] = (), keys: Optional[Sequence[str]] = None) -> pd.DataFrame:
     """One row per run; see ``results.load_runs``. ``metrics`` adds the last logged
-    value of further metrics (a user's own), after the standard ones."""
+    value of further metrics (a user's own), after the standard ones; ``keys`` are the
+    key columns (default: ``shown_keys``)."""
     values = _run_values(results, metrics)
     data: dict = {
         "run_id": _text_column(_field(results, "run_id")),
         "name": _text_column(_field(results, "name")),
         "status": _status_column(_field(results, "status")),
-        **_params_table(results),
+        **_keys_table(results, keys),
         "epochs": values.pop("epochs"),
     }
     data.update((k, values.pop(k)) for k in ("val_acc", "best_val_acc"))
@@ -322,7 +360,7 @@ def epochs_frame(results: Results) -> pd.DataFrame:
     for key in ("run_id", "name"):
         codes, uniques = pd.factorize(pd.Series(_field(results, key), dtype=object))
         data[key] = pd.Categorical.from_codes(codes[owner], categories=uniques)
-    for key, column in _params_table(results).items():
+    for key, column in _keys_table(results).items():
         data[key] = column.take(owner).reset_index(drop=True)
     for name, col in results.columns.items():
         data[name] = _epoch_ints(col) if name in ("epoch", "step") else col

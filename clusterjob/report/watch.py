@@ -1,11 +1,12 @@
 """``clusterjob report --watch DIR``: the report re-drawn in the terminal every few
 seconds while runs run.
 
-Read-only: each frame reads the results cache and the run folders (``build_report``)
-and nothing is written, the cache included. It ends by itself once every run has ended
-(completed, failed or cancelled), and at once on Ctrl-C (exit 130, as ``logs
---follow``). On a terminal each frame replaces the one before; in a pipe the frames
-follow each other.
+Read-only: each frame reads the results cache and the run folders (``build_report``),
+each run's state derived as ``status`` derives it (its executor: the processes of a
+local run, the queue and accounting of a Slurm job), and nothing is written, the cache
+included. It ends by itself once every run has ended (completed, failed or
+cancelled), and at once on Ctrl-C (exit 130, as ``logs --follow``). On a terminal each
+frame replaces the one before; in a pipe the frames follow each other.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from typing import Optional
 
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES
 from clusterjob.report.build import ReportOptions, build_report, render
+from clusterjob.report.reading import RunStates
 from clusterjob.report.stats import Report
 
 INTERVAL_S = 5.0  # between frames, unless --interval
@@ -35,12 +38,14 @@ def check(args: ReportOptions) -> float:
     return interval
 
 
-def main(args: ReportOptions) -> int:
-    """Draw, wait, draw again, until every run has ended (0) or Ctrl-C (130, by the CLI)."""
+def main(args: ReportOptions, states: Optional[RunStates] = None) -> int:
+    """Draw, wait, draw again, until every run has ended (0) or Ctrl-C (130, by the CLI).
+    ``states`` derives each run's state as ``status`` does (the command line hands it
+    in): a run whose every process died ends the watch as failed, whatever run.json says."""
     interval = check(args)
     tty = sys.stdout.isatty()
     while True:
-        report = build_report(args.dir, args.group_by, metric=args.metric, mode=args.mode)
+        report = build_report(args.dir, args.group_by, metric=args.metric, mode=args.mode, states=states)
         ended = all_ended(report)
         sys.stdout.write(frame(report, args, interval, ended, tty))
         sys.stdout.flush()

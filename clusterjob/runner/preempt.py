@@ -58,6 +58,7 @@ class StopSignal:
         self.grace_s = 10.0
         self.before_kill: Callable[[], object] = lambda: None  # rank 0 records the stop
         self._raised = False
+        self._said: Optional[str] = None  # the last stop signal this process said it received
         self._armed = False
         self._arm_lock = threading.RLock()  # the handler may run while the main thread holds it
 
@@ -79,10 +80,14 @@ class StopSignal:
     def _on_signal(self, signum: int, frame: object) -> None:
         first = self.received_at is None
         self.received_at = self.received_at or time.time()
-        self.signal = self.signal if self.signal == "cancel" else signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        said = self._said == name  # the same stop twice (cancel and the supervisor both send SIGTERM): one line
+        self._said = name
+        self.signal = self.signal if self.signal == "cancel" else name
         # os.write, not print: a handler that prints while the main thread prints raises
         what = "stopping the script" if self.plain() else "checkpointing at the next step boundary"
-        os.write(1, f"received {signal.Signals(signum).name}: {what}\n".encode())
+        if not said:
+            os.write(1, f"received {name}: {what}\n".encode())
         if first and signum == signal.SIGTERM and self.on_term is not None:
             self.on_term()
         self.raise_if_plain()

@@ -7,18 +7,20 @@ report.
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import retry, slurmctl
+from clusterjob.core import procs, retry, slurmctl, units
+from clusterjob.core.files import is_number
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.record import Session
-from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, record_error
+from clusterjob.core.record import SLURM, Job, RunRecord, Session
+from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 
+HOLD_POLL_S = 0.5  # how often a rank waiting out a back-off looks for a stop signal
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
 
 
@@ -65,17 +67,21 @@ def outcome_now(signal: Optional[str], requeues: int, max_requeues: int) -> Stop
 
 def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOutcome:
     """Rank 0, once every rank checkpointed: record why the run stopped, and requeue its
-    Slurm job (the array task only) when the outcome says so."""
+    Slurm job (the array task only) when the outcome says so. The line it prints names
+    the state the run ends in, as status does."""
     job = envmod.slurm_job()
-    requeues = run.read().requeues or 0
-    outcome = outcome_now(signal, requeues, max_requeues)
+    info = run.read()
+    if signal == "SIGTERM" and job is None and _supervisor_alive(info):
+        return _stopped_by_supervisor(run, info)
+    cancelled = signal == "cancel" or info.cancel_requested_at is not None  # cancel asks before its SIGTERM
+    outcome = outcome_now("cancel" if cancelled else signal, info.requeues or 0, max_requeues)
     if outcome.status == "cancelled":
         _record_cancel(run, job is not None)
     elif outcome.error:
         run.update(status="failed", finished_at=now_iso(), error=RunError(None, outcome.error))
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
-        run.update(status=outcome.status, requeues=requeues + 1)
+        run.update(status=outcome.status, requeues=(info.requeues or 0) + 1)
         assert job is not None  # only a Slurm job's run is told to requeue (stop_outcome)
         ok = slurmctl.requeue(job.run_key)
         print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
@@ -84,6 +90,26 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
         print(f"stopped ({outcome.status}); {hint}", flush=True)
     return outcome
+
+
+def _supervisor_alive(info: RunRecord) -> bool:
+    """Whether this rank's local supervisor (run.json's ``launcher``, verified) is alive:
+    then its SIGTERM is its own stop of the ranks, and it records how the run ended."""
+    return envmod.supervised() and info.launcher is not None and procs.check(info.launcher) is None
+
+
+def _stopped_by_supervisor(run: RunDir, info: RunRecord) -> StopOutcome:
+    """The local supervisor stops healthy ranks after another rank failed (the run is
+    failed), else for the user (Ctrl-C, ``clusterjob cancel``: cancelled). It records that
+    itself once no rank is alive; this rank only says which."""
+    run.update(stopped_at=now_iso())
+    started = info.sessions[-1].at if info.sessions else ""
+    failed = sorted({e.rank for e in rank_errors(run) if e.rank not in (None, 0) and (e.at or "") >= started})
+    if failed:
+        print(f"stopped (failed): rank {failed[0]} failed", flush=True)
+        return StopOutcome("failed", requeue=False)
+    print("stopped (cancelled)", flush=True)
+    return StopOutcome("cancelled", requeue=False)
 
 
 def _record_cancel(run: RunDir, in_slurm: bool) -> None:
@@ -111,7 +137,7 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool =
     # rank 0's watcher stops the ranks at their first progress line.
     run.update(reopen=info.status != "cancelled", status="running", requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
-               slurm_job_id=job.run_key if job else info.slurm_job_id, versions=versions(),
+               job=Job(SLURM, job.run_key) if job else info.job, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
                finished_at=None, error=None, sessions=[*info.sessions, session], **facts)
 
@@ -131,34 +157,64 @@ def new_session(run: RunDir, job: Optional[str], own_code: bool) -> Session:
     return Session(now_iso(), job, written, knows)
 
 
-def after_requeue(run: RunDir, max_retries: int) -> str:
+GO, FAILED, WAIT = "go", "failed", "wait"  # what ``after_requeue`` tells every rank
+
+
+def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -> str:
     """Rank 0 as a Slurm job starts again: a requeue that no stop of the run counted,
     after a session Slurm ended with NODE_FAIL (sacct), is a retry when retries are on
-    (``resources.max_retries`` > 0): recorded as an attempt and counted in ``retries``.
-    "failed" when none was left (the run is marked failed and does not start), else "go"."""
+    (``resources.max_retries`` > 0; clusterjob.core.retry.decide): recorded as an attempt
+    and counted in ``retries``. "failed" when none was left (the run is marked failed
+    and does not start); "wait S" when S seconds of the back-off are left after the hold
+    Slurm gave the requeued job (its own delay, from the requeue: the job's SubmitTime);
+    else "go"."""
     job = envmod.slurm_job()
     if max_retries == 0 or job is None:
-        return "go"
+        return GO
     info = run.read()
     if job.restart_count <= (info.requeues or 0) + (info.retries or 0):
-        return "go"
+        return GO
     if slurmctl.previous_state(job.run_key) != "NODE_FAIL":
-        return "go"  # a requeue by hand or a preemption: counted as a requeue (mark_running)
+        return GO  # a requeue by hand or a preemption: counted as a requeue (mark_running)
     why = f"node failure (Slurm ended job {job.run_key} with NODE_FAIL on {', '.join(info.hosts) or 'its nodes'})"
-    number = retry.next_retry(info, max_retries)
-    retry.record_attempt(run, why, number, job=job.run_key)
-    if number is not None:
-        print(f"{why}; retry {number} of {max_retries} from the last checkpoint", flush=True)
-        return "go"
-    run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
-        f"{why}; resources.max_retries={max_retries} reached. Fix: `clusterjob resume {run.path}` continues it "
-        "from the last checkpoint")))
-    return "failed"
+    decision = retry.decide(run, why, max_retries, retry_backoff_s, job=job.run_key)
+    assert decision is not None  # max_retries > 0
+    if decision.number is None:
+        run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
+            f"{decision.line}. Fix: `clusterjob resume {run.path}` continues it from the last checkpoint")))
+        return FAILED
+    left = decision.wait_s - _since_requeue_s(job.run_key)
+    print(decision.line + (f" ({left:.0f} s left after Slurm's own hold)" if left > 0 else ""), flush=True)
+    return f"{WAIT} {left:.1f}" if left > 0 else GO
+
+
+def _since_requeue_s(job: str) -> float:
+    """Seconds since the job was requeued (a requeue sets its SubmitTime anew; scontrol
+    gives local time); 0 when Slurm does not say."""
+    text = slurmctl.submit_time(job)
+    try:
+        return max(0.0, (datetime.now() - datetime.fromisoformat(text or "")).total_seconds())
+    except ValueError:
+        return 0.0
+
+
+def hold(decided: str, stopped: Callable[[], bool]) -> None:
+    """Every rank: wait out ``after_requeue``'s "wait S" before the code starts (each
+    rank waits itself: a wait on rank 0 alone would run into the store's timeout), unless
+    a stop signal comes first (the code then stops at its first check)."""
+    kind, _, seconds = decided.partition(" ")
+    deadline = time.monotonic() + (float(seconds) if kind == WAIT else 0.0)
+    while time.monotonic() < deadline and not stopped():
+        time.sleep(min(HOLD_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def finish(run: RunDir, **fields: Any) -> None:
+    """Record the run completed; its log's last line says so with its final metrics, each
+    in its unit (core/units.py: val_acc 97.46%, not 0.9746)."""
     info = run.update(status="completed", finished_at=now_iso(), **fields)
-    print(f"completed {run.path}" + (f": {json.dumps(info.final)}" if info.final else ""), flush=True)
+    shown = " ".join(f"{name} {units.quantity(name, value)}" for name, value in (info.final or {}).items()
+                     if is_number(value))
+    print(f"completed {run.path}" + (f": {shown}" if shown else ""), flush=True)
 
 
 def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:

@@ -4,48 +4,52 @@ Every record, from any source (the built-in trainer's epochs, ``clusterjob.log``
 output regexes, a metrics file), is first committed to metrics.jsonl, the record
 everything else is rebuilt from, and then handed, as written, to each sink in turn: the
 built-in trainer's console line, then TensorBoard, MLflow and W&B when the spec asks.
-A new sink is one small class with ``send(record)`` and ``close(status)``.
+A new sink is one small class with ``send(record)``, ``close(status)`` and ``wait``.
 
 Each logger runs on a thread of its own (``Courier``), so a slow or failing network
-never holds the training. Exactly once, across requeues and resumes: a courier sends a
-metric only at a step beyond the last one it sent of that metric (kept per logger in
-``loggers.json`` in the run folder), and at each start it first sends what metrics.jsonl
-holds beyond that (what the job wrote but had not sent when it died, or what a logger
-that failed could not take). A logger that fails is warned about once (stderr and
-run.json's warnings) and left alone for the rest of the session; training goes on.
+never holds the training. Exactly once, across requeues, resumes and kills: at each
+start a courier asks its logger what its run holds, read back from the tool itself
+(each metric's highest step), and sends a metric only at a step beyond that: first what
+metrics.jsonl holds (what the job wrote but had not sent, or the tool had not yet
+written, when it died, or what a logger that failed could not take), then each new
+record. A logger that fails is warned about once (stderr and run.json's warnings) and
+left alone for the rest of the session; training goes on, and the other loggers too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import math
 import queue
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from clusterjob.core import metrics, units
-from clusterjob.core.files import is_number, loads, read_text, write_atomic
+from clusterjob.core.files import is_number, shown
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import health
 from clusterjob.runner import loggers as loggermod
 from clusterjob.spec.schema import Spec
 
-SAVE_EVERY_S = 1.0  # at most this long between a send and its mark in loggers.json
-CLOSE_BUDGET_S = 30.0  # at the end: how long a logger may still send; the rest goes at the next start
+CLOSE_BUDGET_S = 30.0  # at the end: how long each logger may still send; the rest goes at the next start
 STOP_BUDGET_S = 5.0  # the same at a stop, which is recorded (and the job requeued) only after it
+STALL_S = 120.0  # a call into a logger that has not returned for this long is warned about, once
+MAX_BEHIND = 100_000  # a logger this many records behind gets nothing more in this session
 
 
 class Sink(Protocol):
-    """Where a committed record goes after metrics.jsonl."""
+    """Where a committed record goes after metrics.jsonl: ``close`` starts its end,
+    ``wait`` waits for it, ``budget`` seconds at most."""
 
     def send(self, record: dict) -> None: ...
 
     def close(self, status: str) -> None: ...
+
+    def wait(self, budget: float) -> None: ...
 
 
 class Sinks:
@@ -69,12 +73,17 @@ class Sinks:
         return record
 
     def close(self, status: str) -> None:
+        """Every sink is closed, then waited for in turn, whatever one of them raises (a
+        stop arriving meanwhile is raised after)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        for sink in self.sinks:
-            sink.close(status)
+        budget = STOP_BUDGET_S if status == "stopped" else CLOSE_BUDGET_S
+        raised = [err for sink in self.sinks if (err := _raised_by(sink.close, status)) is not None]
+        raised += [err for sink in self.sinks if (err := _raised_by(sink.wait, budget)) is not None]
+        if raised:
+            raise raised[0]
 
     def __enter__(self) -> "Sinks":
         return self
@@ -82,6 +91,14 @@ class Sinks:
     def __exit__(self, kind: Optional[type], *rest: object) -> None:
         if not self._closed:  # the completed and stopped paths closed them already: no run.json to read
             self.close("failed" if kind is not None else (self.run.read().status or "running"))
+
+
+def _raised_by(call: Callable, *args: Any) -> Optional[BaseException]:
+    try:
+        call(*args)
+    except BaseException as err:  # noqa: BLE001 -- raised by Sinks.close once every sink had its turn
+        return err
+    return None
 
 
 class NoSinks:
@@ -139,6 +156,9 @@ class EpochLine:
     def close(self, status: str) -> None:
         return None
 
+    def wait(self, budget: float) -> None:
+        return None
+
 
 def epoch_line(record: dict, epochs: int) -> str:
     """``epoch 3/10 train_loss 0.412 ... val_acc 88.12% lr 0.05 1.2 s 2104 samples/s``: one
@@ -183,30 +203,6 @@ class Axis:
         return Point(at, values) if values else None
 
 
-# ----------------------------------------------------------------------------- what was sent
-
-
-class Sent:
-    """``loggers.json``: per logger, each metric's last step sent. Read once at the
-    start; written (atomically) by the couriers as they send."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.lock = threading.Lock()
-        raw = loads(read_text(path)[0] or "")
-        self.marks = {name: {k: v for k, v in marks.items() if is_number(v)}
-                      for name, marks in (raw.items() if isinstance(raw, dict) else ()) if isinstance(marks, dict)}
-
-    def of(self, name: str) -> dict:
-        with self.lock:
-            return dict(self.marks.get(name, {}))
-
-    def save(self, name: str, marks: dict) -> None:
-        with self.lock:
-            self.marks[name] = dict(marks)
-            write_atomic(self.path, json.dumps(self.marks, indent=1) + "\n")
-
-
 # ----------------------------------------------------------------------------- the couriers
 
 
@@ -216,10 +212,8 @@ def couriers(spec: Spec, run: RunDir, axis: str, fresh: bool) -> list:
         return []
     key = Axis(axis)
     backlog = [p for p in map(key.point, metrics.read_epochs(run.metrics_file)) if p is not None]
-    sent = Sent(run.loggers_file)
     target = loggermod.Target(run, run.read(), spec, axis)
-    found = [Courier(run, logger, Axis(axis, key.unstepped), sent, backlog, fresh)
-             for logger in loggermod.for_spec(target)]
+    found = [Courier(run, logger, Axis(axis, key.unstepped), backlog, fresh) for logger in loggermod.for_spec(target)]
     for courier in found:
         courier.start()
     return found
@@ -229,17 +223,22 @@ _END = object()  # the queue's last item
 
 
 class Courier:
-    """One logger on a thread of its own: it opens the logger's run, sends the backlog
-    (metrics.jsonl as it was at the start) beyond what the logger was sent before, then
-    each new record, in order; ``close`` waits CLOSE_BUDGET_S at most for it to finish."""
+    """One logger on a thread of its own: it opens the logger's run, asks it what it
+    holds (each metric's highest step, read back from the tool), sends the backlog
+    (metrics.jsonl as it was at the start) beyond that, then each new record, in order.
+    A logger that raises anything (SystemExit and KeyboardInterrupt too) gets nothing
+    more in this session; one that does not answer for STALL_S is warned about once
+    and waited for; ``wait`` leaves it at the end."""
 
-    def __init__(self, run: RunDir, logger: loggermod.Logger, axis: Axis, sent: Sent, backlog: list, fresh: bool):
-        self.run, self.logger, self.axis, self.sent, self.backlog, self.fresh = run, logger, axis, sent, backlog, fresh
+    def __init__(self, run: RunDir, logger: loggermod.Logger, axis: Axis, backlog: list, fresh: bool):
+        self.run, self.logger, self.axis, self.backlog, self.fresh = run, logger, axis, backlog, fresh
         self.queue: queue.Queue = queue.Queue()
-        self.marks: dict = {}
+        self.names = Names(logger, functools.partial(warn, run))
+        self.held: dict = {}
         self.status = "running"
-        self.failed = self.dirty = self.noted = False
-        self.saved_at = 0.0
+        self.off = self.stalled = self.noted = False  # off: it gets nothing more in this session
+        self.busy_since: Optional[float] = None  # when the logger's call now running began
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._work, name=f"clusterjob-{logger.name}", daemon=True)
 
     def start(self) -> None:
@@ -247,96 +246,160 @@ class Courier:
 
     def send(self, record: dict) -> None:
         point = self.axis.point(record)  # here, in commit order: the step of a line without one counts
-        if point is not None and not self.failed:
+        self._check_stall()
+        if point is None or self.off:
+            return
+        if self.queue.qsize() >= MAX_BEHIND:
+            self._give_up(f"is more than {MAX_BEHIND} records behind; it gets nothing more in this session and "
+                          "the rest is sent at the next start (training goes on, metrics.jsonl holds every metric)")
+        else:
             self.queue.put(point)
 
     def close(self, status: str) -> None:
         """``status``: the run's, or "stopped" (before the stop is recorded: a shorter wait)."""
         self.status = status
         self.queue.put(_END)
-        budget = STOP_BUDGET_S if status == "stopped" else CLOSE_BUDGET_S
-        self.thread.join(timeout=budget)
-        if self.thread.is_alive():
-            self._warn(f"still sending after {budget:g} s at the end; what it did not send is sent at the next "
-                       "start of the run (metrics.jsonl holds every metric)")
+
+    def wait(self, budget: float) -> None:
+        """Until the logger took everything and closed, ``budget`` seconds at most."""
+        if not self.stalled:
+            self.thread.join(timeout=budget)
+        if self.thread.is_alive():  # left behind: nothing it still holds is sent in this session
+            self._give_up(None if self.stalled else f"still sending after {budget:g} s at the end; what it did not "
+                          "send is sent at the next start of the run (metrics.jsonl holds every metric)")
 
     def _work(self) -> None:
         try:
-            if not self.logger.open(self.fresh):
-                self.sent.save(self.logger.name, {})  # a new logger run: nothing of it was sent
-            self.marks = self.sent.of(self.logger.name)
+            self._call(self.logger.open, self.fresh)
+            self.held = self._call(self.logger.held)
             for point in self.backlog:
                 self._send(point)
-            self._save()
             self._drain()
-        except Exception as err:
-            self._fail(err)
+        except BaseException as err:  # SystemExit and KeyboardInterrupt too: a thread has no one to tell
+            self._give_up(f"{type(err).__name__}: {err}; it gets nothing more in this session and the rest is sent "
+                          "at the next start (training goes on, metrics.jsonl holds every metric)")
+        if self.off:
+            with contextlib.suppress(BaseException):
+                self.logger.close("failed")
 
     def _drain(self) -> None:
         while True:
-            try:
-                item = self.queue.get(timeout=SAVE_EVERY_S if self.dirty else None)
-            except queue.Empty:
-                self._save()
-                continue
+            item = self.queue.get()
+            if self.off:
+                return
             if item is _END:
-                self._save()
-                self.logger.close(self.status)
+                self._call(self.logger.close, self.status)
                 return
             self._send(item)
-            if time.monotonic() - self.saved_at >= SAVE_EVERY_S:
-                self._save()
+
+    def _call(self, call: Callable, *args: Any) -> Any:
+        """One call into the logger, timed for ``_check_stall``."""
+        self.busy_since = time.monotonic()
+        try:
+            return call(*args)
+        finally:
+            self.busy_since = None
 
     def _send(self, point: Point) -> None:
-        """The point's metrics not sent yet; a fractional step where the logger takes
-        whole ones is passed over (metrics.jsonl has it)."""
-        new = {k: v for k, v in point.values.items() if point.step > self.marks.get(k, -math.inf)}
-        if not new:
+        """The point's metrics the logger does not hold yet, by the names it takes; a step
+        it does not take (a fraction where it takes whole steps) is passed over
+        (metrics.jsonl has it)."""
+        new = {key: value for key, value in ((self.names.key(k), v) for k, v in point.values.items())
+               if key is not None and point.step > self.held.get(key, -math.inf)}
+        if not new or self.off:
             return
-        if self.logger.whole_steps and not float(point.step).is_integer():
-            self._note_fraction(point.step)
-        else:
-            self.logger.send(point.step, new)
-        self.marks.update(dict.fromkeys(new, point.step))
-        self.dirty = True
+        problem = self._step_problem(point.step)
+        if problem is not None:
+            self._note(point.step, problem)
+            return
+        self._call(self.logger.send, point.step, new)
+        self.held.update(dict.fromkeys(new, point.step))
 
-    def _save(self) -> None:
-        """Make what was sent durable, then mark it sent."""
-        if self.dirty:
-            self.logger.flush()
-            self.sent.save(self.logger.name, self.marks)
-            self.dirty = False
-        self.saved_at = time.monotonic()
+    def _step_problem(self, step: float) -> Optional[str]:
+        if not self.logger.whole_steps:
+            return None
+        if not float(step).is_integer():
+            return "is no whole number"
+        return f"is beyond the steps {self.logger.name} takes (below 2**63)" if abs(step) >= 2**63 else None
 
-    def _note_fraction(self, step: float) -> None:
+    def _note(self, step: float, problem: str) -> None:
         if not self.noted:
             self.noted = True
-            print(f"clusterjob: note: logging.{self.logger.name}: step {step:g} is no whole number, which "
+            print(f"clusterjob: note: logging.{self.logger.name}: step {step:g} {problem}, which "
                   f"{self.logger.name} does not take; such steps stay in metrics.jsonl only", file=sys.stderr,
                   flush=True)
 
-    def _fail(self, err: Exception) -> None:
-        """Off for the rest of this session; its marks stay, so the next start sends the rest."""
-        self.failed = True
+    def _check_stall(self) -> None:
+        """Warn once when one call into the logger has not returned for STALL_S (its records wait for it)."""
+        since = self.busy_since
+        if since is None or self.stalled or self.off or time.monotonic() - since < STALL_S:
+            return
+        self.stalled = True
+        warn(self.run, f"logging.{self.logger.name}: has not answered for {STALL_S:g} s; its records wait for it "
+             "(training goes on, metrics.jsonl holds every metric; what it lacks at the end is sent at the next "
+             "start)")
+
+    def _give_up(self, why: Optional[str]) -> None:
+        """Off for the rest of this session, with one warning (``why``; none when it was
+        warned about already); the next start sends what it lacks."""
+        with self.lock:
+            if self.off:
+                return
+            self.off = True
         with contextlib.suppress(queue.Empty):
             while True:
                 self.queue.get_nowait()
-        self._warn(f"{type(err).__name__}: {err}; it gets nothing more in this session and the rest is sent at "
-                   "the next start (training goes on, metrics.jsonl holds every metric)")
-        with contextlib.suppress(Exception):
-            self._save()  # what it took before it failed counts as sent, if it can still be made durable
-        with contextlib.suppress(Exception):
-            self.logger.close("failed")
-
-    def _warn(self, text: str) -> None:
-        line = f"logging.{self.logger.name}: {' '.join(text.split())}"[:1000]
-        print(f"clusterjob: warning: {line}", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception):  # the warning is on stderr already
-            add_warning(self.run, line)
+        self.queue.put(_END)  # wakes the thread, which then ends
+        if why is not None:
+            warn(self.run, f"logging.{self.logger.name}: {why}")
 
 
-def add_warning(run: RunDir, line: str) -> None:
-    """``line`` in run.json's warnings, in place of an earlier one of the same logger:
-    one warning per logger and run."""
-    prefix = line.split(":", 1)[0] + ":"
-    run.update(warnings=[w for w in run.read().warnings if not w.startswith(prefix)] + [line])
+class Names:
+    """Each metric's name as one logger takes it (``Logger.key``), decided the first time
+    the name comes (metrics.jsonl's order, the same at every start): a name the logger
+    takes otherwise is sent so, one that comes to nothing, to a name it keeps for itself
+    or to the name of another metric is not sent; each with one warning per name and run."""
+
+    def __init__(self, logger: loggermod.Logger, warn: Callable[..., None]):
+        self.logger, self.warn = logger, warn
+        self.keys: dict = {}  # metric name: the name sent, or None
+        self.owners: dict = dict.fromkeys(logger.reserved, "")  # name sent: its metric ("" for reserved)
+
+    def key(self, name: str) -> Optional[str]:
+        if name not in self.keys:
+            self.keys[name] = self._decide(name)
+        return self.keys[name]
+
+    def _decide(self, name: str) -> Optional[str]:
+        key = self.logger.key(name)
+        owner = self.owners.get(key)
+        if key and owner is None:
+            self.owners[key] = name
+            if key != name:
+                self._warn(name, f"is sent as {shown(key)}")
+            return key
+        self._warn(name, "is not sent: " + ("nothing of it is left" if not key else
+                   f"it would be {shown(key)}, " + ("a name kept for the tool itself" if owner == ""
+                                                     else f"which {shown(owner)} is sent as")))
+        return None
+
+    def _warn(self, name: str, text: str) -> None:
+        head = f"logging.{self.logger.name}.metrics: {shown(name)} "
+        self.warn(f"{head}{text} ({self.logger.naming})", key=head, once=True)
+
+
+_warning = threading.Lock()  # the couriers' warnings take turns: each reads the list the one before wrote
+
+
+def warn(run: RunDir, line: str, key: Optional[str] = None, once: bool = False) -> None:
+    """A warning on stderr and in run.json's warnings, in place of an earlier one that
+    begins with ``key`` (by default the part before the first colon: one warning per
+    logger and run); ``once``: not printed again when run.json holds it already."""
+    line = " ".join(line.split())[:1000]
+    key = key if key is not None else line.split(":", 1)[0] + ":"
+    with _warning:
+        held = run.read().warnings
+        if not (once and line in held):
+            print(f"clusterjob: warning: {line}", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):  # run.json unwritable: the warning is on stderr at least
+            run.update(warnings=[w for w in held if not w.startswith(key)] + [line])

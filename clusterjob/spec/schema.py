@@ -2,7 +2,9 @@
 Every key and default: docs/design.md, "Spec".
 
 Every section validates its own fields in ``__post_init__`` from the field metadata
-(choices, bounds, patterns), so a spec built in code is checked like one read from YAML.
+(choices, bounds, patterns: spec/fields.py), so a spec built in code is checked like one
+read from YAML. The keys an executor declares for itself sit in ``resources`` beside its
+own (spec/options.py).
 Errors are ``SpecError`` with the dotted key, the bad value and what is allowed; the CLI
 prints them and exits 2. The YAML edge is bounded (file size, values after alias
 expansion, nesting, sweep points), so a hostile spec fails fast instead of taking the
@@ -11,7 +13,6 @@ login node's memory. This module must not import torch (the CLI validates on log
 
 from __future__ import annotations
 
-import difflib
 import functools
 import itertools
 import json
@@ -19,19 +20,30 @@ import math
 import os
 import re
 import sys
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from dataclasses import MISSING, dataclass, field, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin
 
 import yaml
 
-from clusterjob.core.errors import CONTROL_CHARS, SpecError, brief, key_text, shown
+from clusterjob.core.errors import SpecError, brief, key_text, shown
+from clusterjob.spec import options as executoropts
 from clusterjob.spec.catalog import DATASETS, DatasetName
+from clusterjob.spec.fields import (
+    HOLDS_OPTIONS,
+    Section,
+    check_kind,
+    check_text,
+    choices_of,
+    did_you_mean,
+    hints,
+    key_fields,
+    opt,
+)
+from clusterjob.spec.options import ExecutorOptions, Held
 from clusterjob.spec.yamlfile import apply_overrides, read_spec_file
 
 _NAME = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' only")
-_SLURM_WORD = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' (no spaces or shell characters)")
-_CONSTRAINT = (r"[A-Za-z0-9._,&|\[\]()*:!-]+", "a Slurm feature expression without spaces or quotes")
 _INIT = (r"env|tcp://[A-Za-z0-9._-]+:[0-9]{1,5}|file:///\S+", "env, tcp://HOST:PORT or file:///absolute/path")
 Schedule = Literal["cosine", "step", "constant"]
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -46,43 +58,8 @@ TRAINER_SECTIONS = ("data", "model", "train")
 
 MAX_SWEEP_POINTS = 10_000
 MAX_NAME_LENGTH = 100  # <root>/<name>/<run_id> must stay within file system limits
-MAX_TEXT_LENGTH = 10_000  # any string value: a setup line, a path, a rendezvous URL
-MAX_PATH_PART_BYTES = 255  # NAME_MAX of common file systems
-MAX_PATH_BYTES = 4095  # PATH_MAX - 1
-MAX_INT = 2**63 - 1  # what Slurm, torch and C code downstream can hold
 MAX_AUTO_WORKERS = 8  # data.num_workers auto: beyond this, more workers rarely load faster
 
-
-def opt(default: Any, doc: str = "", **checks: Any) -> Any:
-    """A spec field: its default, a one-line doc, and checks run by ``Section.__post_init__``.
-
-    checks: ``choices`` (allowed values), ``ge``/``gt``/``lt`` (bounds for numbers),
-    ``pattern`` ((regex, words) that a string must match in full), ``max_len`` (characters),
-    ``path`` (True: ``~`` is expanded and the length fits file system limits).
-    """
-    meta = {"doc": doc, **checks}
-    if isinstance(default, type):  # a section: each spec gets its own instance
-        return field(default_factory=default, metadata=meta)
-    if isinstance(default, (list, dict)):
-        factory = type(default)
-        return field(default_factory=lambda: factory(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-class Section:
-    """Base of every spec section: checks each field against its metadata, then ``check()``."""
-
-    def __post_init__(self) -> None:
-        cls: type = type(self)  # plain type: mypy finds type[Section] not Hashable for the cache
-        for f in _fields(cls):
-            value = getattr(self, f.name)
-            _check_value(f.name, value, _field_checks(cls, f))
-            if f.metadata.get("path") and isinstance(value, str):
-                object.__setattr__(self, f.name, _checked_path(f.name, value))
-        self.check()
-
-    def check(self) -> None:
-        """Checks that involve several fields of the section (overridden where needed)."""
 
 
 @dataclass(frozen=True)
@@ -184,30 +161,57 @@ class DistSpec(Section):
 
 @dataclass(frozen=True)
 class ResourcesSpec(Section):
+    """What every run asks of the machines, whatever runs it; beside these keys, the keys
+    each executor declares for itself (spec/options.py: ``resources.partition`` is the
+    Slurm executor's), held in ``options``, one section per executor."""
+
     nodes: int = opt(1, "nodes per run", ge=1)
     tasks_per_node: int = opt(1, "processes per node; one per GPU on GPU nodes", ge=1)
     gpus_per_node: int = opt(0, "GPUs requested per node (gres); 0: CPU, the ranks see no GPU", ge=0)
     cpus_per_task: int = opt(2, "CPU cores per process", ge=1)
     mem_gb: float = opt(16.0, "memory per node in GB (0: the partition's default)", ge=0)
     time_min: int = opt(60, "wall-clock limit per job in minutes", ge=1)
-    partition: Optional[str] = opt(None, "Slurm partition", pattern=_SLURM_WORD)
-    account: Optional[str] = opt(None, "Slurm account", pattern=_SLURM_WORD)
-    qos: Optional[str] = opt(None, "Slurm QOS", pattern=_SLURM_WORD)
-    constraint: Optional[str] = opt(None, "Slurm node features, e.g. a100|h100", pattern=_CONSTRAINT)
     setup: tuple[str, ...] = opt((), "shell lines run before srun (module load, conda activate)")
-    array_parallelism: Optional[int] = opt(None, "at most this many array tasks at once (sbatch %N)", ge=1)
-    max_requeues: int = opt(3, "requeues after preemption or time limit before giving up", ge=0)
     max_retries: int = opt(0, "restarts from the last checkpoint after a failure that points at the machine (a rank "
                               "killed by a signal, a NCCL or gloo communication error, Slurm's NODE_FAIL), counted "
                               "apart from the requeues; a Python error or bad input is never retried", ge=0)
     retry_backoff_s: float = opt(30.0, "the wait before the first retry, doubled for each further one (the local "
                                        "supervisor; on Slurm at least Slurm's own delay of a requeued job)", ge=0,
                                  lt=86400)
+    options: tuple[ExecutorOptions, ...] = field(default_factory=lambda: tuple(o() for o in executoropts.BUILT_IN),
+                                                 metadata={HOLDS_OPTIONS: True})
 
     def check(self) -> None:
         if self.gpus_per_node and self.tasks_per_node > self.gpus_per_node:
             raise SpecError("tasks_per_node", f"{self.tasks_per_node} tasks per node but gpus_per_node is "
                             f"{self.gpus_per_node}; run one task per GPU (tasks_per_node: {self.gpus_per_node})")
+
+    def __getattr__(self, name: str) -> Any:
+        """An executor's key read as the section's own (``spec.resources.partition``), as
+        specs and code have it; its default when the spec names none of its keys."""
+        if name.startswith("_") or name == "options":  # not while the instance is being made or copied
+            raise AttributeError(name)
+        declared = _declaring(name)
+        if declared is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.held(declared), name)
+
+    def held(self, declared: type[Held]) -> Held:
+        """The options ``declared`` as this section holds them; their defaults where the
+        spec names none of their keys."""
+        found = next((held for held in self.options if type(held) is declared), None)
+        return found if found is not None else declared()
+
+
+@functools.cache
+def resource_keys() -> frozenset:
+    """The keys of resources itself (not an executor's)."""
+    return frozenset(f.name for f in key_fields(ResourcesSpec))
+
+
+def _declaring(key: str) -> Optional[type[ExecutorOptions]]:
+    """The executor options that declare ``resources.<key>`` (spec/options.py)."""
+    return executoropts.declaring(key, resource_keys())
 
 
 @dataclass(frozen=True)
@@ -288,7 +292,7 @@ def _check_metric_regex(name: Any, regex: Any) -> None:
                                "group); name the metric otherwise")
     if not isinstance(regex, str):
         raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
-    _check_text(where, regex)
+    check_text(where, regex)
     _check_groups(where, regex, _compiled(where, regex))
 
 
@@ -507,70 +511,6 @@ class Spec(Section):
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_value(key: str, value: Any, meta: Any) -> None:
-    """Raise SpecError if ``value`` breaks the field's choices, bounds or pattern."""
-    if value is None or value is MISSING:
-        return
-    if isinstance(value, tuple):
-        for index, item in enumerate(value):
-            if isinstance(item, str):
-                _check_text(f"{key}[{index}]", item)
-        return
-    _check_kind(key, value, meta)
-    choices = meta.get("choices")
-    if choices is not None and not any(value is c or (type(value) is type(c) and value == c) for c in choices):
-        raise SpecError(key, f"{brief(value)} is not allowed; choose one of {_words(choices)}"
-                             f"{_close(value, choices)}")
-    for name, ok, words in _BOUNDS:
-        bound = meta.get(name)
-        if bound is not None and not ok(value, bound):
-            raise SpecError(key, f"{value!r} is out of range; it must be {words} {bound}")
-    pattern = meta.get("pattern")
-    if pattern is not None and not re.fullmatch(pattern[0], value):
-        raise SpecError(key, f"{brief(value)} is not allowed; use {pattern[1]}")
-
-
-_BOUNDS = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<"))
-
-
-def _check_kind(key: str, value: Any, meta: Any) -> None:
-    """Checks every value of its kind gets: one line of text, finite floats, ints in range."""
-    if isinstance(value, str):
-        _check_text(key, value, meta.get("max_len", MAX_TEXT_LENGTH))
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise SpecError(key, f"{value!r} must be a finite number; write a number such as 0.1")
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-        raise SpecError(key, f"{brief(value)} is too large; it must be at most {MAX_INT}")
-
-
-def _check_text(key: str, value: str, max_len: int = MAX_TEXT_LENGTH) -> None:
-    """A string must be one line without control characters (it may land in a shell script)."""
-    bad = CONTROL_CHARS.search(value)
-    if bad:
-        fix = "put each line in its own list entry" if key.startswith("setup[") else "remove it"
-        raise SpecError(key, f"{brief(value)} contains the control character {bad.group()!r} at position "
-                             f"{bad.start()}; a value must be one line of printable text: {fix}")
-    if len(value) > max_len:
-        raise SpecError(key, f"{brief(value)} is {len(value)} characters long; use at most {max_len}")
-
-
-def _checked_path(key: str, value: str) -> str:
-    """``value`` with ``~``/``~user`` expanded, checked against file system length limits."""
-    path = os.path.expanduser(value) if value.startswith("~") else value
-    if path.startswith("~"):
-        user = value[1:].split("/", 1)[0]
-        raise SpecError(key, f"{value!r} starts with ~{user}, but there is no user {user!r} here; "
-                             "write the path out")
-    size = len(path.encode())
-    if size > MAX_PATH_BYTES:
-        raise SpecError(key, f"{brief(path)} is {size} bytes long; a path may have at most {MAX_PATH_BYTES}")
-    for part in path.split("/"):
-        if len(part.encode()) > MAX_PATH_PART_BYTES:
-            raise SpecError(key, f"{brief(path)} has a folder name {brief(part)} longer than "
-                                 f"{MAX_PATH_PART_BYTES} bytes; shorten it")
-    return path
-
-
 def _check_sweep(sweep: dict, own_code: bool = False) -> None:
     """Sweep keys must be existing leaf keys (or params.NAME), their values non-empty
     lists, the grid bounded."""
@@ -580,8 +520,8 @@ def _check_sweep(sweep: dict, own_code: bool = False) -> None:
         if isinstance(key, str) and key.startswith("params."):
             if not re.fullmatch(_IDENT, key[len("params."):]):
                 raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
-        elif key not in leaves:
-            raise SpecError(where, f"{brief(key)} is not a spec key{_close(key, leaves)}")
+        elif not (isinstance(key, str) and _is_key(key)):
+            raise SpecError(where, f"{brief(key)} is not a spec key{did_you_mean(key, leaves)}")
         if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.", "logging.")):
             raise SpecError(where, "name, resources, output, entrypoint and logging are per submission, not per "
                             "sweep point; submit a spec per value instead")
@@ -629,7 +569,7 @@ def _check_plain(key: str, value: Any) -> None:
         for name, inner in value.items():
             if not isinstance(name, str):
                 raise SpecError(f"{key}.{key_text(name)}", "keys are names (strings)")
-            _check_text(f"{key}.{key_text(name)}", name)  # a key may land in a shell line too
+            check_text(f"{key}.{key_text(name)}", name)  # a key may land in a shell line too
             _check_plain(f"{key}.{name}", inner)
     elif isinstance(value, (list, tuple)):
         for index, inner in enumerate(value):
@@ -637,7 +577,7 @@ def _check_plain(key: str, value: Any) -> None:
     elif value is not None and not isinstance(value, (str, int, float, bool)):
         raise SpecError(key, f"{shown(value)} is not plain data; use text, numbers, true/false or lists")
     else:
-        _check_kind(key, value, {})
+        check_kind(key, value, {})
 
 
 def entrypoint_args(spec: "Spec", run_dir: str = "{run_dir}", submit_dir: str = "{submit_dir}",
@@ -723,69 +663,31 @@ def _leaf_default(key: str) -> Any:
     """The default value of a dotted leaf key such as ``train.lr``."""
     cls, *sections, name = [Spec, *key.split(".")]
     for section in sections:
-        cls = _hints(cls)[section]
-    default = next(f for f in _fields(cls) if f.name == name)
+        cls = hints(cls)[section]
+    default = next(f for f in key_fields(cls) if f.name == name)
     return default.default if default.default is not MISSING else default.default_factory()
 
-
-def _words(choices: Any) -> str:
-    return ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
-
-
-def _close(value: Any, choices: Any) -> str:
-    """A did-you-mean suffix for a misspelled choice or key."""
-    text = str(value)
-    if len(text) > 200:  # difflib is quadratic; nothing that long is a near miss
-        return ""
-    found = difflib.get_close_matches(text, [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {found[0]!r}?)" if found else ""
-
-
-@functools.cache
-def _field_checks(cls: type, f: Any) -> dict:
-    """A field's checks: its metadata, plus the choices its type allows (a ``Literal``)."""
-    choices = choices_of(_hints(cls)[f.name])
-    return {**f.metadata, "choices": choices} if choices else dict(f.metadata)
-
-
-def choices_of(hint: Any) -> Optional[tuple]:
-    """The values a ``Literal`` type allows (inside Optional or beside bool too: bool adds
-    true and false); None when the type allows more than a fixed set."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Literal:
-        return args
-    if origin is not Union:
-        return None
-    allowed: list = []
-    for arg in (a for a in args if a is not type(None)):
-        inner = (True, False) if arg is bool else choices_of(arg)
-        if inner is None:
-            return None
-        allowed += inner
-    return tuple(allowed)
-
-
-def _fields(cls: type) -> tuple:
-    return fields(cls)
-
-
-@functools.cache
-def _hints(cls: type) -> dict:
-    """The resolved type hints of a section (the same for every spec; read-only)."""
-    return get_type_hints(cls)
 
 
 @functools.cache
 def _leaf_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
-    """Dotted names of every scalar/list key below ``cls`` (sections excluded)."""
+    """Dotted names of every scalar/list key below ``cls`` (sections excluded), the
+    built-in executors' keys included."""
     keys: list[str] = []
-    for f in _fields(cls):
-        hint = _hints(cls)[f.name]
+    for f in key_fields(cls):
+        hint = hints(cls)[f.name]
         if isinstance(hint, type) and is_dataclass(hint):
             keys += _leaf_keys(hint, f"{prefix}{f.name}.")
         else:
             keys.append(prefix + f.name)
-    return tuple(keys)
+    return tuple(keys) + tuple(prefix + key for key in _option_keys(cls))
+
+
+def _is_key(key: str) -> bool:
+    """Whether dotted ``key`` is a key of the spec: one of ``_leaf_keys``, or one an
+    executor of another package declares (resources.NAME)."""
+    section, _, name = key.partition(".")
+    return key in _leaf_keys(Spec) or (section == "resources" and _declaring(name) is not None)
 
 
 # ----------------------------------------------------------------------------- from plain data
@@ -806,15 +708,11 @@ def spec_from_dict(raw: Any) -> Spec:
 def _build(cls: type, raw: Any, path: str) -> Any:
     if not isinstance(raw, dict):
         raise SpecError(path, f"expected a mapping of keys, got {shown(raw)}")
-    hints = _hints(cls)
-    names = [f.name for f in _fields(cls)]
-    for key in raw:
-        if key not in names:
-            raise SpecError(_join(path, key_text(key)), "unknown key" + _where_else(str(key), names, path))
-    kwargs = {}
-    for f in _fields(cls):
+    typed = hints(cls)
+    kwargs = _executor_options(cls, raw, path)
+    for f in key_fields(cls):
         if f.name in raw:
-            kwargs[f.name] = _convert(hints[f.name], raw[f.name], _join(path, f.name))
+            kwargs[f.name] = _convert(typed[f.name], raw[f.name], _join(path, f.name))
         elif f.default is MISSING and f.default_factory is MISSING:
             raise SpecError(_join(path, f.name), "required; add it to the spec")
     try:
@@ -823,9 +721,33 @@ def _build(cls: type, raw: Any, path: str) -> Any:
         raise (err.under(path) if path else err) from None
 
 
+def _executor_options(cls: type, raw: dict, path: str) -> dict:
+    """Refuse a key of ``raw`` that section ``cls`` does not have. In resources, the keys
+    executors declare become their ``options``: one section per built-in executor (its
+    defaults where the spec names none of its keys), and one per executor of another
+    package whose keys the spec names."""
+    names = [f.name for f in key_fields(cls)]
+    given: dict[type, dict] = {declared: {} for declared in executoropts.BUILT_IN} if cls is ResourcesSpec else {}
+    for key in raw:
+        if key in names:
+            continue
+        declared = _declaring(key) if cls is ResourcesSpec and isinstance(key, str) else None
+        if declared is None:
+            foreign = executoropts.foreign(resource_keys()) if cls is ResourcesSpec else ()
+            allowed = names + [*_option_keys(cls), *(key for extra in foreign for key in extra.keys())]
+            raise SpecError(_join(path, key_text(key)), "unknown key" + _where_else(str(key), allowed, path))
+        given.setdefault(declared, {})[key] = raw[key]
+    return {"options": tuple(_build(declared, keys, path) for declared, keys in given.items())} if given else {}
+
+
+def _option_keys(cls: type) -> tuple[str, ...]:
+    """The keys the built-in executors declare in section ``cls`` (resources only)."""
+    return tuple(key for declared in executoropts.BUILT_IN for key in declared.keys()) if cls is ResourcesSpec else ()
+
+
 def _where_else(key: str, names: list[str], path: str) -> str:
     """Did-you-mean for an unknown key: a close name here, or the same name in another section."""
-    near = _close(key, names)
+    near = did_you_mean(key, names)
     if near:
         return near
     elsewhere = [k for k in _leaf_keys(Spec) if k.rsplit(".", 1)[-1] == key]
@@ -902,9 +824,11 @@ def _join(path: str, key: str) -> str:
 def spec_to_dict(spec: Any) -> Any:
     """Plain data (dicts, lists, scalars) for a spec or section; ``spec_from_dict`` inverts it."""
     if isinstance(spec, Spec):
-        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in _fields(Spec) if _written(spec, f.name)}
+        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in key_fields(Spec) if _written(spec, f.name)}
     if is_dataclass(spec):
-        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in _fields(type(spec))}
+        own = {f.name: spec_to_dict(getattr(spec, f.name)) for f in key_fields(type(spec))}
+        held = spec.options if isinstance(spec, ResourcesSpec) else ()
+        return {**own, **{key: value for section in held for key, value in spec_to_dict(section).items()}}
     if isinstance(spec, (tuple, list)):
         return [spec_to_dict(v) for v in spec]
     if isinstance(spec, dict):
@@ -946,14 +870,16 @@ def holds_text(key: str) -> bool:
         cls = _section_type(cls, section) if cls is not None else None
     if cls is None:
         return False
-    hint = _hints(cls).get(name)
+    hint = hints(cls).get(name)
+    declared = _declaring(name) if hint is None and cls is ResourcesSpec else None
+    hint = hints(declared).get(name) if declared is not None else hint
     words = choices_of(hint)
     return hint in (str, Optional[str]) or (words is not None and all(isinstance(c, str) for c in words))
 
 
 def _section_type(cls: type, name: str) -> Optional[type]:
     """The section class of field ``name`` of section ``cls`` (Optional unwrapped), else None."""
-    hint = _hints(cls).get(name)
+    hint = hints(cls).get(name)
     inner = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is Union else [hint]
     found = inner[0] if len(inner) == 1 else None
     return found if isinstance(found, type) and is_dataclass(found) else None
@@ -1011,14 +937,14 @@ def _apply_point(base: Spec, index: int, params: dict) -> Spec:
 def _with_values(section: Any, values: dict, path: str) -> Any:
     """``section`` with the dotted keys of ``values`` set, converted and validated."""
     cls: type = type(section)  # plain type: mypy finds type[Any] not Hashable for the cache
-    hints, changes = _hints(cls), {}
+    typed, changes = hints(cls), {}
     nested: dict[str, dict] = {}
     for key, value in values.items():
         head, dot, rest = key.partition(".")
         if dot:
             nested.setdefault(head, {})[rest] = value
         else:
-            changes[head] = _convert(hints[head], value, _join(path, head))
+            changes[head] = _convert(typed[head], value, _join(path, head))
     for head, inner in nested.items():
         if isinstance(section, Spec) and head == "params":  # a free mapping, not a section
             changes[head] = {**section.params, **inner}

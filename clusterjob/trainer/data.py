@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -29,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from clusterjob.core.errors import BadInput
-from clusterjob.spec.catalog import DATASETS
+from clusterjob.core.errors import BadInput, one_line
+from clusterjob.spec.catalog import DATASETS, fetch_command
 from clusterjob.spec.schema import MAX_AUTO_WORKERS
 
 SYNTHETIC = DATASETS["synthetic"]  # its split sizes when data.limit_train / limit_val are unset
@@ -123,7 +124,7 @@ def torchvision_dataset(data, train: bool, transform: Any) -> Any:
     downloaded when missing and ``data.download`` is true; BadInput when it cannot be had."""
     from torchvision import datasets
 
-    cls = {"cifar10": datasets.CIFAR10, "mnist": datasets.MNIST}[data.dataset]
+    cls = getattr(datasets, DATASETS[data.dataset].torchvision)
     try:
         return cls(root=data.root, train=train, transform=transform, download=data.download)
     except (RuntimeError, OSError) as err:  # torchvision: not found / corrupted; network errors
@@ -131,18 +132,22 @@ def torchvision_dataset(data, train: bool, transform: Any) -> Any:
 
 
 def _load_error(data, err: Exception) -> BadInput:
-    """A BadInput that says what was looked for, where, and how to fix it."""
-    folder = {"cifar10": "cifar-10-batches-py/", "mnist": "MNIST/raw/"}[data.dataset]
+    """A BadInput that says what was looked for, where, and how to fix it: the command
+    that downloads it where there is internet, with the folder this rank looked in."""
+    folder = DATASETS[data.dataset].folder
+    fetch = fetch_command(data.dataset, os.path.abspath(data.root))
     if not data.download:
         return BadInput(
             f"data.root: {data.dataset} files are missing or corrupted under {data.root!r} "
-            f"(looked for {folder}) and data.download is false ({err}). Fix: set data.download: true "
-            f"(rank 0 downloads, the others wait), or copy the dataset so that {folder} is inside "
-            f"data.root, or point data.root at the folder that holds {folder}")
+            f"(looked for {folder}) and data.download is false ({one_line(str(err))}). Fix: run `{fetch}` where there "
+            f"is internet (e.g. on the login node), or copy the dataset so that {folder} is inside data.root, or "
+            f"point data.root at the folder that holds {folder}, or set data.download: true (rank 0 downloads, "
+            "the others wait)")
     return BadInput(
         f"data.download: downloading {data.dataset} into data.root {data.root!r} failed: "
-        f"{type(err).__name__}: {err}. Compute nodes often have no internet access; fix: download it "
-        f"once where there is (e.g. on the login node), then set data.download: false")
+        f"{type(err).__name__}: {one_line(str(err))}. Compute nodes often have no internet access; fix: run `{fetch}` "
+        "once where there is (e.g. on the login node, into a folder the compute nodes see), then set "
+        "data.download: false")
 
 
 def image_transform(dataset: str, augment: bool, from_tensor: bool) -> Any:

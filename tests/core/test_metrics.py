@@ -83,14 +83,36 @@ def test_latest_never_opens_a_fifo(tmp_path):
     assert metrics.latest(tmp_path / "metrics.jsonl") is None  # a reader of a FIFO would block
 
 
-def test_own_latest_shows_the_first_configured_metric_else_the_latest(tmp_path):
+def test_own_latest_shows_the_metric_the_report_ranks_by(tmp_path):
     writer = StepWriter(tmp_path / "metrics.jsonl")
     writer.log(4, {"train_loss": 0.5})
     writer.log(1, {"val_loss": 0.7})
-    assert str(metrics.own_latest(tmp_path, {"metrics": ["train_loss", "val_loss"]})) == "train_loss 0.5 (step 4)"
-    assert str(metrics.own_latest(tmp_path, {"metrics": []})) == "val_loss 0.7 (step 1)"
-    assert str(metrics.own_latest(tmp_path, {"metrics": ["never"]})) == "val_loss 0.7 (step 1)"
+    # The report's choice (core.metrics.default_metric), not the configured order nor the last line:
+    # train_loss and val_loss are both known names, train_loss comes first in the tables.
+    assert str(metrics.own_latest(tmp_path, {"metrics": ["val_loss", "train_loss"]})) == "train_loss 0.5 (step 4)"
+    assert str(metrics.own_latest(tmp_path, {"metrics": []})) == "train_loss 0.5 (step 4)"
+    writer.log(5, {"epoch": 3, "val_acc": 0.97031})  # the API example's line: epoch first, val_acc ranks
+    assert str(metrics.own_latest(tmp_path, {"metrics": []})) == "val_acc 97.03% (step 5)"
     assert metrics.own_latest(tmp_path, None) is None  # the built-in trainer
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "epoch": 1, "lr": 0.1}\n')
+    assert metrics.own_latest(tmp_path, {}) is None  # only bookkeeping logged: nothing ranks
+
+
+def test_default_metric_is_one_rule_for_the_report_and_a_glance():
+    assert metrics.default_metric(["epoch", "step", "train_loss", "val_acc"]) == "val_acc"
+    assert metrics.default_metric(["epoch", "lr", "lr_head", "samples_per_s", "score"]) == "score"
+    assert metrics.default_metric(["epoch", "step"]) == "val_acc"
+    assert metrics.table_order(["score", "epoch", "val_loss", "train_loss"]) == ["epoch", "train_loss", "val_loss",
+                                                                                  "score"]
+
+
+def test_logged_names_reads_the_head_and_the_tail_of_a_big_file(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "b": 1}\n' + '{"step": 2, "a": 1, "ok": true}\n' * 50 + '{"step": 3, "late": 2}\n')
+    assert metrics.logged_names(path) == ["b", "a", "late"]  # "ok" is no number
+    monkeypatch.setattr(metrics, "TAIL_LIMIT", 64)  # the middle lies beyond both ends
+    assert metrics.logged_names(path) == ["b", "a", "late"]
+    assert metrics.logged_names(tmp_path / "absent") == []
 
 
 def test_readers_meet_the_lines_of_one_step_in_one_row(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from clusterjob.core import record
 from clusterjob.core.procs import ProcessRef
-from clusterjob.core.record import RunError, RunRecord
+from clusterjob.core.record import Job, RunError, RunRecord
 from clusterjob.core.rundir import RunDir, create_run
 
 # A run.json as written before the record existed (a failed local run of a sweep).
@@ -59,11 +59,16 @@ def test_the_record_is_frozen():
         RunRecord().status = "running"  # type: ignore[misc]
 
 
+# The same run as this version writes it: its job (none) under ``job``, with the key of
+# earlier versions, slurm_job_id, kept beside it.
+NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None}
+
+
 def test_an_old_run_json_reads_into_the_record_unchanged(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(OLD_RUN_JSON, indent=2))
     got, problems = record.read_record(tmp_path)
     assert problems == []
-    assert got.to_dict() == OLD_RUN_JSON
+    assert got.to_dict() == {key: value for key, value in NEW_RUN_JSON.items() if key != "slurm_job_id"}
     assert got.launcher == ProcessRef("node1", "b", 4242, 99) and got.error.rank == 1
 
 
@@ -73,7 +78,36 @@ def test_every_field_written_reads_back_equal(tmp_path):
     values = {name: getattr(want, name) for name in record.FIELDS}
     written = run.update(**values)
     assert written == want and run.read() == want
-    assert run.read_info() == OLD_RUN_JSON  # exactly the JSON layout of before
+    assert run.read_info() == NEW_RUN_JSON  # the JSON layout of before, and the job
+
+
+@pytest.mark.parametrize("raw, job", [
+    ({"slurm_job_id": "12_3"}, Job("slurm", "12_3")),  # an earlier version's run of a Slurm job
+    ({"slurm_job_id": 12}, Job("slurm", "12")),
+    ({"job": {"executor": "slurm", "id": "40"}, "slurm_job_id": "40"}, Job("slurm", "40")),
+    ({"job": {"executor": "toy", "id": "t-1"}, "slurm_job_id": None}, Job("toy", "t-1")),
+    ({"job": None, "slurm_job_id": None}, None),
+    ({}, None),
+])
+def test_the_job_is_read_from_either_key(raw, job):
+    got, problems = record.checked(raw)
+    assert (got.job, problems) == (job, [])
+    assert got.slurm_job_id == (job.id if job is not None and job.executor == "slurm" else None)
+
+
+def test_a_damaged_job_falls_back_to_the_key_of_earlier_versions():
+    got, problems = record.checked({"job": {"executor": "slurm"}, "slurm_job_id": "77"})
+    assert got.job == Job("slurm", "77")
+    assert problems == ["run.json: job is {'executor': 'slurm'} (a mapping), not a job such as "
+                        '{"executor": "slurm", "id": "123_4"}; ignored']
+
+
+@pytest.mark.parametrize("job, old_key", [(Job("slurm", "5_1"), "5_1"), (Job("toy", "t-1"), None), (None, None)])
+def test_writing_the_job_also_writes_the_key_earlier_versions_read(tmp_path, job, old_key):
+    (tmp_path / "run.json").write_text(json.dumps({"status": "pending", "slurm_job_id": "3"}))
+    record.update(tmp_path, job=job)
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written == {"status": "pending", "job": job.to_dict() if job else None, "slurm_job_id": old_key}
 
 
 def test_update_writes_only_the_fields_given(tmp_path):

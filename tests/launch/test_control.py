@@ -4,7 +4,6 @@ array chunking, truncated checkpoints (Slurm commands faked, files real)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from clusterjob.core import procs, slurmctl
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import RunDir, create_run
 from clusterjob.launch import control, resources
 from clusterjob.launch.executors import slurm as slurm_launch
@@ -37,7 +37,7 @@ def fake_slurm(monkeypatch):
 
 
 def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slurm):
-    run = make_run(tmp_path, status="running", slurm_job_id="77", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "77"), executor="slurm")
     before = run.info_file.read_bytes()
     (info,) = control.refresh([run])
     assert info["status"] == "failed" and "no accounting record" in info["error"]["message"]
@@ -49,7 +49,7 @@ def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slur
 
 
 def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatch):
-    run = make_run(tmp_path, status="running", slurm_job_id="78", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "78"), executor="slurm")
 
     def queue_while_the_run_ends(ids):
         run.update(status="completed", final={"epoch": 3, "val_acc": 0.9})  # the run's own last write
@@ -63,10 +63,10 @@ def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatc
 
 
 def test_queue_and_accounting_states(tmp_path, fake_slurm):
-    queued = make_run(tmp_path, "a", status="preempted", slurm_job_id="5_1", executor="slurm")
-    cancelled = make_run(tmp_path, "b", status="running", slurm_job_id="6", executor="slurm")
-    timed_out = make_run(tmp_path, "c", status="running", slurm_job_id="7", executor="slurm")
-    done = make_run(tmp_path, "d", status="completed", slurm_job_id="8", executor="slurm")
+    queued = make_run(tmp_path, "a", status="preempted", job=Job("slurm", "5_1"), executor="slurm")
+    cancelled = make_run(tmp_path, "b", status="running", job=Job("slurm", "6"), executor="slurm")
+    timed_out = make_run(tmp_path, "c", status="running", job=Job("slurm", "7"), executor="slurm")
+    done = make_run(tmp_path, "d", status="completed", job=Job("slurm", "8"), executor="slurm")
     fake_slurm.queue = {"5_1": "PENDING"}
     fake_slurm.sacct = {"6": "CANCELLED", "7": "TIMEOUT", "8": "FAILED"}
     infos = control.refresh([queued, cancelled, timed_out, done])
@@ -79,7 +79,7 @@ def test_status_shows_the_failing_rank_and_traceback(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="failed", error={"rank": 1, "message": "RuntimeError: boom",
                                                      "traceback": "Traceback...\n  line\nRuntimeError: boom"})
     text = control.status_table([run], control.refresh([run]))
-    assert "failed on rank 1: RuntimeError: boom" in text and "    RuntimeError: boom" in text
+    assert "failed on rank 1: RuntimeError: boom" in text and text.count("RuntimeError: boom") == 1  # not twice
 
 
 def test_status_shows_your_codes_first_metric_beside_the_trainers_epoch(tmp_path, fake_slurm):
@@ -132,7 +132,7 @@ def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(slurmctl, "cancel", lambda job: calls.append(job) or True)
     monkeypatch.setattr(slurmctl, "queue_states", lambda jobs: {})  # the job left the queue
-    run = make_run(tmp_path, status="running", slurm_job_id="9", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "9"), executor="slurm")
     assert control.cancel(run) == ["cancelled Slurm job 9"] and calls == ["9"]
     assert run.read_info()["status"] == "cancelled"
     run.update(status="completed", final={"epoch": 3})  # a dying task's late write
@@ -228,7 +228,7 @@ def test_checkpoints_sort_mid_epoch_after_their_epoch_and_keep_last(tmp_path):
 
 
 def test_finalize_names_a_killed_task(tmp_path):
-    run = make_run(tmp_path, status="failed", slurm_job_id="12", log_dir=str(tmp_path),
+    run = make_run(tmp_path, status="failed", job=Job("slurm", "12"), log_dir=str(tmp_path),
                    error={"rank": 0, "message": "gloo: connection closed"})
     (tmp_path / "12_0_log.err").write_text("srun: error: node2: task 1: Terminated\n"
                                            "srun: error: node2: task 3: Killed\n")
@@ -242,52 +242,35 @@ def test_finalize_names_a_killed_task(tmp_path):
 # ----------------------------------------------------------------------------- Slurm that does not answer
 
 
-def shim(folder, name: str, body: str) -> None:
-    """A fake Slurm command on PATH: a shell script with ``body``."""
-    folder.mkdir(exist_ok=True)
-    path = folder / name
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
-
-
-@pytest.fixture
-def shims(tmp_path, monkeypatch):
-    """A folder of fake Slurm commands that comes first on PATH."""
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
-    return folder
-
-
-def test_queries_tell_a_failed_query_from_an_answer(shims, monkeypatch):
-    shim(shims, "squeue", 'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1')
-    shim(shims, "sacct", 'echo "sacct: error: Problem talking to the database" >&2; exit 1')
+def test_queries_tell_a_failed_query_from_an_answer(slurm_shims, monkeypatch):
+    slurm_shims.fail("squeue", stderr="slurm_load_jobs error: Unable to contact slurm controller")
+    slurm_shims.fail("sacct", stderr="sacct: error: Problem talking to the database")
     assert slurmctl.queue_states(["5"]) is None and slurmctl.accounting_states(["5"]) is None
     assert slurmctl.queue_states([]) == {}  # nothing to ask: an empty answer, no query
-    shim(shims, "squeue", 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
+    slurm_shims.fail("squeue", stderr="slurm_load_jobs error: Invalid job id specified")
     assert slurmctl.queue_states(["5"]) == {}  # the job left the controller's memory
-    shim(shims, "squeue", 'echo "5_1|RUNNING"; echo "6|PENDING"')
-    shim(shims, "sacct", 'echo "7|CANCELLED by 0"; echo "8|TIMEOUT"')
+    slurm_shims.answer("squeue", "JOBID|STATE\n5_1|RUNNING\n6|PENDING\n")
+    slurm_shims.answer("sacct", "JobID|State\n7|CANCELLED by 0\n8|TIMEOUT\n")
     assert slurmctl.queue_states(["5_1", "6"]) == {"5_1": "RUNNING", "6": "PENDING"}
     assert slurmctl.accounting_states(["7", "8"]) == {"7": "CANCELLED", "8": "TIMEOUT"}
-    shim(shims, "squeue", "exec sleep 30")
+    slurm_shims.answer("squeue", delay=30)
     monkeypatch.setattr(slurmctl, "TIMEOUT_S", 0.5)
     start = time.monotonic()
     assert slurmctl.queue_states(["5"]) is None and time.monotonic() - start < 5
-    monkeypatch.setenv("PATH", str(shims / "nowhere"))  # no Slurm on this machine
+    monkeypatch.setenv("PATH", str(slurm_shims.folder / "nowhere"))  # no Slurm on this machine
     assert slurmctl.queue_states(["5"]) is None and slurmctl.accounting_states(["5"]) is None
 
 
 @pytest.mark.parametrize("squeue", [
-    'echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1',
-    "exec sleep 30",  # past TIMEOUT_S
+    {"stderr": "slurm_load_jobs error: Unable to contact slurm controller\n", "exit_code": 1},
+    {"delay": 30},  # past TIMEOUT_S
 ])
-def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tmp_path, shims, monkeypatch,
+def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tmp_path, slurm_shims, monkeypatch,
                                                                              capsys, squeue):
-    shim(shims, "squeue", squeue)
-    shim(shims, "sacct", "exit 1")
+    slurm_shims.answer("squeue", **squeue)
+    slurm_shims.answer("sacct", exit_code=1)
     monkeypatch.setattr(slurmctl, "TIMEOUT_S", 0.5)
-    run = make_run(tmp_path, status="running", slurm_job_id="41", executor="slurm")
+    run = make_run(tmp_path, status="running", job=Job("slurm", "41"), executor="slurm")
     before = run.info_file.read_bytes()
     assert control.cmd_status(str(tmp_path / "exp")) == 0
     out, err = capsys.readouterr()
@@ -296,14 +279,14 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
     (info,) = control.refresh([run], write_back=True)  # submit --wait: nothing learnt, nothing written
     assert info["status"] == "running" and run.info_file.read_bytes() == before
     with pytest.raises(RuntimeError, match="scancel 41 failed"):  # cancel still tries: the run is not final
-        shim(shims, "scancel", "exit 1")
+        slurm_shims.answer("scancel", exit_code=1)
         control.cancel(run)
 
 
-def test_status_through_the_cli_with_squeue_failing(tmp_path, shims):
-    shim(shims, "squeue", 'echo "error: Unable to contact slurm controller" >&2; exit 1')
-    shim(shims, "sacct", "exit 1")
-    run = make_run(tmp_path, status="running", slurm_job_id="42", executor="slurm")
+def test_status_through_the_cli_with_squeue_failing(tmp_path, slurm_shims):
+    slurm_shims.fail("squeue", stderr="error: Unable to contact slurm controller")
+    slurm_shims.answer("sacct", exit_code=1)
+    run = make_run(tmp_path, status="running", job=Job("slurm", "42"), executor="slurm")
     before = run.info_file.read_bytes()
     done = subprocess.run([sys.executable, "-m", "clusterjob", "status", "exp"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
@@ -362,8 +345,16 @@ def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
     assert control.refresh([run])[0]["status"] == "preempted"
 
 
+def old_job_id(run: RunDir, value) -> RunDir:
+    """The run with run.json's key of earlier versions, slurm_job_id, set to ``value``."""
+    info = json.loads(run.info_file.read_text())
+    (info["job"], info["slurm_job_id"]) = (None, value)
+    run.info_file.write_text(json.dumps(info))
+    return run
+
+
 def test_status_of_mistyped_fields_names_them(tmp_path, fake_slurm):
-    runs = [make_run(tmp_path, "a", status="running", final="epoch 3", requeues="3", slurm_job_id=["7"]),
+    runs = [old_job_id(make_run(tmp_path, "a", status="running", final="epoch 3", requeues="3"), ["7"]),
             make_run(tmp_path, "b", status="failed", error="boom", final=[1, 2], launcher="x",
                      executor="local"),
             make_run(tmp_path, "c", status=5, final={"epoch": 2, "val_acc": "high"}, hosts="n1")]

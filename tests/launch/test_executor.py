@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from clusterjob.core.errors import BadInput
-from clusterjob.core.record import RunRecord
+from clusterjob.core.record import Job, RunRecord
 from clusterjob.launch import executor, executors
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
+from clusterjob.spec import options
+from clusterjob.spec.options import SlurmOptions
 
 PLUGIN = '''
 from clusterjob.launch.executor import Executor, register
@@ -41,6 +43,12 @@ def test_the_registry_names_every_executor_auto_first():
         executor.get("nope")
 
 
+def test_the_built_in_executors_options_are_those_every_task_reads():
+    declared = {name: executor.get(name).options for name in executor.names()}
+    assert declared == {"slurm": SlurmOptions, "local": None}
+    assert set(options.BUILT_IN) == {found for found in declared.values() if found is not None}
+
+
 def test_auto_takes_the_first_available(monkeypatch):
     monkeypatch.setattr(SlurmExecutor, "unavailable", classmethod(lambda cls: "no Slurm"))
     assert executor.choose("auto").name == "local"
@@ -51,12 +59,12 @@ def test_auto_takes_the_first_available(monkeypatch):
 
 
 @pytest.mark.parametrize("fields, name", [
-    ({"executor": "local", "slurm_job_id": None}, "local"),
-    ({"executor": "slurm", "slurm_job_id": None}, "slurm"),
-    ({"executor": None, "slurm_job_id": None}, "local"),  # started by hand
-    ({"executor": None, "slurm_job_id": "12_3"}, "slurm"),  # a raw sbatch template's run
-    ({"executor": "gone", "slurm_job_id": "12"}, "slurm"),  # a name this version does not have
-    ({"executor": None, "slurm_job_id": "12; rm -rf /"}, None),  # no executor takes it
+    ({"executor": "local", "job": None}, "local"),
+    ({"executor": "slurm", "job": None}, "slurm"),
+    ({"executor": None, "job": None}, "local"),  # started by hand
+    ({"executor": None, "job": Job("slurm", "12_3")}, "slurm"),  # a raw sbatch template's run
+    ({"executor": "gone", "job": Job("slurm", "12")}, "slurm"),  # a name this version does not have
+    ({"executor": None, "job": Job("slurm", "12; rm -rf /")}, None),  # no executor takes it
 ])
 def test_the_executor_of_a_run_json(fields, name):
     found = executor.of_record(RunRecord(**fields))

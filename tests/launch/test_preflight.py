@@ -13,6 +13,7 @@ import pytest
 import yaml
 from slurmcluster import cli
 
+from clusterjob.cli import main
 from clusterjob.launch import preflight
 from clusterjob.spec.schema import load_spec
 
@@ -21,7 +22,9 @@ SCONTROL = (
     "State=UP TotalCPUs=24 TotalNodes=3\n"
     "PartitionName=gpu Default=NO QoS=gpuqos MaxNodes=2 MaxTime=1-00:00:00 Nodes=g[1-4] State=UP TotalNodes=4\n"
     "PartitionName=old Default=NO QoS=N/A MaxNodes=UNLIMITED MaxTime=30:00 Nodes=o1 State=DOWN TotalNodes=1\n")
-SINFO_GPU = "g1|32|gpu:a100:4(S:0-1)|a100,ib\ng2|32|gpu:a100:4(S:0-1)|a100,ib\ng3|32|gpu:2|v100\ng4|32|(null)|(null)\n"
+SINFO_HEADER = "NODELIST|CPUS|GRES|AVAIL_FEATURES\n"
+QOS_HEADER = "Name|MaxWall|MaxTRES\n"
+SINFO_GPU = SINFO_HEADER + "g1|32|gpu:a100:4(S:0-1)|a100,ib\ng2|32|gpu:a100:4(S:0-1)|a100,ib\ng3|32|gpu:2|v100\ng4|32|(null)|(null)\n"
 
 
 def spec_of(tmp_path: Path, **resources) -> object:
@@ -30,9 +33,14 @@ def spec_of(tmp_path: Path, **resources) -> object:
     return load_spec(str(path), [])
 
 
-def fake_ask(sinfo: str = "node1|8|(null)|(null)\n", qos: str = "", test_only=(0, "sbatch: Job 9 to start")):
+def fake_ask(sinfo: str = SINFO_HEADER + "node1|8|(null)|(null)\n", qos: str = "",
+             test_only=(0, "sbatch: Job 9 to start"), config: str = "MaxArraySize            = 1001\n"):
     def ask(cmd, stdin=None):
-        out = {"scontrol": SCONTROL, "sinfo": sinfo, "sacctmgr": qos}.get(cmd[0], "")
+        out = {"scontrol": SCONTROL, "sinfo": sinfo, "sacctmgr": QOS_HEADER + qos}.get(cmd[0], "")
+        if cmd[:3] == ["scontrol", "show", "config"]:
+            out = config
+        if cmd[0] == "sinfo" and sinfo is None:
+            return None
         if cmd[0] == "sbatch":
             return SimpleNamespace(returncode=test_only[0], stdout="", stderr=test_only[1])
         return SimpleNamespace(returncode=0, stdout=out, stderr="")
@@ -144,3 +152,139 @@ def test_submit_runs_the_preflight_first_and_queues_nothing_on_failure(slurm_clu
     missing = cli(slurm_cluster, tmp_path, "submit", str(write(tmp_path, "nopart", partition="nosuchpart")),
                   "--executor", "slurm")
     assert missing.returncode == 2 and "'nosuchpart' does not exist" in missing.stderr
+
+
+# ----------------------------------------------------------------------------- answers that cannot be read
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "slurm-22.05"
+PARTITION = (GOLDEN / "scontrol_show_partition.txt").read_text()
+
+
+def golden_cluster(shims, **answers) -> None:
+    """Fake Slurm commands that answer as the local Slurm 22.05 did (tests/golden), but
+    for ``answers``: {"partition" | "nodes" | "qos" | "config": text}, or a dict of
+    ``answer``'s arguments."""
+    said = {"partition": PARTITION, "nodes": (GOLDEN / "sinfo_nodes.txt").read_text(),
+            "qos": (GOLDEN / "sacctmgr_show_qos_golden.txt").read_text(),
+            "config": (GOLDEN / "scontrol_show_config.txt").read_text(), **answers}
+    said = {key: value if isinstance(value, dict) else {"stdout": value} for key, value in said.items()}
+    shims.answer("sinfo", "debug*\n")  # reachable
+    shims.answer("sbatch", stderr="sbatch: Job 99 to start at 2026-11-25T21:40:00 using 1 processors on nodes "
+                                  "node1 in partition debug\n", when="--test-only")
+    shims.answer("sinfo", when="-N", **said["nodes"])
+    shims.answer("scontrol", when="show partition", **said["partition"])
+    shims.answer("scontrol", when="show config", **said["config"])
+    shims.answer("sacctmgr", when="show qos", **said["qos"])
+
+
+def hostile_spec(tmp_path: Path, **extra) -> Path:
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump({"name": "h", "output": {"root": str(tmp_path / "results")},
+                                    "resources": {"cpus_per_task": 1, "mem_gb": 1, "time_min": 5}, **extra}))
+    return path
+
+
+def test_the_golden_cluster_passes_every_check(tmp_path, slurm_shims):
+    golden_cluster(slurm_shims)
+    done = slurm_shims.cli(tmp_path, "validate", str(hostile_spec(tmp_path)), "--cluster")
+    assert done.returncode == 0 and "ok: 8 of 8 checks passed" in done.stderr, done.stdout + done.stderr
+    assert "ok    partition: debug (3 nodes, state UP)" in done.stdout
+
+
+NODE = "NODELIST|CPUS|GRES|AVAIL_FEATURES\nnode1|{cpus}|{gres}|(null)\n"
+# (case, answers, spec's resources, the checks that fail, words of the last one's line)
+HOSTILE = [
+    ("TotalNodes=N/A", {"partition": PARTITION.replace("TotalNodes=3", "TotalNodes=N/A")}, {}, "nodes",
+     "the cluster's answer could not be read: `scontrol show partition` gave TotalNodes='N/A'"),
+    ("no TotalNodes", {"partition": PARTITION.replace(" TotalNodes=3", "")}, {}, "nodes",
+     "`scontrol show partition` gave no TotalNodes"),
+    ("MaxNodes past 32 bits", {"partition": PARTITION.replace("MaxNodes=UNLIMITED", "MaxNodes=4294967295")}, {},
+     "nodes", "gave MaxNodes='4294967295'"),
+    ("MaxTime of ²", {"partition": PARTITION.replace("MaxTime=UNLIMITED", "MaxTime=1:²:00")}, {}, "time",
+     "gave MaxTime='1:²:00'"),
+    ("no State", {"partition": PARTITION.replace(" State=UP", "")}, {}, "partition", "gave no State"),
+    ("CPUs of ² from sinfo", {"nodes": NODE.format(cpus="²", gres="(null)")}, {}, "cpus",
+     "`sinfo -N -p debug` gave CPUS='²'"),
+    ("CPUs of 400 digits", {"nodes": NODE.format(cpus="9" * 400, gres="(null)")}, {}, "cpus", "gave CPUS='9999"),
+    ("sinfo -N fails", {"nodes": {"stderr": "sinfo: error: Unable to contact slurm controller\n", "exit_code": 1}},
+     {}, "cpus", "`sinfo -N` did not answer: sinfo: error: Unable to contact slurm controller"),
+    ("sinfo -N lists no node", {"nodes": "NODELIST|CPUS|GRES|AVAIL_FEATURES\n"}, {}, "cpus",
+     "`sinfo -N` lists no nodes in partition debug"),
+    ("sinfo -N without its header", {"nodes": "node1|8|(null)|(null)\n"}, {}, "cpus", "lists no nodes"),
+    ("a GPU count of ²", {"nodes": NODE.format(cpus="8", gres="gpu:a100:²")}, {"gpus_per_node": 1}, "gpus",
+     "gave GRES='gpu:a100:²'"),
+    ("sinfo fails, GPUs asked", {"nodes": {"exit_code": 1}}, {"gpus_per_node": 1}, "cpus gpus",
+     "`sinfo -N` did not answer: exit 1"),
+    ("a CPU count of ² from sacctmgr", {"qos": "Name|MaxWall|MaxTRES\ngolden|00:05:00|cpu=²,node=1\n"},
+     {"qos": "golden"}, "qos", "`sacctmgr show qos` gave MaxTRES='cpu=²,node=1'"),
+    ("a MaxWall of ²", {"qos": "Name|MaxWall|MaxTRES\ngolden|²|node=1\n"}, {"qos": "golden"}, "time",
+     "`sacctmgr show qos` gave MaxWall='²'"),
+    ("sacctmgr fails", {"qos": {"stderr": "sacctmgr: error: Problem talking to the database\n", "exit_code": 1}},
+     {"qos": "golden"}, "qos", "'golden' could not be checked: `sacctmgr show qos` did not answer: sacctmgr: error"),
+]
+
+
+@pytest.mark.parametrize("answers, resources, check, says", [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+def test_validate_cluster_says_what_could_not_be_read_and_never_guesses(tmp_path, slurm_shims, capsys, answers,
+                                                                     resources, check, says):
+    """The CLI's own main() in this process (an exception would fail the test), for speed."""
+    golden_cluster(slurm_shims, **answers)
+    spec = hostile_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("cpus_per_task: 1", "cpus_per_task: 1\n" + "".join(
+        f"  {key}: {value}\n" for key, value in resources.items())))
+    code = main(["validate", str(spec), "--cluster"])
+    done = SimpleNamespace(returncode=code, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
+    assert done.returncode == 2, done.stdout + done.stderr
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+    assert [line.split(":")[0] for line in failed] == [f"FAIL  {name}" for name in check.split()], done.stdout
+    assert says in failed[-1] and "fix: " in failed[-1], failed[-1]
+    assert "at most 0" not in done.stdout and "<= 0" not in done.stdout
+    assert done.stderr.splitlines()[-1].startswith(f"refused: {8 - len(failed)} of 8 checks passed")
+
+
+SWEEP = {"sweep": {"train.seed": [0, 1]}}
+
+
+@pytest.mark.parametrize("config, says", [
+    ("MaxArraySize = 0\n", "a sweep of 2 runs is submitted as job arrays, and this cluster takes none "
+                           "(MaxArraySize=0 in `scontrol show config`)"),
+    ("MaxArraySize = ²\n", "the cluster's answer could not be read: `scontrol show config` gave MaxArraySize='²'"),
+    ("ClusterName = c\n", "the cluster's answer could not be read: `scontrol show config` gave no MaxArraySize"),
+], ids=["MaxArraySize=0", "MaxArraySize=²", "no MaxArraySize"])
+def test_a_sweep_where_the_cluster_takes_no_array_is_refused_in_one_line(tmp_path, slurm_shims, config, says):
+    golden_cluster(slurm_shims, config=config)
+    spec = str(hostile_spec(tmp_path, **SWEEP))
+    checked = slurm_shims.cli(tmp_path, "validate", spec, "--cluster")
+    (failed,) = [line for line in checked.stdout.splitlines() if line.startswith("FAIL")]
+    assert checked.returncode == 2 and failed.startswith(f"FAIL  array: {says}; fix: submit each sweep point"), \
+        checked.stdout + checked.stderr
+    assert "sbatch --test-only" not in checked.stdout  # no script without the array's size
+    for flags in (["--dry-run"], ["--no-preflight"], []):
+        done = slurm_shims.cli(tmp_path, "submit", spec, "--executor", "slurm", *flags)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == "", (flags, done.stderr)
+        assert says in lines[0] and lines[-1].startswith("clusterjob: error: ") and len(lines) == (1 if flags else 2)
+    assert not (tmp_path / "results").exists() and slurm_shims.calls("sbatch") == []
+    one = slurm_shims.cli(tmp_path, "submit", str(hostile_spec(tmp_path)), "--executor", "slurm", "--dry-run")
+    assert one.returncode == 0 and "#SBATCH" in one.stdout and "--array" not in one.stdout, one.stderr  # no array
+
+
+def test_submit_with_an_unreadable_partition_queues_nothing(tmp_path, slurm_shims):
+    golden_cluster(slurm_shims, partition=PARTITION.replace("TotalNodes=3", "TotalNodes=N/A"))
+    done = slurm_shims.cli(tmp_path, "submit", str(hostile_spec(tmp_path)), "--executor", "slurm")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        "FAIL  nodes: the cluster's answer could not be read: `scontrol show partition` gave TotalNodes='N/A'; "
+        "fix: ask the cluster's admins what it means, or pass --no-preflight to submit without this check",
+        "clusterjob: error: the cluster would refuse or never run these jobs (1 preflight check(s) failed, above); "
+        "fix the spec, or pass --no-preflight to submit anyway"]
+    assert not (tmp_path / "results").exists() and [call[0] for call in slurm_shims.calls("sbatch")] == ["--test-only"]
+
+
+def test_the_checks_themselves_never_take_an_unknown_for_0(tmp_path):
+    spec = spec_of(tmp_path, nodes=1)
+    down = lines(preflight.run_checks(spec, 1, [], fake_ask(sinfo=None)))
+    assert down["cpus"].detail == "`sinfo -N` did not answer (it could not run, or ran past 15 s)"
+    assert "at most" not in down["cpus"].line()
+    empty_tres = lines(preflight.run_checks(spec_of(tmp_path, qos="q"), 1, [], fake_ask(qos="q|00:05:00|mem=8G\n")))
+    assert empty_tres["qos"].ok  # a MaxTRES without node, cpu or gres/gpu limits nothing the job asks

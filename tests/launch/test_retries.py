@@ -15,6 +15,7 @@ import yaml
 from trainutil import base_env
 
 from clusterjob.core import slurmctl
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import RunDir, create_run
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.launch.resources import SESSION_MARK
@@ -90,7 +91,7 @@ def slurm_run(tmp_path, monkeypatch):
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({"name": "exp", "resources": {"max_retries": 2,
                                                                                       "retry_backoff_s": 45}}))
     run = create_run(tmp_path, "exp", "r1", (tmp_path / "spec.yaml").read_text(), {}, executor="slurm",
-                     slurm_job_id="12_3", log_dir=str(tmp_path))
+                     job=Job("slurm", "12_3"), log_dir=str(tmp_path))
     run.update(status="running", hosts=["node1", "node2"])
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([str(run.path)]))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+from fakeslurm import FakeSlurm, fake_slurm_at
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -69,10 +70,10 @@ def make_run(root: Path, status: str = "failed", **fields) -> Path:
     return run
 
 
-def shim(root: Path, name: str, body: str) -> None:
-    path = root / "bin" / name
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(0o755)
+@pytest.fixture
+def slurm_bin(folder: Path, tmp_path_factory) -> FakeSlurm:
+    """Fake Slurm commands in ``folder/bin``, the only folder on the commands' PATH."""
+    return fake_slurm_at(folder / "bin", tmp_path_factory)
 
 
 def replace_info(kind: str) -> Callable[[Path], None]:
@@ -155,12 +156,12 @@ SCANCEL = [
 
 
 @pytest.mark.parametrize("body", [c[1] for c in SCANCEL], ids=[c[0] for c in SCANCEL])
-def test_cancel_when_scancel_fails_says_slurm_is_unreachable_and_writes_nothing(folder: Path, body):
+def test_cancel_when_scancel_fails_says_slurm_is_unreachable_and_writes_nothing(folder: Path, slurm_bin, body):
     make_run(folder, status="running", executor="slurm", slurm_job_id="41")
     if body is None:
-        (folder / "bin" / "scancel").write_text("#!/bin/sh\nexit 0\n")  # mode 0644: cannot run
+        slurm_bin.script("scancel", "exit 0", executable=False)  # mode 0644: cannot run
     elif body:
-        shim(folder, "scancel", body)
+        slurm_bin.script("scancel", body)
     before = snapshot(folder)
     done = cli(folder, "cancel", "results/exp/r1")
     lines = done.stderr.splitlines()

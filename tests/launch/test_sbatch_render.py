@@ -197,18 +197,15 @@ def test_does_not_import_torch():
 
 # ----------------------------------------------------------------------------- dry runs
 
-FAKE_SRUN = r"""#!/bin/bash
-# Log the command line, skip srun's options, run the command as one task of a 2-node step.
+FAKE_SRUN = r"""# Log the command line, skip srun's options, run the command as one task of a 2-node step.
 { printf 'srun'; printf ' %s' "$@"; echo; } >> "$FAKE_LOG"
 while [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done
 export SLURM_STEP_NODELIST=node[7-8] SLURM_STEP_NUM_NODES=2
 exec "$@"
 """
-FAKE_SCONTROL = """#!/bin/bash
-[ "$1 $2" = "show hostnames" ] && case "$3" in "node[7-8]") echo node7; echo node8;; *) exit 1;; esac
+FAKE_SCONTROL = """[ "$1 $2" = "show hostnames" ] && case "$3" in "node[7-8]") echo node7; echo node8;; *) exit 1;; esac
 """
-FAKE_PYTHON = """#!/bin/bash
-# `python -m clusterjob env --port` is the real one (the port rule under test); the rest is logged.
+FAKE_PYTHON = """# `python -m clusterjob env --port` is the real one (the port rule under test); the rest is logged.
 [ "$1 $2 $3" = "-m clusterjob env" ] && exec "$REAL_PYTHON" "$@"
 ignored=$(awk '/^SigIgn/ {print $2}' /proc/$$/status)
 { printf 'python'; printf ' %s' "$@"; echo; echo "SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-unset} \
@@ -216,20 +213,18 @@ SETUP=${CLUSTERJOB_TEST_SETUP:-unset} USR2_IGNORED=$(( (0x$ignored >> 11) & 1 ))
 """
 
 
-def dry_run(tmp_path, style, script_args=()):
-    """Run a rendered script with stand-ins for srun/scontrol/python: (srun line, python line,
-    the environment python saw)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+def dry_run(tmp_path, style, shims, script_args=()):
+    """Run a rendered script with stand-ins for srun/scontrol/python (``shims``: the
+    slurm_shims fixture): (srun line, python line, the environment python saw)."""
+    bin_dir = shims.folder
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("python", FAKE_PYTHON)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+        shims.script(name, text, shell="/bin/bash")
     raw = {**CPU, "resources": {**CPU["resources"], "cpus_per_task": 3,
                                 "setup": ["export CLUSTERJOB_TEST_SETUP=done"]}}
     script = tmp_path / "run.sbatch"
     script.write_text(sbatch.render(spec_from_dict(raw), SPEC_PATH, style, ["train.lr=0.2"]))
     log = tmp_path / "log"
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
+    env = {"PATH": shims.path(), "FAKE_LOG": str(log), "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
            "REAL_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
            "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[7-8]",
            "SLURM_CPUS_PER_TASK": "3", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}
@@ -238,16 +233,16 @@ def dry_run(tmp_path, style, script_args=()):
     return lines[0], next(line for line in lines if line.startswith("python ")), lines[-1]
 
 
-def test_dry_run_srun_style(tmp_path):
-    srun, python, extra = dry_run(tmp_path, "srun", ["--set", "train.seed=1"])
+def test_dry_run_srun_style(tmp_path, slurm_shims):
+    srun, python, extra = dry_run(tmp_path, "srun", slurm_shims, ["--set", "train.seed=1"])
     assert srun.startswith("srun --kill-on-bad-exit=1 ") and srun.endswith(
         f" {tmp_path / 'bin' / 'python'} -m clusterjob.run {SPEC_PATH} --set train.lr=0.2 --set train.seed=1")
     assert python == f"python -m clusterjob.run {SPEC_PATH} --set train.lr=0.2 --set train.seed=1"
     assert extra == "SRUN_CPUS_PER_TASK=3 SETUP=done USR2_IGNORED=0"
 
 
-def test_dry_run_torchrun_style(tmp_path):
-    srun, python, extra = dry_run(tmp_path, "torchrun")
+def test_dry_run_torchrun_style(tmp_path, slurm_shims):
+    srun, python, extra = dry_run(tmp_path, "torchrun", slurm_shims)
     assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6 ")
     port = master_port_for_job("4242")  # the same rule as every srun task's MASTER_PORT
     assert python == ("python -m torch.distributed.run --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d "

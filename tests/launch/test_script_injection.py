@@ -64,34 +64,29 @@ def test_submitit_job_script_keeps_paths_whole(tmp_path, template):
     assert not (tmp_path / "CANARY").exists()
 
 
-def test_submit_dry_run_through_the_cli_prints_the_same_quoted_script(tmp_path):
+def test_submit_dry_run_through_the_cli_prints_the_same_quoted_script(tmp_path, slurm_shims):
     root = tmp_path / hostile(tmp_path, "x $(touch {canary}) ;")
     spec = tmp_path / "s.yaml"
     spec.write_text(f"name: n\noutput: {{root: {shlex.quote(str(root))}}}\n")
-    sbatch_shim = tmp_path / "bin"
-    sbatch_shim.mkdir()
     for name in ("sbatch", "sinfo", "scontrol"):  # "Slurm is reachable": the slurm path is taken
-        (sbatch_shim / name).write_text("#!/bin/sh\nexit 0\n")
-        (sbatch_shim / name).chmod(0o755)
+        slurm_shims.answer(name)
     done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "slurm",
                            "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{sbatch_shim}:{os.environ['PATH']}"}, timeout=60)
+                          env=slurm_shims.env(), timeout=60)
     assert done.returncode == 0, done.stderr
     assert shlex.quote(str(root / "n" / ".slurm")) in done.stdout
     assert not root.exists() and not (tmp_path / "CANARY").exists()  # a dry run writes nothing
 
 
-FAKE_SRUN = "#!/bin/bash\nwhile [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done\nexec \"$@\"\n"
-FAKE_PYTHON = "#!/bin/bash\nprintf '%s\\0' \"$@\"\n"  # NUL-separated: an argument may hold a newline
+FAKE_SRUN = "while [ $# -gt 0 ] && [[ $1 == --* ]]; do shift; done\nexec \"$@\"\n"
+FAKE_PYTHON = "printf '%s\\0' \"$@\"\n"  # NUL-separated: an argument may hold a newline
 
 
 @pytest.mark.parametrize("template", HOSTILE + ["new\nline"])
-def test_clusterjob_sbatch_passes_the_spec_path_as_one_argument(tmp_path, template):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+def test_clusterjob_sbatch_passes_the_spec_path_as_one_argument(tmp_path, slurm_shims, template):
+    bin_dir = slurm_shims.folder
     for name, text in (("srun", FAKE_SRUN), ("python", FAKE_PYTHON)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+        slurm_shims.script(name, text, shell="/bin/bash")
     spec_path = str(tmp_path / hostile(tmp_path, template) / "spec.yaml")
     spec = spec_from_dict({"name": "n", "resources": {"cpus_per_task": 1}})
     text = sbatch.render(spec, spec_path, "srun", ["train.lr=0.2"])
@@ -100,7 +95,7 @@ def test_clusterjob_sbatch_passes_the_spec_path_as_one_argument(tmp_path, templa
     script = tmp_path / "run.sbatch"
     script.write_text(text)
     done = subprocess.run([shutil.which("bash"), str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
+                          env={"PATH": slurm_shims.path(), "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
                                "SLURM_CPUS_PER_TASK": "1"}, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\0")[:-1] == ["-m", "clusterjob.run", spec_path, "--set", "train.lr=0.2"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fakeslurm import fake_slurm_at
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,8 +51,7 @@ def test_a_partition_slurm_does_not_have_is_bad_input_and_leaves_nothing(slurm_c
 
 # ----------------------------------------------------------------------------- with an sbatch shim
 
-SBATCH = """#!/bin/sh
-# answers the first submission, then the controller is gone
+SBATCH = """# answers the first submission, then the controller is gone
 if [ -e "$0.done" ]; then
   echo "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)" >&2
   exit 1
@@ -62,18 +62,12 @@ echo "Submitted batch job 4242"
 
 
 @pytest.fixture
-def shims(tmp_path):
+def shims(tmp_path, tmp_path_factory):
     """sbatch as above, sinfo that answers, scontrol saying MaxArraySize=2 (a sweep of 3
     is an array of 2, then one job)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tools = {"sbatch": SBATCH, "sinfo": "#!/bin/sh\necho debug\n", "scontrol": "#!/bin/sh\necho 'MaxArraySize = 2'\n",
-             "squeue": "#!/bin/sh\nexit 0\n", "sacct": "#!/bin/sh\nexit 0\n"}
-    for name, text in tools.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    return {**env, "PATH": f"{bin_dir}:{env.get('PATH', '')}"}
+    fake = fake_slurm_at(tmp_path / "bin", tmp_path_factory).script("sbatch", SBATCH)
+    fake.answer("sinfo", "debug\n").answer("scontrol", "MaxArraySize = 2\n").answer("squeue").answer("sacct")
+    return fake.env({k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))})
 
 
 def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shims):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import re
 from pathlib import Path
 
 import pytest
@@ -137,23 +137,12 @@ def test_a_resumed_run_counts_the_jobs_of_every_session():
 # ---------------------------------------------------------------- sacct
 
 
-def shim_sacct(folder: Path, body: str) -> None:
-    folder.mkdir(exist_ok=True)
-    path = folder / "sacct"
-    path.write_text("#!/bin/sh\n" + body + "\n")
-    path.chmod(0o755)
+SACCT_HEADER = "JobID|State|Submit|Start|End|ElapsedRaw|AllocTRES"
 
 
-@pytest.fixture
-def bin_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "bin"
-    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
-    return folder
-
-
-def test_segments_reads_every_session_in_unix_seconds_and_only_the_jobs_asked_for(bin_dir, monkeypatch):
-    shim_sacct(bin_dir, f'''[ "$SLURM_TIME_FORMAT" = "%s" ] || exit 3
-echo "$@" >> {bin_dir}/calls
+def test_segments_reads_every_session_in_unix_seconds_and_only_the_jobs_asked_for(slurm_shims, monkeypatch):
+    slurm_shims.script("sacct", f'''[ "$SLURM_TIME_FORMAT" = "%s" ] || exit 3
+echo "{SACCT_HEADER}"
 case "$*" in *"-j 5") ;; *) exit 0;; esac
 echo "5_1|REQUEUED|{T0}|{T0 + 10}|{T0 + 310}|300|billing=8,cpu=4,gres/gpu=2,gres/gpu:a100=2,mem=8G,node=1"
 echo "5_1|PENDING|{T0 + 310}|Unknown|Unknown|0|"
@@ -162,11 +151,11 @@ echo "5_3|RUNNING|{T0}|{T0 + 5}|Unknown|77|cpu=2,node=1"''')
     monkeypatch.setattr(slurmctl, "_IDS_PER_QUERY", 1)
     got = slurmctl.segments(["5_1", "5_2", "6"])
     assert got == {"5_1": [Segment("5_1", "REQUEUED", T0, T0 + 10, T0 + 310, 300, 4, 2),
-                           Segment("5_1", "PENDING", T0 + 310, None, None, 0, 0, 0)],
+                           Segment("5_1", "PENDING", T0 + 310, None, None, 0, None, None)],
                    "5_2": [Segment("5_2", "CANCELLED", T0, T0 + 5, T0 + 6, 1, 1, 0)]}
-    calls = (bin_dir / "calls").read_text().splitlines()
-    assert [call.split()[-1] for call in calls] == ["5", "6"]  # an array once for all its tasks; a chunk per query
-    shim_sacct(bin_dir, 'echo "sacct: error: Slurm accounting storage is disabled" >&2; exit 1')
+    calls = slurm_shims.calls("sacct")
+    assert [call[-1] for call in calls] == ["5", "6"]  # an array once for all its tasks; a chunk per query
+    slurm_shims.answer("sacct", stderr="sacct: error: Slurm accounting storage is disabled\n", exit_code=1)
     assert slurmctl.segments(["5_1"]) is None
 
 
@@ -180,13 +169,14 @@ def slurm_run(root: Path, run_id: str, lr: float, job: str, sessions: list) -> P
 
 
 @pytest.fixture
-def cost_sweep(tmp_path, bin_dir):
+def cost_sweep(tmp_path, slurm_shims):
     """Two lrs x two seeds on Slurm, one requeued (GPUs), plus one local run of lr 0.2."""
     slurm_run(tmp_path, "r1", 0.1, "5", [session(12), session(402, checkpoint_at=250)])
     slurm_run(tmp_path, "r2", 0.1, "6", [session(22)])
     slurm_run(tmp_path, "r3", 0.2, "7", [session(62)])
     write_run(tmp_path, "r4", {"train.lr": 0.2}, [{"epoch": 1, "val_acc": 0.7}], slurm_job_id=None, executor="local")
-    shim_sacct(bin_dir, f'''for id in $(echo "$@" | sed 's/.*-j //; s/,/ /g'); do case $id in
+    slurm_shims.script("sacct", f'''echo "{SACCT_HEADER}"
+for id in $(echo "$@" | sed 's/.*-j //; s/,/ /g'); do case $id in
 5) echo "5|REQUEUED|{T0}|{T0 + 10}|{T0 + 310}|300|cpu=4,gres/gpu=2"; echo "5|COMPLETED|{T0 + 310}|{T0 + 400}|{T0 + 700}|300|cpu=4,gres/gpu=2";;
 6) echo "6|COMPLETED|{T0}|{T0 + 20}|{T0 + 3620}|3600|cpu=4,gres/gpu=2";;
 7) echo "7|COMPLETED|{T0}|{T0 + 60}|{T0 + 7260}|7200|cpu=8,node=1";;
@@ -219,14 +209,54 @@ def test_groups_sum_every_runs_cost_and_a_group_with_an_unknown_run_is_unknown(c
     assert "2.33 GPU-h" in html and "0.333 GPU-h" in html and ">queued<" in html and ">lost<" in html
 
 
-def test_a_cluster_without_accounting_shows_dashes_and_the_report_still_succeeds(cost_sweep, bin_dir):
-    shim_sacct(bin_dir, 'echo "sacct: error: Slurm accounting storage is disabled" >&2; exit 1')
+def test_a_cluster_without_accounting_shows_dashes_and_the_report_still_succeeds(cost_sweep, slurm_shims):
+    slurm_shims.fail("sacct", stderr="sacct: error: Slurm accounting storage is disabled")
     runs = json.loads(report.format_report(cost_sweep / "exp", fmt="json", runs=True))["runs"]
     assert all(r[name] is None for r in runs for name in cost.COLUMNS)
 
 
-def test_a_report_of_local_runs_has_no_cost_columns_and_asks_nothing(tmp_path, bin_dir):
-    shim_sacct(bin_dir, f"touch {bin_dir}/asked; exit 1")
+def test_a_report_of_local_runs_has_no_cost_columns_and_asks_nothing(tmp_path, slurm_shims):
+    slurm_shims.answer("sacct", exit_code=1)
     write_run(tmp_path, "r1", {"train.lr": 0.1}, [{"epoch": 1, "val_acc": 0.7}], slurm_job_id=None)
     md = report.format_report(tmp_path / "exp", runs=True, width=200)
-    assert "compute" not in md and not (bin_dir / "asked").exists()
+    assert "compute" not in md and slurm_shims.calls("sacct") == []
+
+
+# ---------------------------------------------------------------- what sacct says that cannot be read
+
+
+def test_a_session_that_ran_without_a_word_of_what_it_held_has_no_compute_never_zero():
+    ran = [seg(submit=0, start=10, end=3610, elapsed=3600, cpus=None, gpus=None)]
+    got = cost.cost_of(info([session(12)]), ["5"], {"5": ran}, now=T0 + 10_000)
+    assert math.isnan(got.gpu_hours) and math.isnan(got.cpu_hours) and got.queue_wait_s == 10
+    waiting = [seg(submit=0, start=10, end=3610, elapsed=3600, cpus=2, gpus=0),
+               seg(submit=3611, start=None, end=None, elapsed=0, cpus=None, gpus=None)]  # pending: held nothing yet
+    assert cost.cost_of(info([session(12)]), ["5"], {"5": waiting}, now=T0 + 3700).cpu_hours == pytest.approx(2.0)
+
+
+START = f"{T0}|{T0 + 10}|{T0 + 3610}"
+# (case, sacct's row for job 5, whether the queue wait is still known)
+UNREADABLE_SACCT = [
+    ("ElapsedRaw of ²", f"5|COMPLETED|{START}|²|cpu=4,node=1", False),
+    ("ElapsedRaw of 400 digits", f"5|COMPLETED|{START}|{'9' * 400}|cpu=4,node=1", False),
+    ("ElapsedRaw past 32 bits", f"5|COMPLETED|{START}|4294967294|cpu=4,node=1", False),
+    ("Arabic-Indic digits", f"5|COMPLETED|{START}|٣٦٠٠|cpu=4,node=1", False),
+    ("empty AllocTRES after 3600 s", f"5|COMPLETED|{START}|3600|", True),
+    ("a CPU count of ²", f"5|COMPLETED|{START}|3600|cpu=²,node=1", False),
+    ("a GPU count that is no number", f"5|COMPLETED|{START}|3600|cpu=4,gres/gpu=four", False),
+    ("a start that is no Unix time", f"5|COMPLETED|{T0}|2026-11-25T21:33:37|{T0 + 3610}|3600|cpu=4", False),
+    ("a value holding |", f"5|COMPLETED|{START}|3600|cpu=4|x", False),
+]
+
+
+@pytest.mark.parametrize("row, queue_known", [c[1:] for c in UNREADABLE_SACCT], ids=[c[0] for c in UNREADABLE_SACCT])
+def test_a_sacct_answer_that_cannot_be_read_is_a_dash_in_the_report(tmp_path, slurm_shims, row, queue_known):
+    slurm_run(tmp_path, "r1", 0.1, "5", [session(12)])
+    slurm_shims.answer("sacct", f"{SACCT_HEADER}\n{row}\n")
+    done = slurm_shims.cli(tmp_path, "report", "exp", "--runs", "--format", "json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    (run,) = json.loads(done.stdout)["runs"]
+    assert run["gpu_hours"] is None and run["cpu_hours"] is None
+    assert (run["queue_wait_s"], run["lost_s"]) == ((10, 0) if queue_known else (None, None))
+    md = slurm_shims.cli(tmp_path, "report", "exp", "--runs")
+    assert md.returncode == 0 and "compute - ·" in md.stdout and not re.search(r"[0-9] [CG]PU-h", md.stdout), md.stdout

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+from fakeslurm import fake_slurm_at
 
 CACHE = ".clusterjob-cache.npz"
 DEEP = "[" * 100_000 + "]" * 100_000  # deeper than any JSON parser recurses
@@ -179,12 +180,10 @@ def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def results(tmp_path: Path) -> Path:
+def results(tmp_path: Path, tmp_path_factory) -> Path:
     """results/exp with two good runs, and failing squeue/sacct on a PATH folder."""
-    (tmp_path / "bin").mkdir()
-    for tool in ("squeue", "sacct"):
-        (tmp_path / "bin" / tool).write_text("#!/bin/sh\necho 'error: Unable to contact slurm controller' >&2\nexit 1\n")
-        (tmp_path / "bin" / tool).chmod(0o755)
+    fake_slurm_at(tmp_path / "bin", tmp_path_factory).fail("squeue", "sacct",
+                                                            stderr="error: Unable to contact slurm controller")
     exp = tmp_path / "results" / "exp"
     good_run(exp, "r1", 0.1)
     good_run(exp, "r2", 0.2)

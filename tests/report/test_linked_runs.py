@@ -9,16 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
+from fakeslurm import fake_slurm_at
 from test_hostile_results import cli, good_run, snapshot
 
 
 @pytest.fixture
-def two_runs(tmp_path: Path) -> Path:
+def two_runs(tmp_path: Path, tmp_path_factory) -> Path:
     """results/exp/r1 and r2 (train.lr 0.1 and 0.2), and failing Slurm commands on PATH."""
-    (tmp_path / "bin").mkdir()
-    for tool in ("squeue", "sacct"):
-        (tmp_path / "bin" / tool).write_text("#!/bin/sh\nexit 1\n")
-        (tmp_path / "bin" / tool).chmod(0o755)
+    fake_slurm_at(tmp_path / "bin", tmp_path_factory).fail("squeue", "sacct", stderr="")
     good_run(tmp_path / "results" / "exp", "r1", 0.1)
     good_run(tmp_path / "results" / "exp", "r2", 0.2)
     return tmp_path

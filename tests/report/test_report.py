@@ -150,11 +150,14 @@ def test_damaged_runs_counted_and_warned(exp, capsys):
     assert data["status_counts"] == {"completed": 5, "running": 1, "unknown": 1} and len(data["warnings"]) == 2
 
 
-def test_several_names_group_by_name(tmp_path):
+def test_several_names_are_sections_never_compared(tmp_path):
     sweep(tmp_path)
     write_run(tmp_path, "z", {"train.lr": 0.1}, [epoch_line(1, 0.9)], name="other")
     rep = report.build_report(tmp_path)
-    assert rep.keys == ["name", "train.lr"] and rep.best == {"name": "other", "train.lr": 0.1}
+    assert [e.name for e in rep.experiments] == ["exp", "other"]
+    assert [e.keys for e in rep.experiments] == [["train.lr"], ["train.lr"]]
+    assert [e.best for e in rep.experiments] == [{"train.lr": 0.1}, {"train.lr": 0.1}]  # each its own best
+    assert rep.experiments[0].groups["n"].tolist() == [3, 3]  # the other name's run is in no group of exp
     assert pd.read_csv(io.StringIO(report.render(rep, "csv", runs=True))).columns[0] == "name"
 
 
@@ -200,7 +203,7 @@ def test_default_metric_of_user_runs_is_the_first_logged(tmp_path):
     assert rep.keys == ["params.lr"]  # params.seed is a seed: never a group key
     groups = rep.groups
     assert list(groups.columns) == ["params.lr", "n", "loss_mean", "loss_std", "completed", "counted",
-                                    "not_completed"]
+                                    "not_completed", "state"]
     assert groups["params.lr"].tolist() == [0.1, 0.01]  # lower loss first
     assert groups["loss_mean"].tolist() == pytest.approx([0.32, 0.52])
     assert groups["loss_std"].tolist() == pytest.approx([0.02 * 2 ** 0.5, 0.02 * 2 ** 0.5])

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_failed_runs import diverged_sweep
+from test_results import write_run
 
 from clusterjob.report import build as report
 from clusterjob.report import plots
@@ -39,6 +40,8 @@ addEventListener("load", () => {
     panels: [...document.querySelectorAll(".panels img")].map(i => (
       {width: box(i).width, natural: i.naturalWidth, top: box(i).top, right: box(i).right})),
     errors: [...document.querySelectorAll("td.error")].map(c => ({right: box(c).right, text: c.textContent})),
+    legends: [...document.querySelectorAll("ul.curves")].map(u => (
+      {left: box(u).left, top: box(u).top, right: box(u).right})),
   };
   parent.postMessage(JSON.stringify(out), "*");
 });
@@ -124,10 +127,14 @@ def test_the_report_reads_on_a_wide_and_a_narrow_screen(rendered, width):
     text_px = [FONT_PX * p["width"] / p["natural"] for p in panels]
     assert min(text_px) >= 10, text_px  # the curves' labels stay readable (they were 5 px)
     tops = [round(p["top"]) for p in panels]
+    (legend,) = facts["legends"]
+    assert legend["right"] <= width
     if width == 1400:
         assert tops[0] == tops[1]  # side by side on a wide screen
+        assert legend["left"] >= max(p["right"] for p in panels) and legend["top"] <= tops[0] + 40  # beside them
     else:
         assert tops == sorted(set(tops))  # stacked on a narrow one
+        assert legend["top"] < tops[0]  # above them, not below all of them
     shot_width, shot_height, red = screenshot(browser, tmp / "report.html", tmp, width)
     assert (shot_width, shot_height) == (width, HEIGHT)
     assert red is None or red > 0.0005, red  # the failed group and runs are marked in red
@@ -139,3 +146,26 @@ def test_the_page_says_how_to_lay_it_out_on_a_small_screen(rendered):
     assert "@media (max-width: 640px)" in text and 'data-label="val_loss"' in text  # the cards' labels
     sizes = set(re.findall(r'<img alt="[^"]*" width="(\d+)" height="(\d+)"', text))
     assert sizes == {(str(plots.WIDTH_PX), str(plots.HEIGHT_PX))}  # panels at their own size, not one strip
+
+
+def own_runs(root: Path) -> None:
+    """An experiment of your own code beside the sweep: its own keys and metrics."""
+    for i, (lr, optimizer) in enumerate([(0.001, "adamw"), (0.0003, "adamw"), (0.001, "sgd-nesterov")]):
+        params = {"params.lr": lr, "params.optimizer": optimizer, "params.batch_size": 256,
+                  "params.warmup_steps": 500, "params.seed": i}
+        lines = [{"step": 100 * s, "train_loss_smoothed": 2.0 / s, "eval_top1_accuracy": 50 + 10 * s + i}
+                 for s in (1, 2, 3)]
+        write_run(root, f"20261122-000132-ae38-{i:03d}", params, lines, name="finetune-own-script")
+
+
+def test_a_report_of_several_experiments_fits_a_wide_screen(tmp_path):
+    browser = chromium()
+    results = tmp_path / "results"
+    diverged_sweep(results)
+    own_runs(results)
+    text = report.format_report(results, fmt="html")
+    assert text.count('<h2 class="experiment">') == 2
+    facts = measure(browser, text, tmp_path, 1400)
+    assert facts["page"] <= 1400 and max(facts["cells"]) <= 1400
+    assert len(facts["tables"]) == 4 and all(hidden <= 1 for hidden in facts["tables"])  # none scrolls sideways
+    assert len(facts["legends"]) == 2

@@ -119,7 +119,13 @@ def test_a_logger_that_fails_is_one_warning_and_training_goes_on(tmp_path):
     assert warning.startswith("logging.mlflow: ") and "metrics.jsonl holds every metric" in warning
     assert (run / "logs" / "rank0.err").read_text().count("clusterjob: warning: logging.mlflow:") == 1
     assert tensorboard_series(run / "tensorboard") == as_float32(jsonl_series(run, "epoch"))
-    assert "mlflow" not in json.loads((run / "loggers.json").read_text())  # nothing sent: all of it goes next time
+    (tmp_path / "blocked").unlink()  # the store can be made now: the next start sends MLflow all it missed
+    again = subprocess.run([sys.executable, "-m", "clusterjob.run", str(run / "spec.yaml")], cwd=tmp_path,
+                           env=base_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    info = run_info(run)
+    assert mlflow_series(info["mlflow_tracking_uri"], info["mlflow_run_id"]) == jsonl_series(run, "epoch")
+    assert tensorboard_series(run / "tensorboard") == as_float32(jsonl_series(run, "epoch"))  # nothing twice
 
 
 # ----------------------------------------------------------------------------- your own code

@@ -8,6 +8,7 @@ import pytest
 
 from clusterjob.core import slurmctl
 from clusterjob.core.env import SlurmJob
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.runner import runrecord
 
@@ -15,7 +16,7 @@ from clusterjob.runner import runrecord
 @pytest.fixture
 def requeued(tmp_path, monkeypatch):
     """A run of job 40 in its second session, after a first that ended as ``state``."""
-    run = create_run(tmp_path, "exp", "r1", "name: exp\n", {}, executor="slurm", slurm_job_id="40")
+    run = create_run(tmp_path, "exp", "r1", "name: exp\n", {}, executor="slurm", job=Job("slurm", "40"))
     run.update(status="running", hosts=["node1", "node2"])
     monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40", restart_count=1))
 

@@ -6,8 +6,6 @@ the live line."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from owncode import Project
 
@@ -56,7 +54,7 @@ def test_metrics_printed_at_two_rates_are_all_kept_once_also_across_a_resume(tmp
     assert header.split()[:4] == ["RUN", "STATUS", "EPOCH/STEP", "METRIC"], status.stdout
     assert row.split()[1:5] == ["completed", "21", "train_loss", "0.4762"], status.stdout
     assert (own.run / "logs/rank0.out").read_text().splitlines()[-1] == (
-        f"completed {own.run}: {json.dumps(info['final'])}")
+        f"completed {own.run}: once 1 train_loss 0.476 val_loss 0.250")  # in the units of core/units.py, not raw JSON
 
 
 def test_a_regex_with_a_step_group_and_one_line_of_several_metrics(tmp_path):

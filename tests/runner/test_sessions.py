@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from clusterjob.core.env import SlurmJob, detect
+from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.runner import runrecord
 
@@ -18,7 +19,7 @@ ENV = detect({})  # one process, no job
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40_2", restart_count=0))
-    return create_run(tmp_path, "exp", "r1", "name: exp\n", {}, executor="slurm", slurm_job_id="40_2")
+    return create_run(tmp_path, "exp", "r1", "name: exp\n", {}, executor="slurm", job=Job("slurm", "40_2"))
 
 
 def test_each_start_records_its_job_and_the_checkpoint_it_resumes(run):

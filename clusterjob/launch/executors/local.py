@@ -22,9 +22,10 @@ from typing import Mapping, Optional, Sequence
 
 from clusterjob.core import claim, procs
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import RunDir, RunRecord, failure, loads, natural_key, now_iso, read_text
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, failure, natural_key, now_iso
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import Dependency, Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
+from clusterjob.launch.progress import ProgressTail
 from clusterjob.spec.schema import Spec
 
 CANCEL_POLL_S = 1.0
@@ -43,7 +44,7 @@ class LocalExecutor(Executor):
 
     @classmethod
     def adopts(cls, record: RunRecord) -> bool:
-        return record.slurm_job_id is None  # started by hand, outside Slurm
+        return record.job is None  # started by hand, outside Slurm
 
     def check(self, spec: Spec, points: int, preflight: bool = True, after: Sequence[Dependency] = ()) -> None:
         """What this machine must offer a local run, checked before any process starts
@@ -79,11 +80,13 @@ class LocalExecutor(Executor):
     def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
         """Run the runs here, one after another; a stop signal cancels them (see
         clusterjob.launch.supervisor)."""
+        tail = ProgressTail(runs, own_code=spec.entrypoint is not None)
         supervisor = sup.Supervisor(spec.resources.tasks_per_node,
-                                    on_tick=lambda run: watch.progress(sup.last_progress(run))).install()
+                                    on_tick=lambda run: watch.progress(tail.new_lines(run))).install()
         records = []
         for run in runs:
             records += supervisor.run_all([run])
+            watch.progress(tail.new_lines(run))  # what rank 0 wrote after the last tick
             watch.ended(run, records[-1])
         return Waited(records, supervisor.stop_signal)
 
@@ -99,16 +102,22 @@ class LocalExecutor(Executor):
         return None
 
     def cancel(self, run: RunDir, info: RunRecord, wait_s: float) -> list[str]:
-        """Verified local ranks get SIGTERM, then SIGKILL if they outlive ``wait_s``;
+        """The run's ranks (this start's, and an earlier start's that still live: see
+        ``_rank_refs``), verified, get SIGTERM, then SIGKILL if they outlive ``wait_s``;
         ranks on other hosts, or not started yet, read the request in run.json (rank 0
-        stops, or the supervisor skips the run)."""
+        stops, or the supervisor skips the run). A live supervisor owns the ranks: it
+        reads the request too, stops every rank it started (also one that had not
+        recorded itself yet) and alone marks the run cancelled, once they all exited;
+        cancel waits for that. Without one, cancel marks it once every rank here ended."""
         run.update(cancel_requested_at=now_iso())
-        refs = _rank_refs(run)
+        refs = _rank_refs(run, info.launcher)
         if not refs:
             return cancel_unstarted(run, info)
         lines = [_stop_rank(rank, ref) for rank, ref in refs]
         here = [(rank, ref) for rank, ref in refs if _on_this_host(ref)]
         lines += _await_ranks(here, wait_s)
+        if info.launcher is not None and procs.check(info.launcher) is None:
+            return lines + _await_supervisor(run, info.launcher)
         if len(here) == len(refs) and not _alive(here):
             run.update(status="cancelled", finished_at=now_iso())
         return lines
@@ -229,9 +238,11 @@ class Processes:
 
 def processes(run: RunDir, info: RunRecord) -> Processes:
     """What became of the run's supervisor (counted while the run is pending or running:
-    a supervisor of a sweep lives on after this run) and of its ranks (once it left
-    pending: those of a pending run are of an earlier start); reads only."""
-    refs = [] if info.status == "pending" else [(f"rank {rank}", ref) for rank, ref in _rank_refs(run)]
+    a supervisor of a sweep lives on after this run) and of the ranks of its current
+    start (``_rank_refs``; a pending run with no supervisor recorded is being handed
+    over: its records are of an earlier start); reads only."""
+    handed = info.status == "pending" and info.launcher is None
+    refs = [] if handed else [(f"rank {rank}", ref) for rank, ref in _rank_refs(run, info.launcher)]
     if info.launcher is not None and info.status in ("pending", "running"):
         refs.insert(0, (SUPERVISOR_WORD, info.launcher))
     found = Processes([], [], [])
@@ -275,15 +286,33 @@ def _await_ranks(ranks: list, wait_s: float) -> list[str]:
     return lines
 
 
-def _rank_refs(run: RunDir) -> list:
-    """(rank, ProcessRef) of each rank that recorded which process it is."""
+def _rank_refs(run: RunDir, launcher: Optional[procs.ProcessRef]) -> list:
+    """(rank, ProcessRef) of each rank that recorded which process it is. A record of a
+    rank that started before the run's ``launcher`` (its supervisor, or the ``submit
+    --wait`` that runs it) is of an earlier start: it counts only while that process
+    lives, so an ended rank of an earlier start is never taken for an ended rank of
+    this one."""
     found = []
     for path in sorted(run.logs.glob("rank*.proc.json"), key=lambda p: natural_key(p.name)):
-        text, _ = read_text(path, limit=4096)
-        ref = procs.ProcessRef.from_dict(loads(text or ""))
-        if ref is not None:
+        ref = procs.load(path)
+        earlier = ref is not None and launcher is not None and procs.started_before(ref, launcher)
+        if ref is not None and (not earlier or procs.check(ref) is None):
             found.append((path.name.split(".")[0][len("rank"):], ref))
     return found
+
+
+SETTLE_WAIT_S = 10.0  # how long cancel waits for a live supervisor to settle the run once its ranks ended
+
+
+def _await_supervisor(run: RunDir, launcher: procs.ProcessRef) -> list[str]:
+    """Wait until the run's supervisor settled it (it stops every rank it started and
+    marks the run once they all exited); what it recorded, in a line."""
+    deadline = time.monotonic() + SETTLE_WAIT_S
+    while (status := run.read().status) not in FINAL_STATUSES and time.monotonic() < deadline:
+        time.sleep(CANCEL_POLL_S / 4)
+    if status in FINAL_STATUSES:
+        return [f"its supervisor (pid {launcher.pid}) recorded the run {status}"]
+    return [f"its supervisor (pid {launcher.pid}) marks the run cancelled once every rank it started ended"]
 
 
 def _stop_rank(rank: str, ref) -> str:

@@ -20,9 +20,7 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -32,14 +30,15 @@ from typing import Optional, Sequence
 from clusterjob.core import claim, retry, slurmctl, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
+from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     RunDir,
     RunError,
     RunRecord,
     failure,
+    first_error,
     is_job_id,
-    mark_failed,
     now_iso,
     rank_errors,
     tail_lines,
@@ -58,6 +57,7 @@ from clusterjob.launch.executor import (
     views,
 )
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
+from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
 
 # sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
@@ -67,6 +67,7 @@ _SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed"
 UNREACHABLE = "Slurm unreachable"
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # `submit --wait` polls back off from the first to the longest wait
 CANCEL_POLL_S = 1.0
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's own default, where no cluster can be asked (a dry run)
 
 
 @register
@@ -75,10 +76,11 @@ class SlurmExecutor(Executor):
 
     name = "slurm"
     auto_rank = 10
+    options = SlurmOptions
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
-        if reachable():
+        if slurmctl.reachable():
             return None
         return ("Slurm is not reachable from here (sbatch/sinfo missing or the controller does not answer); "
                 "check SLURM_CONF, or use --executor local")
@@ -92,10 +94,14 @@ class SlurmExecutor(Executor):
         (clusterjob.launch.preflight): each failed check on stderr, then bad input;
         ``preflight`` False asks nothing."""
         for dep in after:
-            if dep.state == WAITING and dep.job is None:
+            if dep.state == WAITING and _slurm_job(dep) is None:
                 raise BadInput(f"--after: {dep.run.path} is {dep.why}, with no Slurm job to wait for (a local run, or "
                                "Slurm did not say); submit this one with --executor local, or once it completed")
         if not preflight:
+            from clusterjob.launch.preflight import array_size
+
+            if self.unavailable() is None:  # a dry run without a cluster: preview splits at the default
+                array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
             return
         failed = [check for check in self.checks(spec, points) if not check.ok]
         for check in failed:
@@ -108,13 +114,20 @@ class SlurmExecutor(Executor):
         """The cluster's answers for ``points`` runs of ``spec``, one Check each; read-only."""
         from clusterjob.launch import preflight
 
-        return preflight.run_checks(spec, points, scripts(spec, points, _folder(spec)))
+        try:
+            rendered = scripts(spec, points, _folder(spec))
+        except (BadInput, SlurmUnreachable):  # no array size: the array check says why
+            rendered = []
+        return preflight.run_checks(spec, points, rendered)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
-        return scripts(spec, points, _folder(spec), chain.jobs(after))
+        # Without a cluster to ask (a dry run from a laptop), a sweep is split at Slurm's default
+        # MaxArraySize: submit's note says so. With one, its own answer splits it, or refuses it.
+        unasked = DEFAULT_MAX_ARRAY_SIZE if self.unavailable() is not None else None
+        return scripts(spec, points, _folder(spec), _after_jobs(after), unasked)
 
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
-        job_ids = submit_runs(spec, runs, chain.jobs(after))
+        job_ids = submit_runs(spec, runs, _after_jobs(after))
         claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
         return [f"{job_id}  {run.path}" for job_id, run in zip(job_ids, runs)]
 
@@ -158,17 +171,19 @@ class SlurmExecutor(Executor):
         return _cancel_job(run, job, wait_s)
 
     def reopened(self) -> dict:
-        return {"slurm_job_id": None}
+        return {"job": None}
 
 
-def reachable(timeout_s: float = 10.0) -> bool:
-    """True when ``sbatch`` exists and the controller answers."""
-    if not shutil.which("sbatch") or not shutil.which("sinfo"):
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, timeout=timeout_s).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def _slurm_job(dep: Dependency) -> Optional[str]:
+    """The Slurm job (or array task) of a run this one waits for, while it is queued;
+    None for none, or another executor's job."""
+    job = dep.job
+    return job.id if job is not None and job.executor == SLURM and is_job_id(job.id) else None
+
+
+def _after_jobs(after: Sequence[Dependency]) -> list[str]:
+    """The queued Slurm jobs of the runs still waited for: what afterok names."""
+    return [job for dep in after if dep.state == WAITING and (job := _slurm_job(dep)) is not None]
 
 
 def _folder(spec: Spec) -> Path:
@@ -252,16 +267,20 @@ def _teardown(runs_file: Path) -> list[str]:
 def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[str]):
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.resources.max_requeues)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=SlurmOptions.of(spec).max_requeues)
     executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file), after_jobs))
     return executor
 
 
-def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = ()) -> list[str]:
-    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``)."""
+def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (),
+            array_max: Optional[int] = None) -> list[str]:
+    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``), each
+    array at most ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
+    from clusterjob.launch.preflight import array_size
+
     params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"), after_jobs)
-    return [_render(params, folder, len(part) if points > 1 else None)
-            for part in chunks(list(range(points)), slurmctl.max_array_size())]
+    size = array_size(points) if array_max is None else array_max
+    return [_render(params, folder, len(part) if points > 1 else None) for part in chunks(list(range(points)), size)]
 
 
 def _render(params: dict, folder: Path, array: Optional[int]) -> str:
@@ -279,10 +298,13 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) 
     """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks), each waiting
     for ``after_jobs``; each run.json gets its job id (``<array>_<task>`` for arrays).
     Returns the job ids in run order."""
+    from clusterjob.launch.preflight import array_size
+
+    size = array_size(len(runs))
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
     with envmod.scrubbed_environ():
-        for part in chunks(runs, slurmctl.max_array_size()):
+        for part in chunks(runs, size):
             _submit_part(spec, part, folder, after_jobs)
     return [str(run.read().slurm_job_id) for run in runs]
 
@@ -299,7 +321,7 @@ def _submit_part(spec: Spec, runs: list[RunDir], folder: Path, after_jobs: Seque
             raise refusal(spec, err) from None
         raise
     for run, job in zip(runs, jobs):
-        run.update(executor="slurm", slurm_job_id=job.job_id, log_dir=str(folder.resolve()))
+        run.update(executor="slurm", job=Job(SLURM, job.job_id), log_dir=str(folder.resolve()))
         _link_logs(run, folder, job.job_id, spec.world_size)
 
 
@@ -375,7 +397,7 @@ def finalize(runs_file: str, index: str, srun_status: str) -> int:
     with afterok then never starts)."""
     run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
     info = run.read()
-    if srun_status != "0" and info.status in ("pending", "running", "failed"):
+    if srun_status != "0" and _unsettled(info):
         stalled = stalls.verdict(info)  # the health watchdog ended the tasks: retry off the culprit's node, or stop
         cause = _record_end(run, info, srun_status) if stalled is None else \
             stalls.reason(stalled) if stalled.action == "retry" else None
@@ -383,6 +405,16 @@ def finalize(runs_file: str, index: str, srun_status: str) -> int:
         if cause is not None and _retried(run, cause, exclude):
             return 0
     return 0 if run.read().status == "completed" else 1
+
+
+def _unsettled(info: RunRecord) -> bool:
+    """Whether the record may not yet say how a session srun ended badly ended: pending,
+    running, failed (the cause may be a task killed without a word), or a stop the others
+    recorded as srun ended the step for a task killed by a signal (--kill-on-bad-exit
+    sends them SIGTERM: a preemption or a time limit never lets this line run)."""
+    if info.status in ("pending", "running", "failed"):
+        return True
+    return info.status in ("preempted", "timeout") and killed_task(session_log(_batch_log(info))) is not None
 
 
 def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]:
@@ -399,40 +431,50 @@ def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]
             "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
         named = None if reason.startswith("Out Of Memory") else f"task {rank} on {node}: {reason}"
     elif info.status != "failed":
-        mark_failed(run, f"srun exited with status {srun_status}: a task was killed or failed "
-                         f"(see `clusterjob logs {run.path}`)")
+        run.update(status="failed", finished_at=now_iso(), error=first_error(run) or _exited(run, log, srun_status))
     if killed and named is None:
         return None  # the job's own memory: a retry would end the same way
     return retry.machine_cause(named, rank_errors(run), exit_codes(log))
 
 
+def _exited(run: RunDir, log: str, srun_status: str) -> RunError:
+    """With no traceback anywhere: the first task srun reports as exited non-zero, else
+    srun's own status."""
+    for node, rank, reason in _SRUN_TASK_ERROR.findall(log):
+        code = _EXIT_CODE.match(reason)
+        if code:
+            return RunError(int(rank), f"task {rank} on {node}: exited with code {code.group(1)} (no traceback)",
+                            "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20)))
+    return RunError(None, f"srun exited with status {srun_status}: a task was killed or failed "
+                          f"(see `clusterjob logs {run.path}`)")
+
+
 def _retried(run: RunDir, cause: str, exclude: Sequence[str] = ()) -> bool:
-    """Requeue the job of a run the machine failed, when a retry is left: recorded as an
-    attempt, its start held back by the back-off (or Slurm's own delay, when longer),
-    and kept off the nodes of ``exclude`` (a stall's culprit; recorded in run.json's
-    ``excluded_hosts``) before it may start."""
+    """Requeue the job of a run the machine failed, when a retry is left (retry.decide):
+    its start held back by the back-off (or Slurm's own delay, when longer), and kept
+    off the nodes of ``exclude`` (a stall's culprit; run.json's ``excluded_hosts``)
+    before it may start."""
     resources = load_spec(run.spec_file).resources
-    info = run.read()
-    if resources.max_retries == 0 or info.slurm_job_id is None:
+    job = run.read().slurm_job_id
+    if job is None:
         return False
-    number = retry.next_retry(info, resources.max_retries)
-    retry.record_attempt(run, cause, number)
-    if number is None:
-        print(f"clusterjob: {cause}; resources.max_retries={resources.max_retries} reached", file=sys.stderr)
+    decision = retry.decide(run, cause, resources.max_retries, resources.retry_backoff_s)
+    if decision is None or decision.number is None:
+        if decision is not None:
+            print(f"clusterjob: {decision.line}", file=sys.stderr)
         return False
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
-    requeued = slurmctl.requeue(info.slurm_job_id, hold=True) if exclude else slurmctl.requeue(info.slurm_job_id)
+    requeued = slurmctl.requeue(job, hold=True) if exclude else slurmctl.requeue(job)
     if not requeued:
         run.update(status="failed", finished_at=now_iso(), error=RunError(
-            None, f"{cause}; retry {number} could not requeue job {info.slurm_job_id} (scontrol requeue failed)"))
+            None, f"{cause}; retry {decision.number} could not requeue job {job} (scontrol requeue failed)"))
         return False
     if exclude:
-        _exclude(run, info.slurm_job_id, exclude)
-    slurmctl.start_later(info.slurm_job_id, retry.backoff_s(resources.retry_backoff_s, number))
+        _exclude(run, job, exclude)
+    slurmctl.start_later(job, decision.wait_s)
     if exclude:
-        slurmctl.release(info.slurm_job_id)  # held until it was kept off the culprit's node
-    print(f"clusterjob: {cause}; retry {number} of {resources.max_retries}: job {info.slurm_job_id} requeued",
-          file=sys.stderr)
+        slurmctl.release(job)  # held until it was kept off the culprit's node
+    print(f"clusterjob: {decision.line}: job {job} requeued", file=sys.stderr)
     return True
 
 

@@ -1,0 +1,80 @@
+"""Every read-only view derives a run's state the same way (clusterjob.launch.executor.records,
+the derivation of ``status``): a local run whose every process was killed with -9 still
+says "running" in its run.json, yet ``status``, ``report`` and ``report --watch`` all show
+it failed, and the watch ends by itself. Nothing is written. Real processes, local."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from owncode import Project
+
+pytestmark = pytest.mark.slow
+
+LOOP = "import itertools, time\nfor i in itertools.count():\n    print(f'iter {i}', flush=True)\n    time.sleep(0.1)\n"
+
+
+def tree(root: Path) -> dict:
+    """{relative path: sha256 or "dir"}: what a read-only command must leave as it was."""
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> tuple[Project, Path]:
+    """A detached local run whose rank and supervisor were killed with -9 while it ran."""
+    own = Project(tmp_path_factory.mktemp("killed"), "loop")
+    own.spec(LOOP)
+    done = own.cli("submit", "loop.yaml", "--executor", "local")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = own.run
+    log = run / "logs" / "rank0.out"
+    wait_for(lambda: log.exists() and "iter 2" in log.read_text() and own.info()["status"] == "running", 120,
+             "the code to run")
+    rank = json.loads((run / "logs" / "rank0.proc.json").read_text())["pid"]
+    os.kill(rank, signal.SIGKILL)  # the rank first: its SIGTERM from a dead supervisor could record a stop
+    os.kill(own.info()["launcher"]["pid"], signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{rank}/cmdline").exists() or not Path(f"/proc/{rank}/cmdline").read_bytes(),
+             10, "the rank to end")
+    time.sleep(0.5)
+    assert own.info()["status"] == "running"  # what run.json still says
+    return own, run
+
+
+def test_report_watch_ends_by_itself_with_the_run_failed(killed):
+    own, run = killed
+    before = tree(own.folder / "results")
+    started = time.monotonic()
+    done = own.cli("report", "--watch", "--interval", "0.2", "results/loop", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 30
+    assert done.stdout.count("clusterjob report --watch results/loop") == 1, done.stdout  # the first frame is the last
+    assert "(every run has ended)" in done.stdout and "1 run: 1 failed" in done.stdout, done.stdout
+    assert tree(own.folder / "results") == before  # read-only: run.json still says running
+
+
+def test_report_and_status_show_the_same_derived_state(killed):
+    own, run = killed
+    report = own.cli("report", "results/loop", "--runs", "--format", "json")
+    assert report.returncode == 0, report.stderr
+    (row,) = json.loads(report.stdout)["runs"]
+    assert row["status"] == "failed" and row["error"].startswith("every process of the run ended"), row
+    assert json.loads(report.stdout)["status_counts"] == {"failed": 1}
+    table = own.cli("report", "results/loop")
+    assert "1 run: 1 failed" in table.stdout, table.stdout
+    status = own.cli("status", "results/loop")
+    assert "failed" in status.stdout.splitlines()[1], status.stdout
+    assert own.info()["status"] == "running"  # none of them wrote it
