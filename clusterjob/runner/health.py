@@ -281,4 +281,9 @@ def start(run: RunDir, env: DistEnv, spec: Spec) -> Optional[Health]:
     from clusterjob.runner import dist
 
     session = dist.from_rank0("health-session", lambda: secrets.token_hex(6))
-    return Health(run, env, spec, session).start()
+    try:
+        return Health(run, env, spec, session).start()
+    except OSError as err:  # no watcher can start (no process left, a full disk): the training goes on
+        print(f"clusterjob: warning: health: the watchdog could not start on rank {env.rank} "
+              f"({err.strerror or err}); this rank runs without it", file=sys.stderr, flush=True)
+        return None
