@@ -1,6 +1,6 @@
 """What the health watchdog costs a step of the built-in trainer, on CPU.
 
-    python bench/bench_health.py                    # mlp, batch 64, 50 steps a block, 60 rounds
+    python bench/bench_health.py                    # mlp, batch 64, 50 steps a block, 60 rounds, 1 thread
     python bench/bench_health.py --arch convnet --batch 32 --steps 20
 
 One process, in one run: the same built-in trainer step (``trainer.train.train_epoch``
@@ -12,11 +12,11 @@ the monitor thread and the watcher process running as the runner starts them. Of
 trainer built with health off (no hook) and no beat. The watcher and the monitor thread
 run through the whole benchmark (started once, as once per session in a run), so blocks
 of ``--steps`` steps can alternate off/on (on/off in every other round, so that a drift
-of a shared machine falls on both). Printed: the ratio on/off of the fastest blocks
-(what the step costs when nothing else on the machine gets in its way: on a shared
-machine the best estimate), of the median blocks and of the summed times, and the CPU
-time the watcher process took, as a share of one core. The first round is a warm-up,
-not counted.
+of a shared machine falls on both). Printed, on/off: the CPU time of the process per
+step (all its threads, the monitor's included: on a shared machine, where other jobs
+take the cores away at random, the steadiest measure of what a step costs), and the
+wall time per step of the fastest, the median and all blocks; then the CPU time the
+watcher process took, as a share of one core. The first round is a warm-up, not counted.
 """
 
 from __future__ import annotations
@@ -52,11 +52,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=50, help="steps per timed block")
     p.add_argument("--rounds", type=int, default=60, help="off/on pairs of blocks")
+    p.add_argument("--threads", type=int, default=1, help="torch's threads (1: no thread spins on a busy machine)")
     return p.parse_args()
 
 
 def main() -> int:
     args = parse()
+    torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29611"))
     tdist.init_process_group("gloo", rank=0, world_size=1)
     spec = spec_from_dict({
@@ -90,17 +92,17 @@ def _trainer(spec, plan, data, loader):
 
 
 def _rounds(args, trainers, loader) -> dict:
-    """Alternate blocks; health's beat is off (as with ``health: null``) in the off blocks."""
+    """Alternate blocks; health's beat is off (as with ``health: null``) in the off blocks.
+    {kind: [(wall s, CPU s) per block]}."""
     times: dict = {"off": [], "on": []}
     beat_path = health._beat_path
     for index in range(args.rounds + 1):
         for kind in ("off", "on") if index % 2 == 0 else ("on", "off"):
             health._beat_path = beat_path if kind == "on" else None
-            began = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             train_epoch(trainers[kind], loader, 1, lambda *a: None, lambda: False)
-            spent = time.perf_counter() - began
             if index:  # the first round warms both up
-                times[kind].append(spent)
+                times[kind].append((time.perf_counter() - wall, time.process_time() - cpu))
     health._beat_path = beat_path
     return times
 
@@ -115,12 +117,16 @@ def _print(args, times: dict, watcher_share: float) -> None:
     print(f"# bench_health: {args.arch}, batch {args.batch}, {args.steps} steps a block, {args.rounds} rounds; "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
-    print("| blocks | off: ms/step | on: ms/step | on/off |")
+    print("| per step | off (ms) | on (ms) | on/off |")
     print("| --- | ---: | ---: | ---: |")
-    for name, pick in (("fastest", min), ("median", statistics.median), ("summed", sum)):
-        off, on = pick(times["off"]), pick(times["on"])
-        scale = 1000 / args.steps / (args.rounds if name == "summed" else 1)
-        print(f"| {name} | {off * scale:.3f} | {on * scale:.3f} | {on / off:.4f} |")
+    walls = {kind: [wall for wall, _ in blocks] for kind, blocks in times.items()}
+    cpus = {kind: sum(cpu for _, cpu in blocks) for kind, blocks in times.items()}
+    rows = [("CPU time, all blocks", cpus["off"] / args.rounds, cpus["on"] / args.rounds)]
+    rows += [(f"wall time, {name} block", pick(walls["off"]), pick(walls["on"]))
+             for name, pick in (("fastest", min), ("median", statistics.median))]
+    rows.append(("wall time, all blocks", sum(walls["off"]) / args.rounds, sum(walls["on"]) / args.rounds))
+    for name, off, on in rows:
+        print(f"| {name} | {1000 * off / args.steps:.3f} | {1000 * on / args.steps:.3f} | {on / off:.4f} |")
     print(f"the watcher process took {100 * watcher_share:.2f}% of one core meanwhile")
 
 
