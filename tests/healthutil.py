@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+import clirun
 import yaml
-from trainutil import base_env
+from clirun import base_env, cli  # noqa: F401  (cli for the health tests)
 
 
 def project(folder: Path, script: str, name: str = "h", tasks: int = 2, **sections) -> Path:
@@ -25,18 +25,12 @@ def project(folder: Path, script: str, name: str = "h", tasks: int = 2, **sectio
     return path
 
 
-def cli(folder: Path, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=base_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def start(folder: Path, *argv: str, path_first: str = "") -> subprocess.Popen:
-    """``clusterjob ARGV`` in the background; ``path_first``: a folder before PATH's."""
+    """``clusterjob ARGV`` in the background (clirun.start); ``path_first``: a folder before PATH's."""
     env = base_env()
     if path_first:
         env["PATH"] = f"{path_first}:{env['PATH']}"
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return clirun.start(folder, *argv, env=env)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:

@@ -23,22 +23,8 @@ from typing import Any, Optional
 
 from clusterjob.core import claim, record
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import (  # noqa: F401  (re-exported: where callers have always found them)
-    atomic_open,
-    is_number,
-    loads,
-    now_iso,
-    read_text,
-    shown,
-    write_atomic,
-)
-from clusterjob.core.record import (  # noqa: F401  (re-exported, as above)
-    INFO_FILE,
-    MAX_INFO_BYTES,
-    RunError,
-    RunRecord,
-    is_job_id,
-)
+from clusterjob.core.files import loads, now_iso, read_text, write_atomic
+from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -104,10 +90,6 @@ class RunDir:
         """The run's record with every problem found; never raises."""
         return record.read_record(self.path)
 
-    def read_info(self) -> dict:
-        """run.json as JSON holds it ({} when absent): its exact layout, for tests."""
-        return record.read_raw(self.info_file)[0]
-
     def update(self, reopen: bool = False, **fields: Any) -> RunRecord:
         """Set record ``fields`` in run.json atomically (see clusterjob.core.record.update)."""
         return record.update(self.path, reopen=reopen, **fields)
@@ -170,18 +152,19 @@ def sweep_of(run_id: str, name: str) -> Optional[str]:
 
 
 def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, **fields: Any) -> list[RunDir]:
-    """One run folder per sweep point ``(index, resolved spec YAML, params)``, ids sharing
-    this submission's stamp; ``fields`` go into each run.json; each claimed by this
+    """One run folder per sweep point ``(index, resolved spec YAML, params[, its own
+    run.json fields])``, ids sharing this submission's stamp; ``fields`` go into each
+    run.json; each claimed by this
     process with ``claim_as`` (see ``create_run``). All or none: whatever stops it (an
     error, Ctrl-C) removes what it made (and its claims), and a folder that cannot be
     made is bad input."""
     stamp, parent = new_run_id(), Path(root) / name
     existed, made = parent.exists(), []
     try:
-        for index, spec_yaml, params in points:
+        for index, spec_yaml, params, *own in points:
             run_id = stamp if len(points) == 1 else f"{stamp}-{index:03d}"
             made.append(RunDir(parent / run_id))  # before it is made: a half-made folder goes too
-            create_run(root, name, run_id, spec_yaml, params, claim_as, **fields)
+            create_run(root, name, run_id, spec_yaml, params, claim_as, **fields, **(own[0] if own else {}))
     except BaseException as err:
         claim.release(*(run.path for run in made))
         for run in made:

@@ -19,7 +19,8 @@ from typing import Optional
 
 from clusterjob.core import rankhealth, stackdump
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import RunDir, is_job_id
+from clusterjob.core.record import is_job_id
+from clusterjob.core.rundir import RunDir
 
 SRUN_WAIT_S = 60.0
 

@@ -10,8 +10,9 @@ import json
 import re
 
 import pytest
+from clirun import cli
 from healthutil import assert_nothing_left, processes_of
-from slurmcluster import cli, submit, wait_for
+from slurmcluster import submit, wait_for
 from trainutil import run_info
 
 pytestmark = pytest.mark.slurm
@@ -75,7 +76,7 @@ def test_a_stalled_job_is_retried_off_the_culprits_node_and_completes(slurm_clus
     wait_for(lambda: "starts at step 2" in (run / "logs" / "rank0.out").read_text(errors="replace")
              and len(run_info(run).get("sessions", [])) == 2, 180, "the retry from the checkpoint")
     wait_for(lambda: json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]).get("step") == 3, 60, "step 3")
-    stacks = cli(slurm_cluster, tmp_path, "stack", str(run))  # on other nodes than this one: through srun
+    stacks = cli(tmp_path, "stack", str(run), env=slurm_cluster.env())  # on other nodes than this one: through srun
     assert stacks.returncode == 0, stacks.stdout + stacks.stderr
     rank0, rank1 = stacks.stdout.split("==> rank 1 on ")
     waiting = re.compile(r'train\.py", line 2[123] in <module>')
