@@ -61,7 +61,9 @@ def spec(folder) -> object:
 def test_a_stalled_job_is_retried_off_the_culprits_node_and_completes(slurm_cluster, tmp_path):
     (run,) = submit(slurm_cluster, spec(tmp_path))
     job = run_info(run)["slurm_job_id"]
-    wait_for(lambda: run_info(run).get("retries") == 1, 180, "the stall's retry")
+    # the retry is counted, then the held job is kept off the culprit's node and recorded so
+    wait_for(lambda: run_info(run).get("retries") == 1 and run_info(run).get("excluded_hosts"), 180,
+             "the stall's retry off the culprit's node")
     (stall,) = run_info(run)["stalls"]
     node = stall["host"]
     line = f"rank 1 on {node}: time.sleep at train.py:20; rank 0 in all_reduce"
