@@ -69,7 +69,7 @@ def main() -> int:
     env = DistEnv("torchrun", 0, 0, 1, 1, 0, 1, "127.0.0.1", 29611, ("127.0.0.1",))
     plan = plan_device(spec, 0, 1, 1, 0)
     data = pipeline.load_splits(spec.data, spec.train.seed)
-    loader = pipeline.build_loaders(data, spec.data, args.batch, 0, 1, spec.train.seed, plan.device).train_loader
+    loader = pipeline.build_tensor_loaders(data, spec.data, args.batch, 0, 1, spec.train.seed, plan.device).train_loader
     with tempfile.TemporaryDirectory() as folder:
         run = create_run(Path(folder), "bench", "r1", dump_spec(spec), {})
         trainers = {"off": _trainer(spec, plan, data, loader)}

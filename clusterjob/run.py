@@ -76,7 +76,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     try:
         outcome = target(run, stop)
     except BaseException as exc:
-        runrecord.on_failure(run, env.rank, exc)
+        runrecord.on_failure(run, env.rank, exc, watched.ended_before() if watched is not None else "")
         dist.abort()
         raise
     finally:

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from clusterjob.core.files import loads, read_text, write_atomic
+from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.procs import ProcessRef
 from clusterjob.core.rundir import RunDir
 
@@ -69,6 +69,18 @@ class RankHealth:
 
 def write(run: RunDir, health: RankHealth) -> None:
     write_atomic(run.health_file(health.rank), json.dumps(health.to_dict()) + "\n")
+
+
+def mark_ended(run: RunDir, rank: int, session: str) -> None:
+    """``logs/rank<R>.ended``: the rank's process ended (or is about to) in ``session``;
+    written by the rank as it stops and by its watcher once it is gone."""
+    write_atomic(run.ended_file(rank), json.dumps({"session": session, "at": now_iso()}) + "\n")
+
+
+def ended_in(run: RunDir, rank: int, session: str) -> bool:
+    """Whether the rank's process ended in ``session``."""
+    raw = loads(read_text(run.ended_file(rank))[0] or "")
+    return isinstance(raw, dict) and raw.get("session") == session
 
 
 def read(run: RunDir, rank: int) -> Optional[RankHealth]:

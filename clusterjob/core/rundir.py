@@ -17,7 +17,7 @@ import secrets
 import shutil
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -321,9 +321,11 @@ def read_checked(run: RunDir) -> tuple[RunRecord, list[str]]:
     return run.read_checked()
 
 
-def record_error(run: RunDir, rank: int, exc: BaseException) -> RunError:
-    """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective)."""
+def record_error(run: RunDir, rank: int, exc: BaseException, note: str = "") -> RunError:
+    """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective);
+    ``note`` is added to its message."""
     error = RunError.of_exception(rank, exc)
+    error = replace(error, message=(error.message or "") + note) if note else error
     run.logs.mkdir(parents=True, exist_ok=True)
     write_atomic(run.error_file(rank), json.dumps(error.to_dict(), indent=2) + "\n")
     return error

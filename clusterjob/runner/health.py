@@ -18,10 +18,12 @@
 - **Waits in collectives** (stragglers): the built-in trainer times its own (its
   ``Waits``: from its last gradient to the end of DDP's backward), any other code is
   sampled: a thread reads the main thread's innermost frame at most ``SAMPLE_HZ`` times
-  a second and counts the samples inside ``torch.distributed`` (there the collective
-  released the GIL). A monitor thread writes them to the rank's health file every
-  ``WRITE_EVERY_S``; later probes (GPU telemetry) add their readings to the same file
-  from the same thread.
+  a second and counts the samples inside ``torch.distributed`` or DDP's own syncs
+  (there the collective released the GIL), and those inside a backward while the main
+  thread sleeps (DDP's all-reduce waits in C++ at the end of the backward: a thread
+  that computes runs, one that waits for the other ranks sleeps). A monitor thread
+  writes them to the rank's health file every ``WRITE_EVERY_S``; later probes (GPU
+  telemetry) add their readings to the same file from the same thread.
 
 Importing this module loads no torch (``clusterjob.heartbeat`` is part of the API).
 """
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from clusterjob.core import procs, rankhealth
 from clusterjob.core.env import DistEnv
 from clusterjob.core.rundir import RunDir
+from clusterjob.runner import stacks
 
 if TYPE_CHECKING:  # the spec (and YAML) is not loaded by ``clusterjob.heartbeat()`` outside a run
     from clusterjob.spec.schema import Spec
@@ -170,11 +173,23 @@ class Health:
         self.done.set()
         _beat_path, _current = None, None
         self.write()
+        with _quiet_errors():  # before its connections close: a rank they fail knows this one ended first
+            rankhealth.mark_ended(self.run, self.env.rank, self.session)
         if self.watcher is not None:
             with _quiet_errors():
                 self.watcher.stdin.close()  # type: ignore[union-attr]  # Popen made it a pipe
             with _quiet_errors():
                 self.watcher.wait(timeout=2.0)
+
+    def ended_before(self) -> str:
+        """`` (rank 1 had ended already: ...)`` when other ranks of this session ended
+        before this rank failed (a rank that ends early fails the others' collectives), else ""."""
+        ended = [r for r in range(self.env.world_size)
+                 if r != self.env.rank and rankhealth.ended_in(self.run, r, self.session)]
+        if not ended:
+            return ""
+        named = f"rank {ended[0]} had" if len(ended) == 1 else f"ranks {','.join(map(str, ended))} had"
+        return f" ({named} ended already: a rank that ends early leaves the others' collectives without it)"
 
     def _monitor(self) -> None:
         """Sample the main thread (code that does not time its own waits) from when its
@@ -182,14 +197,14 @@ class Health:
         phase of a periodic step), and write the waits to the health file every WRITE_EVERY_S."""
         from clusterjob.runner import dist
 
-        main = threading.main_thread().ident or 0
+        main, native = threading.main_thread().ident or 0, threading.main_thread().native_id
         sampled = self.clock.method == "sampled"
         last = next_write = time.monotonic()
         while not self.done.wait(random.uniform(1.0, 2.0) / SAMPLE_HZ if sampled else WRITE_EVERY_S):
             now = time.monotonic()
             if sampled and self.clock.first is None and dist.initialized():
                 self.clock.begin()
-            elif sampled and self.clock.first is not None and _in_collective(sys._current_frames().get(main)):
+            elif sampled and self.clock.first is not None and _waiting(sys._current_frames().get(main), native):
                 self.clock.add(now - last)
             last = now
             if now >= next_write:
@@ -221,12 +236,33 @@ class Health:
             rankhealth.write(self.run, replace(self.identity, waits=waits, extra=extra))
 
 
+def _waiting(frame: Any, native_id: Optional[int]) -> bool:
+    """Whether the main thread waits for the other ranks now: inside a collective, or
+    asleep inside a backward (DDP waits there for its last all-reduce)."""
+    return _in_collective(frame) or (_in_backward(frame) and _asleep(native_id))
+
+
 def _in_collective(frame: Any) -> bool:
-    """Whether the main thread is inside a ``torch.distributed`` call now: its innermost
-    Python frame is torch.distributed's (a collective releases the GIL there while it
-    waits). DDP's all-reduce inside backward runs in C++ and is not seen here: the
-    built-in trainer times that itself."""
-    return frame is not None and f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.f_code.co_filename
+    """Whether the main thread is inside a ``torch.distributed`` call (or DDP's own
+    broadcasts) now: its innermost Python frame is there (a collective releases the GIL
+    there while it waits)."""
+    return frame is not None and any(part in frame.f_code.co_filename for part in stacks.COLLECTIVE_FILES)
+
+
+def _in_backward(frame: Any) -> bool:
+    """Whether the main thread's innermost Python frame is autograd's backward (its C++
+    engine runs below it: DDP's all-reduce waits at its end)."""
+    return frame is not None and any(part in frame.f_code.co_filename for part in stacks.BACKWARD_FILES)
+
+
+def _asleep(native_id: Optional[int]) -> bool:
+    """Whether the thread sleeps now (the kernel's state S: blocked on a lock, a socket or
+    a futex), read from /proc; a thread that computes is running or runnable."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] == b"S"
+    except (OSError, IndexError):
+        return False
 
 
 def _quiet_errors() -> contextlib.suppress:

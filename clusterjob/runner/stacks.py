@@ -26,8 +26,9 @@ _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*)
 _NOT_CALLS = frozenset({"if", "elif", "while", "for", "return", "yield", "assert", "not", "and", "or", "in", "print",
                         "with", "lambda", "await", "del", "raise"})
 _SEP = os.sep
-_COLLECTIVE_FILES = (f"{_SEP}torch{_SEP}distributed{_SEP}", f"{_SEP}clusterjob{_SEP}runner{_SEP}dist.py")
-_BACKWARD_FILES = (f"{_SEP}torch{_SEP}autograd{_SEP}", f"{_SEP}torch{_SEP}_tensor.py")
+_DDP_FILE = f"{_SEP}torch{_SEP}nn{_SEP}parallel{_SEP}distributed.py"  # DDP's own broadcasts and syncs
+COLLECTIVE_FILES = (f"{_SEP}torch{_SEP}distributed{_SEP}", f"{_SEP}clusterjob{_SEP}runner{_SEP}dist.py", _DDP_FILE)
+BACKWARD_FILES = (f"{_SEP}torch{_SEP}autograd{_SEP}", f"{_SEP}torch{_SEP}_tensor.py")
 _WRAPPERS = frozenset({"wrapper", "inner", "_fn", "decorate_context"})
 _LIBRARIES = tuple(dict.fromkeys(p for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("purelib"),
                                               sysconfig.get_paths().get("platlib")) if p))
@@ -86,20 +87,28 @@ def main_thread(threads: list[Thread], ident: Optional[int]) -> Optional[Thread]
 
 @dataclass(frozen=True)
 class Place:
-    """Where a main thread is: inside a collective (``call`` is its name) or at ``call``
-    (the call on the source line, or the function) at ``frame``, your code's innermost,
-    and ``inside``, the library frame it waits in (None: it is in your code itself)."""
+    """Where a main thread is: inside a collective (``call`` is its name, the one your
+    code called) or at ``call`` (the call on the source line, or the function); ``frame``
+    is your code's innermost frame, ``entry`` the library frame it called and ``inside``
+    the innermost one, where it waits (None: it is in your code itself)."""
 
     collective: bool
     call: str
     frame: Optional[Frame] = None
     inside: Optional[Frame] = None
+    entry: Optional[Frame] = None
+    between: int = 0  # library frames between ``entry`` and ``inside``
 
-    def words(self) -> str:
+    def words(self, at: bool = False) -> str:
+        """``in all_reduce`` (``at``: ``in all_reduce at train.py:12``), or ``time.sleep at
+        train.py:40 (in __next__, dataloader.py:733 > ... > select, selectors.py:415)``."""
         if self.collective:
-            return f"in {self.call}"
+            return f"in {self.call}" + (f" at {self.frame.place}" if at and self.frame else "")
         text = f"{self.call} at {self.frame.place}" if self.frame else self.call
-        return text + (f" (in {self.inside.function}, {self.inside.place})" if self.inside else "")
+        if self.inside is None:
+            return text
+        path = [self.entry, *([None] if self.between else []), self.inside] if self.entry else [self.inside]
+        return text + " (in " + " > ".join(f"{f.function}, {f.place}" if f else "..." for f in path) + ")"
 
 
 def place(thread: Optional[Thread]) -> Optional[Place]:
@@ -107,14 +116,27 @@ def place(thread: Optional[Thread]) -> Optional[Place]:
     if thread is None or not thread.frames:
         return None
     inner = thread.frames[0]
-    if any(part in inner.file for part in _COLLECTIVE_FILES):
-        named = [f for f in thread.frames if any(part in f.file for part in _COLLECTIVE_FILES)]
-        call = next((f.function for f in named if f.function not in _WRAPPERS), inner.function)
-        return Place(True, call)
-    if any(part in inner.file for part in _BACKWARD_FILES) and "backward" in {f.function for f in thread.frames}:
-        return Place(True, "backward")  # DDP's all-reduce waits in C++ at the end of backward
-    own = next((f for f in thread.frames if not _library(f.file)), inner)
-    return Place(False, call_on(own), own, inner if inner is not own else None)
+    own_at = next((i for i, f in enumerate(thread.frames) if not _library(f.file)), None)
+    own = thread.frames[own_at] if own_at is not None else None
+    if any(part in inner.file for part in COLLECTIVE_FILES):
+        return Place(True, _collective_call(thread.frames), own)
+    if any(part in inner.file for part in BACKWARD_FILES) and "backward" in {f.function for f in thread.frames}:
+        return Place(True, "backward", own)  # DDP's all-reduce waits in C++ at the end of backward
+    if own is None or own_at is None:
+        return Place(False, call_on(inner), inner)
+    entry = thread.frames[own_at - 1] if own_at > 0 else None
+    return Place(False, call_on(own), own, inner if inner is not own else None, entry if own_at > 1 else None,
+                 max(0, own_at - 2))
+
+
+def _collective_call(frames: tuple) -> str:
+    """The collective your code called: the outermost torch.distributed (or DDP) frame
+    that is no decorator's wrapper (``init_process_group``, not the helper it waits in)."""
+    named = [f for f in frames if any(part in f.file for part in COLLECTIVE_FILES) and f.function not in _WRAPPERS]
+    if not named:
+        return frames[0].function
+    outer = named[-1]
+    return f"DistributedDataParallel.{outer.function}" if _DDP_FILE in outer.file else outer.function
 
 
 def _library(file: str) -> bool:
@@ -173,20 +195,26 @@ def culprit(dumps: list[RankDump]) -> Optional[Culprit]:
             if found in silent and found.why:
                 what += f" ({found.why})"
             return Culprit(found.rank, found.host, _line(found, what, dumps, places))
+    # Every rank waits in a collective: the one whose progress is oldest, and where each
+    # waits in your code (collectives called from different lines deadlock each other)
     found = max(dumps, key=lambda d: (d.age_s, -d.rank))
-    what = f"{places[found.rank].words()}, its last progress the oldest ({found.age_s:.0f} s)"  # type: ignore[union-attr]
-    return Culprit(found.rank, found.host, _line(found, what, dumps, places))
+    what = f"{places[found.rank].words(at=True)}, its last progress the oldest ({found.age_s:.0f} s)"  # type: ignore[union-attr]
+    line = _line(found, what, dumps, places, at=True)
+    calls = {(p.call, p.frame) for p in places.values()}  # type: ignore[union-attr]
+    if len(calls) > 1:
+        line += "; every rank waits in a collective, each at another call: a deadlock between collectives"
+    return Culprit(found.rank, found.host, line)
 
 
-def _line(found: RankDump, what: str, dumps: list[RankDump], places: dict) -> str:
+def _line(found: RankDump, what: str, dumps: list[RankDump], places: dict, at: bool = False) -> str:
     """``rank 1 on node2: <what>; ranks 0,2 in all_reduce; rank 3 <where>``: the culprit,
-    then the others grouped by where they are."""
+    then the others grouped by where they are (``at``: with the line of your code)."""
     groups: dict[str, list[int]] = {}
     for dump in dumps:
         if dump.rank == found.rank:
             continue
         where = places[dump.rank]
-        said = "ended" if dump.ended else where.words() if where is not None else "gave no stacks"
+        said = "ended" if dump.ended else where.words(at) if where is not None else "gave no stacks"
         groups.setdefault(said, []).append(dump.rank)
     others = [f"{'ranks' if len(ranks) > 1 else 'rank'} {_ranks(ranks)} {said}" for said, ranks in groups.items()]
     return "; ".join([f"rank {found.rank} on {found.host}: {what}", *others])

@@ -194,21 +194,16 @@ class Watcher:
         """Rank 0's watcher, or the lowest rank's still running once the ranks before it ended."""
         if self.rank == 0 or self.leader is not None:
             return True
-        if not _ended_in(self.run, 0, self.session):
+        if not rankhealth.ended_in(self.run, 0, self.session):
             return False
-        return all(_ended_in(self.run, rank, self.session) for rank in range(1, self.rank))
+        return all(rankhealth.ended_in(self.run, rank, self.session) for rank in range(1, self.rank))
 
     def _ended(self) -> None:
         with _suppressed():
-            write_atomic(self.run.ended_file(self.rank), json.dumps({"session": self.session, "at": now_iso()}) + "\n")
+            rankhealth.mark_ended(self.run, self.rank, self.session)
         if self.leader is not None:
             with _suppressed():
                 self.leader.stragglers(final=True)
-
-
-def _ended_in(run: RunDir, rank: int, session: str) -> bool:
-    raw = loads(read_text(run.ended_file(rank))[0] or "")
-    return isinstance(raw, dict) and raw.get("session") == session
 
 
 class Leader:
@@ -248,7 +243,7 @@ class Leader:
         write_atomic(self.run.logs / BEACON, json.dumps({"n": number, "session": self.session}) + "\n")
         self.w.answer(number)
         healths = {h.rank: h for h in rankhealth.of_session(self.run, self.world)}
-        ended = {r for r in range(self.world) if _ended_in(self.run, r, self.session)}
+        ended = {r for r in range(self.world) if rankhealth.ended_in(self.run, r, self.session)}
         self._await_answers(folder, [r for r in range(self.world) if r not in ended])
         found = stacks.culprit([self._dump(folder, r, healths.get(r), r in ended) for r in range(self.world)])
         assert found is not None  # world >= 1

@@ -84,7 +84,49 @@ def test_without_one_outside_a_collective_an_ended_rank_then_a_silent_one_then_t
         "rank 2 on n3: no stacks (its watcher did not answer within 15 s); rank 0 in all_reduce")
     broadcast = RankDump(1, "n2", dump((f"{TORCH}/distributed/distributed_c10d.py", 2800, "broadcast")), age_s=9)
     assert stacks.culprit([waiting, broadcast]).line == (
-        "rank 1 on n2: in broadcast, its last progress the oldest (9 s); rank 0 in all_reduce")
+        "rank 1 on n2: in broadcast, its last progress the oldest (9 s); rank 0 in all_reduce at t.py:9; "
+        "every rank waits in a collective, each at another call: a deadlock between collectives")
+
+
+def test_a_deadlock_between_collectives_names_where_each_rank_waits(tmp_path):
+    script = str(tmp_path / "t.py")
+    first, second = RankDump(0, "n1", all_reduce_at(script, 12), age_s=6), RankDump(1, "n2", all_reduce_at(script, 15),
+                                                                                     age_s=7)
+    assert stacks.culprit([first, second]).line == (
+        "rank 1 on n2: in all_reduce at t.py:15, its last progress the oldest (7 s); rank 0 in all_reduce at t.py:12; "
+        "every rank waits in a collective, each at another call: a deadlock between collectives")
+    same = [RankDump(0, "n1", all_reduce_at(script, 12), age_s=6), RankDump(1, "n2", all_reduce_at(script, 12))]
+    assert stacks.culprit(same).line == (  # one collective that never completes: no deadlock between two
+        "rank 0 on n1: in all_reduce at t.py:12, its last progress the oldest (6 s); rank 1 in all_reduce at t.py:12")
+
+
+def test_the_collective_named_is_the_one_your_code_called(tmp_path):
+    script = str(tmp_path / "t.py")
+    init = stacks.place(stacks.parse(dump((f"{TORCH}/distributed/distributed_c10d.py", 1900, "_create_gloo_process_group"),
+                                          (f"{TORCH}/distributed/distributed_c10d.py", 1950, "_new_process_group_helper"),
+                                          (f"{TORCH}/distributed/distributed_c10d.py", 1700, "init_process_group"),
+                                          (f"{TORCH}/distributed/c10d_logger.py", 95, "wrapper"),
+                                          (script, 4, "<module>")))[-1])
+    assert init.words() == "in init_process_group" and init.words(at=True) == "in init_process_group at t.py:4"
+    ddp = stacks.place(stacks.parse(dump((f"{TORCH}/nn/parallel/distributed.py", 1600, "_pre_forward"),
+                                         (f"{TORCH}/nn/parallel/distributed.py", 1640, "forward"),
+                                         (f"{TORCH}/nn/modules/module.py", 1750, "_call_impl"),
+                                         (script, 9, "step")))[-1])
+    assert (ddp.collective, ddp.words()) == (True, "in DistributedDataParallel.forward")
+
+
+def test_a_wait_deep_in_a_library_names_the_call_made_and_where_it_waits(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("for step, batch in enumerate(loader):\n    pass\n")
+    data = "/env/lib/python3.11/site-packages/torch/utils/data/dataloader.py"
+    waiting = stacks.place(stacks.parse(dump(("/usr/lib/python3.11/selectors.py", 415, "select"),
+                                             ("/usr/lib/python3.11/multiprocessing/connection.py", 1136, "wait"),
+                                             (data, 1243, "_try_get_data"), (data, 733, "__next__"),
+                                             (str(script), 1, "<module>")))[-1])
+    assert waiting.words() == "enumerate at train.py:1 (in __next__, dataloader.py:733 > ... > select, selectors.py:415)"
+    nearer = stacks.place(stacks.parse(dump(("/usr/lib/python3.11/selectors.py", 415, "select"),
+                                            (data, 733, "__next__"), (str(script), 1, "<module>")))[-1])
+    assert nearer.words() == "enumerate at train.py:1 (in __next__, dataloader.py:733 > select, selectors.py:415)"
 
 
 def test_many_ranks_in_one_place_are_named_briefly():

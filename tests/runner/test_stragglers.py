@@ -50,17 +50,25 @@ def slowest_in_status(folder, run):
     return (int(found.group(1)), found.group(2), int(found.group(3))) if found else None
 
 
-def test_the_rank_the_others_wait_for_is_named_for_any_code(tmp_path):
-    project(tmp_path, OWN, health={"stall_s": None})
-    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
-    run = the_run(tmp_path)
-    wait_for(lambda: log(run, 0).count("step ") >= 60, 120, "60 steps")  # the health files are 5 s fresh
-    shown = slowest_in_status(tmp_path, run)
+def rank_1_named_in_status(folder, script: str, steps: int):
+    """Runs ``script`` on two ranks: once rank 0 made ``steps`` steps (the health files are
+    5 s fresh), status names rank 1 and rank 0's wait within 20% of its own measure; the
+    run folder once the run completed."""
+    project(folder, script, health={"stall_s": None})
+    waiting = start(folder, "submit", "h.yaml", "--executor", "local", "--wait")
+    run = the_run(folder)
+    wait_for(lambda: log(run, 0).count("step ") >= steps, 120, f"{steps} steps")
+    shown = slowest_in_status(folder, run)
     truth = true_share(run)
-    assert shown is not None and shown[:2] == (1, HOST)
+    assert shown is not None and shown[:2] == (1, HOST), (shown, truth)
     assert abs(shown[2] / 100 - truth) <= 0.2 * truth, (shown, truth)
     out, err = waiting.communicate(timeout=120)
     assert waiting.returncode == 0, out + err
+    return run
+
+
+def test_the_rank_the_others_wait_for_is_named_for_any_code(tmp_path):
+    run = rank_1_named_in_status(tmp_path, OWN, 60)
     recorded, truth = info(run)["straggler"], true_share(run)
     assert (recorded["rank"], recorded["host"]) == (1, HOST)
     assert abs(recorded["wait_pct"] / 100 - truth) <= 0.2 * truth, (recorded, truth)
@@ -68,6 +76,40 @@ def test_the_rank_the_others_wait_for_is_named_for_any_code(tmp_path):
     runs = cli(tmp_path, "report", str(run.parent), "--runs", "--format", "json")
     (row,) = json.loads(runs.stdout)["runs"]
     assert row["straggler"] == f"rank 1 ({HOST}) {recorded['wait_pct']:.0f}%"
+    assert_nothing_left(run)
+
+
+# Your own DDP script: rank 1 does 200 ms of its own work per step, rank 0 20 ms; rank 0
+# waits for rank 1 inside its backward (DDP's all-reduce), and times that itself, out of
+# its time since its process group exists (as the sampler counts: DDP's set-up, seconds
+# of work on a busy machine, is time it did not wait).
+DDP_SCRIPT = """import time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+began = time.perf_counter()
+rank = dist.get_rank()
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+x = torch.ones(4, 8)
+waited = 0.0
+for step in range(80):
+    time.sleep(0.2 if rank == 1 else 0.02)
+    loss = model(x).sum()
+    before = time.perf_counter()
+    loss.backward()
+    waited += time.perf_counter() - before
+    if rank == 0:
+        print(f"step {step} waited {waited:.3f} of {time.perf_counter() - began:.3f}", flush=True)
+"""
+
+
+def test_a_ddp_script_waiting_in_its_backward_names_the_rank_it_waits_for(tmp_path):
+    run = rank_1_named_in_status(tmp_path, DDP_SCRIPT, 50)
+    slow = json.loads((run / "logs" / "rank1.health.json").read_text())["waits"]
+    fast = json.loads((run / "logs" / "rank0.health.json").read_text())["waits"]
+    assert slow["method"] == "sampled" and slow["wait_s"] < 0.25 * fast["wait_s"], (slow, fast)
     assert_nothing_left(run)
 
 
