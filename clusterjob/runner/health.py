@@ -184,8 +184,11 @@ class Health:
     def ended_before(self) -> str:
         """`` (rank 1 had ended already: ...)`` when other ranks of this session ended
         before this rank failed (a rank that ends early fails the others' collectives), else ""."""
-        ended = [r for r in range(self.env.world_size)
-                 if r != self.env.rank and rankhealth.ended_in(self.run, r, self.session)]
+        try:
+            ended = [r for r in range(self.env.world_size)
+                     if r != self.env.rank and rankhealth.ended_in(self.run, r, self.session)]
+        except Exception:  # a second error while failing (DataLoader's SIGCHLD handler): the first one counts
+            return ""
         if not ended:
             return ""
         named = f"rank {ended[0]} had" if len(ended) == 1 else f"ranks {','.join(map(str, ended))} had"
