@@ -141,6 +141,9 @@ def test_a_plain_script_that_prints_then_hangs_is_caught_from_its_last_line_and_
     (stall,) = info(run)["stalls"]
     assert (stall["line"], stall["action"], stall["ended_at"]) == (line, "warn", None)
     assert datetime.fromisoformat(stall["at"]).timestamp() - last_line >= 5 - 1.5  # stall_s after the last line
+    folder = run / "logs" / "stall-1"  # the stacks, as for any rank: rank 0's in the collective, rank 1's asleep
+    assert " in all_reduce" in (folder / "rank0.txt").read_text()
+    assert 'train.py", line 10 in <module>' in (folder / "rank1.txt").read_text()
     shown = cli(tmp_path, "status", str(run.parent)).stdout.splitlines()
     assert shown[1].split()[1:3][0] == "stalled" and shown[2].startswith(f"{run.name}: stalled ")
     assert shown[2].endswith(f"({line.split(';')[0]})")
