@@ -18,8 +18,10 @@ imports this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, MutableMapping, Optional
@@ -76,6 +78,9 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     try:
         outcome = target(run, stop)
     except BaseException as exc:
+        with contextlib.suppress(ValueError):  # (a thread other than the main one may not; none does here)
+            # DataLoader's SIGCHLD handler raises again for each dead worker: not while this error is recorded
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         runrecord.on_failure(run, env.rank, exc, watched.ended_before() if watched is not None else "")
         dist.abort()
         raise

@@ -6,6 +6,7 @@ the cause, and leaves no process behind (DataLoader workers included)."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -87,6 +88,8 @@ def stopped(folder, script: str) -> tuple:
     got = info(run)
     assert done.returncode == 1 and got["status"] == "failed", done.stdout + done.stderr
     assert_nothing_left(run)
+    runs = cli(folder, "report", str(run.parent), "--runs", "--format", "json")  # the report's error line, the same
+    assert [row["error"] for row in json.loads(runs.stdout)["runs"]] == [got["error"]["message"]]
     return run, got["error"]["message"]
 
 
@@ -120,5 +123,10 @@ def test_a_hung_dataloader_worker_names_the_rank_waiting_for_its_batch(tmp_path)
 
 
 def test_a_dead_dataloader_worker_fails_the_run_at_once(tmp_path):
-    _, message = stopped(tmp_path, LOADER.replace("HANG_OR_KILL", "os.kill(os.getpid(), signal.SIGKILL)"))
-    assert message.startswith("RuntimeError: DataLoader worker (pid ") and "is killed by signal: Killed" in message
+    run, message = stopped(tmp_path, LOADER.replace("HANG_OR_KILL", "os.kill(os.getpid(), signal.SIGKILL)"))
+    # rank 1's own error, before the others' closed connections: DataLoader's word on its dead
+    # worker, or the connection to it that broke as it died, raised inside the DataLoader
+    error = info(run)["error"]
+    assert error["rank"] == 1 and not message.startswith("stalled"), message
+    assert message.startswith(("RuntimeError: DataLoader worker (pid ", "ConnectionResetError")), message
+    assert "torch/utils/data/" in error["traceback"]
