@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +23,8 @@ WAIT_S = 5.0  # the most a dump may take to be written
 _SETTLED_S = 0.2  # a dump is complete once the file stopped growing for this long
 _POLL_S = 0.02
 MAX_DUMP_BYTES = 4 * 2**20  # faulthandler writes at most 100 threads x 100 frames
+MAX_CHILDREN = 8  # the most child processes (DataLoader workers) dumped beside their rank
+CHILD_MARK = "\n# child process "  # begins each child's part of a rank's stall file, after the rank's own dump
 
 
 def _size(path: Path) -> int:
@@ -59,3 +62,41 @@ def _settled(path: Path, before: int, wait_s: float) -> Optional[int]:
             return size
         time.sleep(_POLL_S)
     return last if last > before else None
+
+
+def children(health: RankHealth) -> list[procs.ProcessRef]:
+    """The rank's child processes that take its stack signal: forked ones (DataLoader
+    workers) keep the handler and the stacks file; a child without the handler (spawned,
+    or any other program) is never signalled, as the signal would end it."""
+    if health.ref is None or health.stack_signal is None or procs.check(health.ref) is not None:
+        return []
+    try:
+        listed = Path(f"/proc/{health.ref.pid}/task/{health.ref.pid}/children").read_text().split()
+    except OSError:
+        return []
+    found = []
+    for pid in (int(p) for p in listed[:MAX_CHILDREN] if p.isdigit()):
+        if _parent_and_caught(pid, health.stack_signal) == (health.ref.pid, True):
+            ref = procs.current(pid)
+            found += [ref] if ref is not None else []
+    return found
+
+
+def take_children(health: RankHealth, stacks: Path, wait_s: float = WAIT_S) -> str:
+    """The stacks of the rank's children that take its signal (``children``), each under
+    a line naming it; "" without any."""
+    parts = []
+    for ref in children(health):
+        text, why = take(replace(health, ref=ref), stacks, wait_s)
+        parts.append(f"{CHILD_MARK}{ref.pid} of rank {health.rank} (a DataLoader worker, say)\n"
+                     f"{text if text is not None else f'# no stacks: {why}'}\n")
+    return "".join(parts)
+
+
+def _parent_and_caught(pid: int, sig: int) -> tuple[int, bool]:
+    """(its parent pid, whether it catches ``sig``) from /proc/PID/status; (0, False) unread."""
+    try:
+        lines = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return int(lines["PPid"]), bool(int(lines["SigCgt"], 16) >> (sig - 1) & 1)
+    except (OSError, KeyError, ValueError):
+        return 0, False

@@ -19,6 +19,8 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Optional
 
+from clusterjob.core.stackdump import CHILD_MARK
+
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
 _STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
@@ -169,7 +171,9 @@ class RankDump:
     main_ident: Optional[int] = None
 
     def where(self) -> Optional[Place]:
-        return place(main_thread(parse(self.text), self.main_ident)) if self.text else None
+        """Where the rank's main thread is, from its own dump (its children's follow it)."""
+        own = self.text.split(CHILD_MARK, 1)[0] if self.text else None
+        return place(main_thread(parse(own), self.main_ident)) if own else None
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,8 @@ class Watcher:
         header = (f"# rank {self.rank} on {host}, pid {pid}, main thread {f'0x{main:016x}' if main else '?'}; "
                   f"its last progress {self.own.age_s(self.rank):.0f} s before this dump\n")
         parts = [header, text if text is not None else f"# no stacks: {why}\n"]
+        if text is not None and self.identity is not None:
+            parts.append(stackdump.take_children(self.identity, self.run.stacks_file(self.rank)))
         native = _native(pid) if text is not None else None
         if native:
             parts.append(f"\n# native frames (py-spy dump --native)\n{native}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler  # noqa: F401  (the child registers it; imported here to fail early without it)
+import os
 import signal
 import subprocess
 import sys
@@ -103,3 +104,35 @@ def test_stacks_are_taken_from_the_verified_process_only(sleeper):
     assert none is None and "takes no stack requests" in why
     time.sleep(0.1)
     assert child.poll() is None  # asked three times, alive and untouched
+
+
+# A rank with two children: one forked (it keeps the stack handler, as a DataLoader worker
+# does) and one started as another program (``sleep``: the signal's default would end it).
+PARENT = """import faulthandler, os, signal, subprocess, sys, time
+f = open(sys.argv[1], "ab", buffering=0)
+faulthandler.register(signal.SIGRTMIN + 6, file=f, all_threads=True, chain=False)
+other = subprocess.Popen(["sleep", "60"])
+if os.fork() == 0:
+    time.sleep(60)
+    os._exit(0)
+print(other.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_only_a_ranks_children_that_take_its_signal_are_dumped(tmp_path):
+    stacks = tmp_path / "rank0.stacks"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(stacks)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        other = int(parent.stdout.readline())
+        time.sleep(0.3)  # the forked child into its sleep
+        me = rankhealth.RankHealth(0, "s", "h", "h", procs.current(parent.pid), int(signal.SIGRTMIN + 6))
+        (forked,) = stackdump.children(me)
+        assert forked.pid not in (parent.pid, other)
+        text = stackdump.take_children(me, stacks)
+        assert text.startswith(f"{stackdump.CHILD_MARK}{forked.pid} of rank 0") and 'line 6 in <module>' in text
+        assert procs.check(procs.current(other)) is None  # never signalled: it would have ended
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()

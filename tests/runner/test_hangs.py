@@ -76,6 +76,7 @@ dist_rank = dist.get_rank()
 t = torch.ones(1)
 for step, batch in enumerate(DataLoader(Items(), batch_size=4, num_workers=2)):
     dist.all_reduce(t)
+    print(f"step {step}", flush=True)  # progress: the stall begins with the hang, not with a slow start
 """
 
 
@@ -119,7 +120,11 @@ def test_a_hung_dataloader_worker_names_the_rank_waiting_for_its_batch(tmp_path)
     run, message = stopped(tmp_path, LOADER.replace("HANG_OR_KILL", "time.sleep(3600)"))
     assert message.startswith(f"stalled: rank 1 on {HOST}: enumerate at train.py:19 (in __next__, dataloader.py:")
     assert message.endswith("); rank 0 in all_reduce"), message
-    assert "dataloader.py" in (run / "logs" / "stall-1" / "rank1.txt").read_text()
+    dumped = (run / "logs" / "stall-1" / "rank1.txt").read_text()
+    assert "dataloader.py" in dumped
+    # its workers, forked with the rank's stack handler, are dumped beside it: the hung one sleeps
+    assert dumped.count("(a DataLoader worker, say)") == 2, dumped
+    assert 'train.py", line 13 in __getitem__' in dumped.split("(a DataLoader worker, say)", 1)[1], dumped
 
 
 def test_a_dead_dataloader_worker_fails_the_run_at_once(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from clusterjob.core import stackdump
 from clusterjob.runner import stacks
 from clusterjob.runner.stacks import RankDump
 
@@ -135,3 +136,9 @@ def test_many_ranks_in_one_place_are_named_briefly():
     line = stacks.culprit(dumps).line
     assert line == "rank 12 on n12: step at t.py:3; ranks 0,1,2,3,4,5,6,7 and 4 more in all_reduce"
     assert os.path.basename("/nowhere/t.py") in line
+
+
+def test_a_ranks_place_comes_from_its_own_dump_not_its_childrens(tmp_path):
+    worker = f"{stackdump.CHILD_MARK}4243 of rank 1 (a DataLoader worker, say)\n" + dump(("/p/train.py", 13, "__getitem__"))
+    found = RankDump(1, "n2", dump(("/p/train.py", 19, "<module>")) + worker)
+    assert found.where().frame == stacks.Frame("/p/train.py", 19, "<module>")
