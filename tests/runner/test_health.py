@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import health
@@ -77,3 +78,24 @@ def test_a_wait_clock_adds_what_is_still_on_a_device_when_read():
     assert clock.read() == 0.75 and clock.read() == 0.75
     clock.settle = lambda: 1 / 0  # a device error is the training's to see, not the monitor's
     assert clock.read() == 0.75
+
+
+def test_the_sampler_counts_a_backward_only_while_its_thread_sleeps():
+    inside = compile("import time\ndef backward(started):\n    started.set()\n    time.sleep(1.5)\n",
+                     f"/env/torch{os.sep}autograd{os.sep}graph.py", "exec")
+    space: dict = {}
+    exec(inside, space)
+    started = threading.Event()
+    thread = threading.Thread(target=space["backward"], args=(started,))
+    thread.start()
+    started.wait()
+    try:
+        frame = sys._current_frames()[thread.ident]
+        deadline = time.monotonic() + 5
+        while not health._asleep(thread.native_id) and time.monotonic() < deadline:
+            time.sleep(0.01)  # into its wait
+        assert health._waiting(frame, thread.native_id) is True  # DDP's wait for its all-reduce, in C++
+        assert health._waiting(frame, threading.get_native_id()) is False  # running: computing its gradients
+        assert health._waiting(sys._current_frames()[threading.get_ident()], thread.native_id) is False
+    finally:
+        thread.join()
