@@ -176,6 +176,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 @_reads_run_folders
+def cmd_stack(args: argparse.Namespace) -> int:
+    from clusterjob.launch import control, stack
+
+    return stack.cmd_stack(control.resolve_run(args.run), rank=args.rank)
+
+
+@_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
@@ -292,6 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing what is appended until the run ends (Ctrl-C stops)")
     p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("stack", help="the current Python stacks of a running run's ranks (read-only)")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.add_argument("--rank", type=int, help="only this rank (default: all)")
+    p.set_defaults(func=cmd_stack)
 
     p = sub.add_parser("cancel", help="cancel a pending or running run")
     p.add_argument("run", help="run folder (or run id under results/)")

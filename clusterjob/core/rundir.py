@@ -17,7 +17,7 @@ import secrets
 import shutil
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -100,6 +100,27 @@ class RunDir:
     def proc_file(self, rank: int) -> Path:
         """Which process rank ``rank`` is (clusterjob.core.procs), for ``cancel``."""
         return self.logs / f"rank{rank}.proc.json"
+
+    # The health watchdog's files (docs/design.md, "Hung and slow ranks").
+    def beat_file(self, rank: int) -> Path:
+        """Touched by the rank at most once a second while it makes progress."""
+        return self.logs / f"rank{rank}.beat"
+
+    def stacks_file(self, rank: int) -> Path:
+        """Where the rank writes its stacks, all threads, when asked (appended)."""
+        return self.logs / f"rank{rank}.stacks"
+
+    def health_file(self, rank: int) -> Path:
+        """Which process the rank is, how to ask it for stacks, its waits in collectives."""
+        return self.logs / f"rank{rank}.health.json"
+
+    def ended_file(self, rank: int) -> Path:
+        """Written by the rank's watcher once the rank's process ended."""
+        return self.logs / f"rank{rank}.ended"
+
+    def stall_dir(self, number: int) -> Path:
+        """The stacks (and NCCL traces) of stall ``number``."""
+        return self.logs / f"stall-{number}"
 
 
 def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict, claim_as: Optional[str] = None,
@@ -300,9 +321,11 @@ def read_checked(run: RunDir) -> tuple[RunRecord, list[str]]:
     return run.read_checked()
 
 
-def record_error(run: RunDir, rank: int, exc: BaseException) -> RunError:
-    """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective)."""
+def record_error(run: RunDir, rank: int, exc: BaseException, note: str = "") -> RunError:
+    """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective);
+    ``note`` is added to its message."""
     error = RunError.of_exception(rank, exc)
+    error = replace(error, message=(error.message or "") + note) if note else error
     run.logs.mkdir(parents=True, exist_ok=True)
     write_atomic(run.error_file(rank), json.dumps(error.to_dict(), indent=2) + "\n")
     return error

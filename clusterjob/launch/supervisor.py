@@ -35,7 +35,9 @@ claim from its first tick to its end, and alone decides its run's end. It owns i
   once they completed, and is failed ("dependency failed") once one never will;
 - a failure that points at the machine (clusterjob.core.retry) starts the run again
   from its last checkpoint after a back-off, up to ``resources.max_retries`` times (the
-  run keeps its slot meanwhile).
+  run keeps its slot meanwhile); so does a stall the health watchdog ended with
+  ``on_stall: retry`` (its reason ``stalled: <culprit line>``), and one it ended with
+  ``stop`` keeps its error.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from clusterjob.core import claim, procs, retry
+from clusterjob.core import claim, procs, retry, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError, RunRecord
@@ -306,8 +308,12 @@ class SupervisedRun:
         if info.status != "failed" or self.boss.stop_signal is not None:
             self._end(info)
             return
-        killed = _killed(self.run, [(rank, code) for rank, code in enumerate(codes) if code != 0], self.sent)
-        cause = retry.machine_cause(killed and killed[1], rank_errors(self.run), codes)
+        stalled = stalls.verdict(info)  # the health watchdog ended the ranks: retry or stop, as it said
+        if stalled is not None:
+            cause = stalls.reason(stalled) if stalled.action == "retry" else None
+        else:
+            killed = _killed(self.run, [(rank, code) for rank, code in enumerate(codes) if code != 0], self.sent)
+            cause = retry.machine_cause(killed and killed[1], rank_errors(self.run), codes)
         if cause is None:
             self._end(info)
         else:
@@ -347,6 +353,8 @@ def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunReco
         # also when the code caught it and exited 0; an end the run recorded first (or a
         # cancel that marked it) stands
         return info if status in FINAL_STATUSES else run.update(status="cancelled", finished_at=now_iso())
+    if stalls.verdict(info) is not None:
+        return info  # a stall's verdict: the ranks were ended on purpose
     bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
     if not bad:
         if status in ("pending", "running"):

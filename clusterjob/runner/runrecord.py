@@ -218,10 +218,11 @@ def finish(run: RunDir, **fields: Any) -> None:
     print(f"completed {run.path}" + (f": {shown}" if shown else ""), flush=True)
 
 
-def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:
-    """Each rank reports its own crash; rank 0 also marks the run failed."""
+def on_failure(run: Optional[RunDir], rank: int, exc: BaseException, note: str = "") -> None:
+    """Each rank reports its own crash (``note`` added to its message: the ranks that
+    had ended before it); rank 0 also marks the run failed."""
     if run is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return
-    record_error(run, rank, exc)
+    record_error(run, rank, exc, note)
     if rank == 0:
-        mark_failed(run, f"{type(exc).__name__}: {exc}")
+        mark_failed(run, f"{type(exc).__name__}: {exc}")  # not over a stall's verdict (record.update)

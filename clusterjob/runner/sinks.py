@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Protocol
 from clusterjob.core import metrics, units
 from clusterjob.core.files import is_number, shown
 from clusterjob.core.rundir import RunDir
+from clusterjob.runner import health
 from clusterjob.runner import loggers as loggermod
 from clusterjob.spec.schema import Spec
 
@@ -63,6 +64,7 @@ class Sinks:
         self._closed = False
 
     def log(self, step: Any, values: dict) -> Optional[dict]:
+        health.beat()  # a metric record is progress (the watchdog's)
         with self._lock:
             record = self.commit(step, values)
             if record is not None and not self._closed:

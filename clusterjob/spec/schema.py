@@ -238,6 +238,8 @@ class DebugSpec(Section):
     exit_after_epoch: Optional[int] = opt(None, "exit (as if preempted) after this epoch's checkpoint", ge=1)
     fail_at_epoch: Optional[int] = opt(None, "raise on fail_rank at the start of this epoch", ge=1)
     fail_rank: int = opt(0, "which rank raises for fail_at_epoch", ge=0)
+    slow_rank: Optional[int] = opt(None, "this rank waits slow_ms before each training batch: a straggler", ge=0)
+    slow_ms: float = opt(200.0, "how long slow_rank waits before each batch", ge=0, lt=60_000)
     deterministic: bool = opt(False, "deterministic kernels (slower): exact resume checks on GPU")
 
 
@@ -448,6 +450,38 @@ def _package_installed(name: str) -> bool:
         return False
 
 
+MAX_STALL_S = 1_000_000  # about 11.6 days: longer than any job's time limit
+
+
+@dataclass(frozen=True)
+class HealthSpec(Section):
+    """Hung and slow ranks (docs/design.md, "Hung and slow ranks"): a watchdog beside every
+    rank that names and deals with a stall, and the wait of the ranks for the slowest."""
+
+    stall_s: Optional[float] = opt(1800.0, "no progress on any rank for this long is a stall; null: no watchdog",
+                                   ge=5, lt=MAX_STALL_S)
+    on_stall: Literal["auto", "retry", "stop", "warn"] = opt(
+        "auto", "auto (retry when resources.max_retries > 0, else stop) | retry (from the last checkpoint, as a retry) "
+                "| stop (fail the run) | warn (record it and go on)")
+    straggler_wait_pct: float = opt(30.0, "warn when the others wait for the slowest rank more than this share of "
+                                          "their time over a minute", ge=1, lt=100)
+    output_is_progress: Union[Literal["auto"], bool] = opt(
+        "auto", "an output line of a rank is progress; auto: true for your own code without metrics or metrics_file")
+
+    def action(self, max_retries: int) -> str:
+        """``on_stall`` resolved: retry, stop or warn."""
+        if self.on_stall != "auto":
+            return self.on_stall
+        return "retry" if max_retries > 0 else "stop"
+
+    def output_counts(self, entrypoint: Optional["EntrypointSpec"]) -> bool:
+        """``output_is_progress`` resolved: auto counts the output of code that logs no metric the runner reads
+        (the built-in trainer beats at every step itself)."""
+        if self.output_is_progress != "auto":
+            return bool(self.output_is_progress)
+        return entrypoint is not None and not entrypoint.metrics and entrypoint.metrics_file is None
+
+
 @dataclass(frozen=True)
 class Spec(Section):
     name: str = opt(MISSING, "run name: results go to <output.root>/<name>/", pattern=_NAME,
@@ -465,6 +499,8 @@ class Spec(Section):
     output: OutputSpec = opt(OutputSpec)
     debug: DebugSpec = opt(DebugSpec)
     logging: LoggingSpec = opt(LoggingSpec)
+    health: Optional[HealthSpec] = opt(HealthSpec, "hung and slow ranks; null: no watchdog, no stack dumps, "
+                                                   "no wait timing")
     entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
     params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
@@ -482,6 +518,9 @@ class Spec(Section):
         object.__setattr__(self, "env", envvars.checked_env(self.env))
         object.__setattr__(self, "sweep", _sweep_as_text(self.sweep))
         _check_params(self)
+        if self.health is not None and self.health.on_stall == "retry" and self.resources.max_retries == 0:
+            raise SpecError("health.on_stall", "retry restarts a stalled run as a retry, but resources.max_retries "
+                                               "is 0; set resources.max_retries: 1 (or more), or on_stall: stop")
         if self.entrypoint is None:
             _check_full_batches(self)
             _check_num_workers(self)

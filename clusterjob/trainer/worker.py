@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -104,7 +105,8 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
             _debug_fail(spec, env, epoch)
             loaders.set_epoch(epoch, partial.batches)
             progress = _progress_printer(epoch, spec.train.epochs) if dist.is_main() else _quiet
-            state = train_epoch(trainer, loaders.train_loader, epoch, progress, stop.agreed, partial)
+            state = train_epoch(trainer, _debug_slow(spec, env, loaders.train_loader), epoch, progress, stop.agreed,
+                                partial)
             partial = EpochState()
             if not state.finished:
                 _save(trainer, run, epoch - 1, env, state)
@@ -192,6 +194,25 @@ def _stopped(run: RunDir, spec: Spec, stop: StopSignal, metric_sinks: "sinks.Sin
         runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
     dist.barrier()  # no rank exits before the requeue is on record
     return "stopped"
+
+
+class _Slowed:
+    """debug.slow_rank's loader: each batch comes ``seconds`` late, as from a slow disk."""
+
+    def __init__(self, loader: Any, seconds: float):
+        self.loader, self.seconds = loader, seconds
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            time.sleep(self.seconds)
+            yield batch
+
+
+def _debug_slow(spec: Spec, env: DistEnv, loader: Any) -> Any:
+    return _Slowed(loader, spec.debug.slow_ms / 1000) if spec.debug.slow_rank == env.rank else loader
 
 
 def _debug_fail(spec: Spec, env: DistEnv, epoch: int) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core import claim, procs, retry, slurmctl
+from clusterjob.core import claim, procs, retry, slurmctl, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import now_iso
@@ -408,8 +408,11 @@ def settle(run: RunDir, srun_status: str, batch_log: str) -> int:
     info = run.read()
     log = session_log(batch_log)
     if srun_status != "0" and _unsettled(run, info, log):
-        cause = _record_end(run, info, srun_status, log)
-        if cause is not None and _retried(run, cause):
+        stalled = stalls.verdict(info)  # the health watchdog ended the tasks: retry off the culprit's node, or stop
+        cause = _record_end(run, info, srun_status, log) if stalled is None else \
+            stalls.reason(stalled) if stalled.action == "retry" else None
+        exclude = [stalled.host] if stalled is not None and stalled.host else []
+        if cause is not None and _retried(run, cause, exclude):
             return 0
     return 0 if run.read().status == "completed" else 1
 
@@ -515,9 +518,11 @@ def _exited(run: RunDir, end: Optional[RankEnd], srun_status: str) -> RunError:
                           f"(see `clusterjob logs {run.path}`)")
 
 
-def _retried(run: RunDir, cause: str) -> bool:
+def _retried(run: RunDir, cause: str, exclude: Sequence[str] = ()) -> bool:
     """Requeue the job of a run the machine failed, when a retry is left (retry.decide):
-    its start held back by the back-off (or Slurm's own delay, when longer)."""
+    its start held back by the back-off (or Slurm's own delay, when longer), and kept
+    off the nodes of ``exclude`` (a stall's culprit; run.json's ``excluded_hosts``)
+    before it may start."""
     resources = load_spec(run.spec_file).resources
     job = run.read().slurm_job_id
     if job is None:
@@ -528,13 +533,29 @@ def _retried(run: RunDir, cause: str) -> bool:
             print(f"clusterjob: {decision.line}", file=sys.stderr)
         return False
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
-    if not slurmctl.requeue(job):
+    requeued = slurmctl.requeue(job, hold=True) if exclude else slurmctl.requeue(job)
+    if not requeued:
         run.update(status="failed", finished_at=now_iso(), error=RunError(
             None, f"{cause}; retry {decision.number} could not requeue job {job} (scontrol requeue failed)"))
         return False
+    if exclude:
+        _exclude(run, job, exclude)
     slurmctl.start_later(job, decision.wait_s)
+    if exclude:
+        slurmctl.release(job)  # held until it was kept off the culprit's node
     print(f"clusterjob: {decision.line}: job {job} requeued", file=sys.stderr)
     return True
+
+
+def _exclude(run: RunDir, job: str, hosts: Sequence[str]) -> None:
+    """Keep the held, requeued job off ``hosts`` and the hosts excluded before; recorded
+    in run.json once Slurm took it."""
+    excluded = sorted({*run.read().excluded_hosts, *hosts})
+    if slurmctl.exclude_nodes(job, excluded):
+        run.update(excluded_hosts=excluded)
+    else:
+        print(f"clusterjob: could not keep job {job} off {','.join(excluded)} (scontrol update failed)",
+              file=sys.stderr)
 
 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
