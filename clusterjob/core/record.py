@@ -153,6 +153,12 @@ class RunRecord:
     mlflow_run_id: Optional[str] = None
     wandb_run_id: Optional[str] = None
     wandb_url: Optional[str] = None  # the run's page; None offline
+    # A trial of a search (docs/design.md, "Search"): {"id": the search, "trial": its number, "slot": the
+    # slot that runs it}; its folder's parent is the search's folder
+    search: Optional[dict] = None
+    # The search stopped the trial at a rung (clusterjob.core.asha.Verdict.to_dict): the request that stops
+    # its ranks, then the record of why it is pruned
+    pruned: Optional[dict] = None
 
     def to_dict(self) -> dict:
         """Every field as run.json would hold it (for tables and views that want dicts)."""
@@ -437,7 +443,8 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         attempts=_attempts_field(raw, problems), sessions=_sessions_field(raw, problems),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems),
-        env=_mapping_field(raw, "env", problems, "a mapping of variables")), problems
+        env=_mapping_field(raw, "env", problems, "a mapping of variables"),
+        search=_mapping_field(raw, "search", problems), pruned=_mapping_field(raw, "pruned", problems)), problems
 
 
 @dataclass(frozen=True)
@@ -466,15 +473,16 @@ def read_record(folder: "str | os.PathLike") -> tuple[RunRecord, list[str]]:
 
 # ----------------------------------------------------------------------------- writing
 
-# Written by tasks that may still run for a few seconds after a cancel.
+# Written by tasks that may still run for a few seconds after a cancel or a prune.
 _LATE_FIELDS = ("status", "finished_at", "error")
+_STANDING = ("cancelled", "pruned")  # ends that late writes of the ranks never undo
 
 
 def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
     on disk, and with ``job`` its Slurm id as ``slurm_job_id`` (null for another
-    executor's job), the key earlier versions read. A cancelled run stays cancelled
+    executor's job), the key earlier versions read. A cancelled (or pruned) run stays so
     unless ``reopen``: the run was started again on purpose. Updates take turns (a lock
     file beside run.json): each reads what the one before wrote, so none undoes
     another's fields."""
@@ -483,7 +491,7 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
         raw, _ = read_raw(path)
         record, _ = checked(raw)
         dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
-        if record.status == "cancelled" and not reopen:
+        if record.status in _STANDING and not reopen:
             fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
         raw.update((key, to_json(value)) for key, value in fields.items())
         if "job" in fields:  # the copy earlier versions read (docs/design.md, "Results layout")

@@ -47,8 +47,9 @@ LOGS = "logs"
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
 
-STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled")
-FINAL_STATUSES = ("completed", "failed", "cancelled")
+STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled", "pruned")
+# pruned: a trial of a search that its search stopped early (clusterjob.core.asha): a result, never a failure
+FINAL_STATUSES = ("completed", "failed", "cancelled", "pruned")
 UNKNOWN = "unknown"  # the state shown for a run whose run.json gives none
 
 
@@ -125,13 +126,20 @@ def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict,
     """Make the run folder with its resolved spec and a pending run.json (plus ``fields``);
     with ``claim_as``, claimed by this process (clusterjob.core.claim) before run.json
     exists, so that no other command ever finds the run unclaimed before it is handed over."""
-    run = RunDir(Path(root) / name / run_id)
+    return create_run_at(Path(root) / name / run_id, name, spec_yaml, params, claim_as, **fields)
+
+
+def create_run_at(path: Path, name: str, spec_yaml: str, params: dict, claim_as: Optional[str] = None,
+                  **fields: Any) -> RunDir:
+    """``create_run`` in folder ``path`` (a trial of a search: inside its search's folder),
+    its run id the folder's name and its experiment ``name``."""
+    run = RunDir(Path(path))
     run.logs.mkdir(parents=True, exist_ok=True)
     run.checkpoints.mkdir(exist_ok=True)
     if claim_as is not None:
         claim.take(run.path, claim_as)
     write_atomic(run.spec_file, spec_yaml)
-    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "job": None,
+    run.update(**{"run_id": run.path.name, "name": name, "status": "pending", "params": params, "job": None,
                   "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
                   "final": None, "error": None, **fields})
     return run

@@ -34,6 +34,7 @@ import pandas as pd
 from clusterjob.core import metrics as metricsfile
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
+from clusterjob.core.units import default_mode
 from clusterjob.report import cost
 from clusterjob.report.reading import Results, RunStates, collect, with_states
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame, shown_keys, spec_keys
@@ -156,11 +157,6 @@ def plain(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------- the primary metric
-
-
-def default_mode(name: str) -> str:
-    """min for a loss or an error rate, max for anything else."""
-    return "min" if "loss" in name or "err" in name else "max"
 
 
 def rankable(results: Results) -> list:
