@@ -23,22 +23,8 @@ from typing import Any, Optional
 
 from clusterjob.core import claim, record
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import (  # noqa: F401  (re-exported: where callers have always found them)
-    atomic_open,
-    is_number,
-    loads,
-    now_iso,
-    read_text,
-    shown,
-    write_atomic,
-)
-from clusterjob.core.record import (  # noqa: F401  (re-exported, as above)
-    INFO_FILE,
-    MAX_INFO_BYTES,
-    RunError,
-    RunRecord,
-    is_job_id,
-)
+from clusterjob.core.files import loads, now_iso, read_text, write_atomic
+from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -104,10 +90,6 @@ class RunDir:
     def read_checked(self) -> tuple[RunRecord, list[str]]:
         """The run's record with every problem found; never raises."""
         return record.read_record(self.path)
-
-    def read_info(self) -> dict:
-        """run.json as JSON holds it ({} when absent): its exact layout, for tests."""
-        return record.read_raw(self.info_file)[0]
 
     def update(self, reopen: bool = False, **fields: Any) -> RunRecord:
         """Set record ``fields`` in run.json atomically (see clusterjob.core.record.update)."""

@@ -24,7 +24,8 @@ from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, SpecError
 from clusterjob.core.files import is_number, now_iso, write_atomic
 from clusterjob.core.provenance import git_sha
-from clusterjob.core.rundir import RunDir, RunError, create_run_at, new_run_id
+from clusterjob.core.record import RunError
+from clusterjob.core.rundir import RunDir, create_run_at, new_run_id
 from clusterjob.launch.study import ENDS, Study, Trial, create, open_study
 from clusterjob.spec.schema import Spec, dump_spec, load_spec, trial_spec
 

@@ -18,18 +18,13 @@ from typing import Sequence
 from clusterjob.core import claim, metrics, units
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import RunDir, RunRecord, make_runs
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
 from clusterjob.launch.progress import LiveLine
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, dump_spec, expand_sweep, load_spec
-
-
-def choose_executor(requested: str) -> Executor:
-    """The executor ``--executor`` names (``auto``: the first available); one that is not
-    available is bad input."""
-    return executor.choose(requested)
 
 
 def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
@@ -40,7 +35,7 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     points = expand_sweep(spec)
     check_paths(spec)
     deps = dependencies(spec, chain.resolve(after))
-    chosen = _dry_run_executor(executor_name) if dry_run else choose_executor(executor_name)
+    chosen = _dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
     chosen.check(spec, len(points), preflight=preflight and not dry_run, after=deps)
     if dry_run:
         for line in chosen.preview(spec, len(points), deps):
@@ -66,7 +61,7 @@ def _dry_run_executor(requested: str) -> Executor:
     """The executor a dry run shows: a named one even where it cannot run (a dry run
     sends nothing, so it needs no cluster), with a note on stderr of what went unchecked."""
     if requested == "auto":
-        return choose_executor(requested)
+        return executor.choose(requested)
     chosen = executor.get(requested)
     why = chosen.unavailable()
     if why is not None:
@@ -88,7 +83,7 @@ def dependencies(spec: Spec, runs: Sequence[RunDir]) -> list[Dependency]:
 def cluster_preflight(spec: Spec, points: int) -> int:
     """``validate --cluster``: the Slurm cluster's answers, one line per check; exit 2
     when any failed."""
-    checks = choose_executor("slurm").checks(spec, points)
+    checks = executor.choose("slurm").checks(spec, points)
     for check in checks:
         print(check.line())
     failed = sum(not c.ok for c in checks)
@@ -224,13 +219,13 @@ def _executor_of(run: RunDir) -> Executor:
     if owner is None:
         raise BadInput(f"{run.path}: its run.json names executor {run.read().executor!r}, which this clusterjob "
                        "does not have; submit the spec again")
-    return choose_executor(owner.name)
+    return executor.choose(owner.name)
 
 
 def _check_resumable(run: RunDir) -> None:
     """Bad input unless the run stopped: completed, or still running (its job in the
     queue, a process of it alive), it is refused. Reads only."""
-    (view,) = control.views([run])
+    (view,) = executor.views([run])
     status = view.record.status
     if status == "completed":
         raise BadInput(f"{run.path} is completed; there is nothing to resume")

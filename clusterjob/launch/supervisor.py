@@ -52,17 +52,9 @@ from typing import Callable, Optional, Sequence
 
 from clusterjob.core import claim, procs, retry
 from clusterjob.core import env as envmod
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    RunDir,
-    RunError,
-    RunRecord,
-    first_error,
-    mark_failed,
-    now_iso,
-    rank_errors,
-    tail_lines,
-)
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunError, RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, mark_failed, rank_errors, tail_lines
 from clusterjob.launch import chain, slots
 from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import WHOLE, Slot

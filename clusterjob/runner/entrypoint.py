@@ -40,7 +40,9 @@ from typing import Any, Callable, Iterator, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
-from clusterjob.core.rundir import RunDir, RunRecord, now_iso, shown
+from clusterjob.core.files import now_iso, shown
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir
 from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
@@ -126,12 +128,12 @@ def _plain_while_running(stop: StopSignal, session: api.Session, grace_s: float)
     """While the code runs, a stop signal stops it unless it asks should_stop() (see
     runner.preempt); a stop asked before it started stops it at once."""
     stop.grace_s = grace_s
-    stop.plain = lambda: not session.polled
+    stop.is_plain_script = lambda: not session.polled
     try:
         stop.raise_if_plain()
         yield
     finally:
-        stop.plain = lambda: False
+        stop.is_plain_script = lambda: False
 
 
 def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:

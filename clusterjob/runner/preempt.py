@@ -64,7 +64,7 @@ class StopSignal:
         # as the code may never get back to the runner before Slurm's SIGKILL.
         self.on_term: Optional[Callable[[], None]] = None
         # True while a plain script runs (your code that never asked should_stop()).
-        self.plain: Callable[[], bool] = lambda: False
+        self.is_plain_script: Callable[[], bool] = lambda: False
         self.grace_s = 10.0
         self.before_kill: Callable[[], object] = lambda: None  # rank 0 records the stop
         self._raised = False
@@ -95,7 +95,7 @@ class StopSignal:
         self._said = name
         self.signal = self.signal if self.signal in _STICKY else name
         # os.write, not print: a handler that prints while the main thread prints raises
-        what = "stopping the script" if self.plain() else "checkpointing at the next step boundary"
+        what = "stopping the script" if self.is_plain_script() else "checkpointing at the next step boundary"
         if not said:
             os.write(1, f"received {name}: {what}\n".encode())
         if first and signum == signal.SIGTERM and self.on_term is not None:
@@ -106,7 +106,7 @@ class StopSignal:
         """In a plain script's main thread, once a stop was asked: raise KeyboardInterrupt
         after Ctrl-C, else StopRequested (once: a second signal must not cut the script's
         clean-up short)."""
-        if self.requested and self.plain() and not self._raised:
+        if self.requested and self.is_plain_script() and not self._raised:
             self._raised = True
             self._arm_kill()
             if self.signal == CTRL_C:
@@ -119,7 +119,7 @@ class StopSignal:
         stops = {int(sig) for sig in STOP_SIGNALS}
         while True:
             got = os.read(read, 64)
-            if any(byte in stops for byte in got) and self.plain():
+            if any(byte in stops for byte in got) and self.is_plain_script():
                 self._arm_kill()
 
     def _arm_kill(self) -> None:
@@ -147,14 +147,14 @@ class StopSignal:
         if self.signal in _STICKY:
             return
         self.signal = PRUNE
-        if self.plain() and self.received_at is None:
+        if self.is_plain_script() and self.received_at is None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def _watch_cancel(self) -> None:
         """Rank 0: a cancel written to run.json stops a plain script too (it never asks)."""
         while not self._cancelled():
             time.sleep(CANCEL_POLL_S)
-        if self.plain() and self.received_at is None:
+        if self.is_plain_script() and self.received_at is None:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in the main thread; the kill is armed
 
     def _cancelled(self) -> bool:

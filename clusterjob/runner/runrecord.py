@@ -14,10 +14,10 @@ from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import procs, retry, slurmctl, units
-from clusterjob.core.files import is_number
+from clusterjob.core.files import is_number, now_iso
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.record import SLURM, Job, RunRecord, Session
-from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, rank_errors, record_error
+from clusterjob.core.record import SLURM, Job, RunError, RunRecord, Session
+from clusterjob.core.rundir import RunDir, mark_failed, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 from clusterjob.runner.preempt import PRUNE
 

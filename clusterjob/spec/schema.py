@@ -27,7 +27,7 @@ from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin
 import yaml
 
 from clusterjob.core import env as envmod
-from clusterjob.core.errors import SpecError, brief, key_text, shown
+from clusterjob.core.errors import SpecError, brief, key_text, with_type
 from clusterjob.core.units import default_mode
 from clusterjob.spec import envvars
 from clusterjob.spec import options as executoropts
@@ -296,7 +296,7 @@ def _check_metric_regex(name: Any, regex: Any) -> None:
         raise SpecError(where, "step is each metric's position (the k-th match, or the regex's (?P<step>...) "
                                "group); name the metric otherwise")
     if not isinstance(regex, str):
-        raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
+        raise SpecError(where, f"expected a regex (a string), got {with_type(regex)}")
     check_text(where, regex)
     _check_groups(where, regex, _compiled(where, regex))
 
@@ -582,7 +582,7 @@ def _check_plain(key: str, value: Any) -> None:
         for index, inner in enumerate(value):
             _check_plain(f"{key}[{index}]", inner)
     elif value is not None and not isinstance(value, (str, int, float, bool)):
-        raise SpecError(key, f"{shown(value)} is not plain data; use text, numbers, true/false or lists")
+        raise SpecError(key, f"{with_type(value)} is not plain data; use text, numbers, true/false or lists")
     else:
         check_kind(key, value, {})
 
@@ -714,7 +714,7 @@ def spec_from_dict(raw: Any) -> Spec:
 
 def _build(cls: type, raw: Any, path: str) -> Any:
     if not isinstance(raw, dict):
-        raise SpecError(path, f"expected a mapping of keys, got {shown(raw)}")
+        raise SpecError(path, f"expected a mapping of keys, got {with_type(raw)}")
     typed = hints(cls)
     kwargs = _executor_options(cls, raw, path)
     for f in key_fields(cls):
@@ -821,7 +821,7 @@ def _type_word(hint: Any) -> str:
 
 
 def _type_error(key: str, value: Any, expected: str) -> Any:
-    raise SpecError(key, f"expected {expected}, got {shown(value)}")
+    raise SpecError(key, f"expected {expected}, got {with_type(value)}")
 
 
 def _join(path: str, key: str) -> str:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from clusterjob.core.errors import SpecError, brief, key_text, shown
+from clusterjob.core.errors import SpecError, brief, key_text, with_type
 from clusterjob.core.search import DISTRIBUTIONS
 from clusterjob.spec.fields import Section, check_kind, did_you_mean, opt
 
@@ -77,15 +77,15 @@ def _distribution(key: Any, value: Any) -> dict:
     """One entry of the space, checked: a mapping of one distribution to its list."""
     where = f"space.{key_text(key)}"
     if not isinstance(value, dict) or len(value) != 1:
-        raise SpecError(where, f"expected one distribution such as {_EXAMPLE}, got {shown(value)}; the distributions "
-                               f"are {', '.join(DISTRIBUTIONS)}")
+        raise SpecError(where, f"expected one distribution such as {_EXAMPLE}, got {with_type(value)}; "
+                               f"the distributions are {', '.join(DISTRIBUTIONS)}")
     kind, args = next(iter(value.items()))
     if kind not in DISTRIBUTIONS:
         raise SpecError(where, f"{brief(kind)} is no distribution{did_you_mean(kind, DISTRIBUTIONS)}; use one of "
                                f"{', '.join(DISTRIBUTIONS)}")
     where = f"{where}.{kind}"
     if not isinstance(args, (list, tuple)):
-        raise SpecError(where, f"expected a list, got {shown(args)}; e.g. {kind}: {_example(kind)}")
+        raise SpecError(where, f"expected a list, got {with_type(args)}; e.g. {kind}: {_example(kind)}")
     if kind == "choice":
         return {kind: _choices(where, list(args))}
     return {kind: _range(where, kind, list(args))}
@@ -101,8 +101,8 @@ def _choices(where: str, values: list) -> list:
         raise SpecError(where, f"[] gives nothing to choose from; list at least one value, e.g. {_example('choice')}")
     for index, value in enumerate(values):
         if value is not None and not isinstance(value, (str, int, float, bool)):
-            raise SpecError(f"{where}[{index}]", f"{shown(value)} is not a plain value; a choice is text, a number, "
-                                                 "true/false or null")
+            raise SpecError(f"{where}[{index}]", f"{with_type(value)} is not a plain value; a choice is text, a "
+                                                 "number, true/false or null")
         check_kind(f"{where}[{index}]", value, {})
     if len({repr(v) for v in values}) != len(values):
         raise SpecError(where, f"{brief(values)} lists a value twice; list each choice once")
@@ -120,7 +120,7 @@ def _range(where: str, kind: str, values: list) -> list:
         number = isinstance(value, int) if whole else isinstance(value, (int, float))
         if isinstance(value, bool) or not number:
             word = "a whole number" if whole else "a number"
-            raise SpecError(f"{where}[{index}]", f"expected {word}, got {shown(value)}")
+            raise SpecError(f"{where}[{index}]", f"expected {word}, got {with_type(value)}")
         check_kind(f"{where}[{index}]", value, {})
         if not whole and not math.isfinite(float(value)):
             raise SpecError(f"{where}[{index}]", f"{value!r} must be a finite number")

@@ -73,7 +73,7 @@ def test_every_field_written_reads_back_equal(tmp_path):
     values = {name: getattr(want, name) for name in record.FIELDS}
     written = run.update(**values)
     assert written == want and run.read() == want
-    assert run.read_info() == NEW_RUN_JSON  # the JSON layout of before, and the job
+    assert json.loads(run.info_file.read_text()) == NEW_RUN_JSON  # the JSON layout of before, and the job
 
 
 @pytest.mark.parametrize("raw, job", [

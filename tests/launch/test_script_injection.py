@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import cli
 
 from clusterjob.launch import sbatch
 from clusterjob.launch.executors import slurm
@@ -70,9 +71,7 @@ def test_submit_dry_run_through_the_cli_prints_the_same_quoted_script(tmp_path, 
     spec.write_text(f"name: n\noutput: {{root: {shlex.quote(str(root))}}}\n")
     for name in ("sbatch", "sinfo", "scontrol"):  # "Slurm is reachable": the slurm path is taken
         slurm_shims.answer(name)
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "slurm",
-                           "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
-                          env=slurm_shims.env(), timeout=60)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "slurm", "--dry-run", env=slurm_shims.env(), timeout=60)
     assert done.returncode == 0, done.stderr
     assert shlex.quote(str(root / "n" / ".slurm")) in done.stdout
     assert not root.exists() and not (tmp_path / "CANARY").exists()  # a dry run writes nothing

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 
 from clusterjob.core.env import clean_environ
 from clusterjob.launch import sbatch
@@ -147,9 +148,8 @@ def test_templates_agree_with_each_other_and_the_submitit_run(runs, slurm_cluste
         assert state == "COMPLETED", f"job {job} ({way}) ended {state}\n{logs(workdir)}"
         losses[way] = json.loads((run_dir / "run.json").read_text())["final"]["val_loss"]
     spec_file = runs["srun"][3].parents[2] / "tiny.yaml"  # <base>/results/templates/slurm-<id>
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec_file), "--executor", "slurm",
-                           "--set", OVERRIDE, "--wait"], env=job_env(slurm_cluster), capture_output=True,
-                          text=True, timeout=WAIT_S)
+    done = cli(os.getcwd(), "submit", str(spec_file), "--executor", "slurm", "--set", OVERRIDE, "--wait",
+               env=job_env(slurm_cluster), timeout=WAIT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     (line,) = [line for line in done.stdout.splitlines() if "  completed  " in line]
     info = json.loads((Path(line.split(" -> ")[1]) / "run.json").read_text())

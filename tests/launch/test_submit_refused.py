@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 from fakeslurm import fake_slurm_at
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write_spec(folder: Path, **extra) -> Path:
@@ -30,10 +28,7 @@ def write_spec(folder: Path, **extra) -> Path:
 
 def submit(folder: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
     # --no-preflight: what sbatch itself says is under test here (the preflight has its own tests)
-    return subprocess.run([sys.executable, "-m", "clusterjob", "submit", "refused.yaml", "--executor", "slurm",
-                           "--no-preflight",
-                           *extra], cwd=folder, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=300)
+    return cli(folder, "submit", "refused.yaml", "--executor", "slurm", "--no-preflight", *extra, env=env)
 
 
 @pytest.mark.slurm
@@ -90,8 +85,7 @@ def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shim
         f"{runs[0].name}.runs.json", "4242_0_submitted.pkl", "4242_1_submitted.pkl", "4242_submission.sh"]
     assert [(tmp_path / "results" / "refused" / ".slurm" / name).is_symlink() for name in leftovers
             if name.startswith(".submission_file_")] == [True]
-    resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(runs[2])], cwd=tmp_path,
-                             env={**shims, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    resumed = cli(tmp_path, "resume", str(runs[2]), env=shims, timeout=120)
     assert resumed.returncode == 1  # sbatch still fails: the run is failed again, not left pending
     assert resumed.stderr.splitlines()[-1].startswith("clusterjob: error: sbatch failed: Unable to contact")
     info = json.loads((runs[2] / "run.json").read_text())

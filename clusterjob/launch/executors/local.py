@@ -24,9 +24,20 @@ from typing import Any, Optional, Sequence
 from clusterjob.core import claim, procs
 from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, failure, natural_key, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, natural_key
 from clusterjob.launch import supervisor as sup
-from clusterjob.launch.executor import Dependency, Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
+from clusterjob.launch.executor import (
+    Dependency,
+    Executor,
+    RunView,
+    Waited,
+    Watch,
+    apply_found,
+    cancel_unstarted,
+    register,
+)
 from clusterjob.launch.progress import ProgressTail
 from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import gpus_here, visible_gpus  # noqa: F401  (the GPU facts, where check reads them)
@@ -215,7 +226,7 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
     fields = {"status": "failed", "finished_at": now_iso(), "error": failure(
         run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
              f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
-    return learnt(run, view, fields, write_back)
+    return apply_found(run, view, fields, write_back)
 
 
 def detach(runs: list[RunDir], world: int) -> int:

@@ -30,19 +30,9 @@ from typing import Optional, Sequence
 from clusterjob.core import claim, procs, retry, slurmctl
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
-from clusterjob.core.record import SLURM, Job
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    RunDir,
-    RunError,
-    RunRecord,
-    failure,
-    first_error,
-    is_job_id,
-    now_iso,
-    rank_errors,
-    tail_lines,
-)
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import SLURM, Job, RunError, RunRecord, is_job_id
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, rank_errors, tail_lines
 from clusterjob.launch import chain
 from clusterjob.launch.executor import (
     WAITING,
@@ -51,8 +41,8 @@ from clusterjob.launch.executor import (
     RunView,
     Waited,
     Watch,
+    apply_found,
     cancel_unstarted,
-    learnt,
     register,
     views,
 )
@@ -210,7 +200,7 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
     elif final == "failed":
         fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
                                        "without the run recording its end")
-    return learnt(run, view, fields, write_back)
+    return apply_found(run, view, fields, write_back)
 
 
 def _dependency_failed(info: RunRecord) -> Optional[str]:
