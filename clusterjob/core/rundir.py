@@ -25,6 +25,7 @@ from clusterjob.core import claim, record
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
+from clusterjob.core.search import SEARCH_FILE
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -229,7 +230,8 @@ def _subdirs(path: str, plain: bool) -> list:
 
 def scan_runs(root: "str | os.PathLike") -> list[FoundRun]:
     """The runs under ``root``: the root itself when it is a run, else the runs one level
-    below (``results/<name>``) and two levels below (``results/``), in natural order.
+    below (``results/<name>``) and two levels below (``results/``), and the trials of a
+    search two levels below (``results/<name>/<search>/<trial>``), in natural order.
 
     A run reached twice (a ``latest -> <run>`` link, a link to a folder above, a loop)
     counts once: runs are told apart by their real path, and a run's own name wins over
@@ -247,7 +249,15 @@ def scan_runs(root: "str | os.PathLike") -> list[FoundRun]:
         for sub, subpath, subreal in _subdirs(path, real is None):
             if (run := found_run(subpath, f"{name}/{sub}")) is not None:
                 candidates.append((run, subreal))
+            elif os.path.isfile(os.path.join(subpath, SEARCH_FILE)):  # a search: its trials one level deeper
+                candidates += _trials_of(subpath, f"{name}/{sub}", real is None and subreal is None)
     return _once_each(candidates, real_root)
+
+
+def _trials_of(path: str, key: str, plain: bool) -> list:
+    """The trial runs in a search's folder ``path`` (docs/design.md, "Search")."""
+    return [(run, real) for sub, subpath, real in _subdirs(path, plain)
+            if (run := found_run(subpath, f"{key}/{sub}")) is not None]
 
 
 def _once_each(candidates: list, real_root: str) -> list[FoundRun]:

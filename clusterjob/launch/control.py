@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from clusterjob.core import claim, units
+from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -172,6 +173,10 @@ def cmd_status(folder: str) -> int:
     found = executor.views(runs)
     _print_warnings(runs, found)
     sys.stderr.flush()
+    if searchmod.is_search(folder):
+        from clusterjob.launch.searchcmd import summary
+
+        print("\n".join(summary(Path(folder))))
     print(status_table(runs, found))
     return 0
 
@@ -378,7 +383,11 @@ def _claim_for_cancel(run: RunDir) -> Optional[claim.Claim]:
 
 
 def cmd_cancel(run_text: str) -> int:
-    """``clusterjob cancel RUN``."""
+    """``clusterjob cancel RUN`` (or a search's folder: every slot of it)."""
+    if searchmod.is_search(run_text):
+        from clusterjob.launch import searchcmd
+
+        return searchcmd.cancel(Path(run_text))
     run = resolve_run(run_text)
     with cancel_claim(run):
         lines = cancel(run)
