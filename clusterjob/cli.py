@@ -195,8 +195,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 @_reads_run_folders
 def cmd_status(args: argparse.Namespace) -> int:
+    from clusterjob.core.search import is_search
     from clusterjob.launch import control
 
+    if is_search(args.dir):
+        from pathlib import Path
+
+        from clusterjob.launch.searchcmd import summary
+
+        return control.cmd_status(args.dir, summary(Path(args.dir)))
     return control.cmd_status(args.dir)
 
 
@@ -209,6 +216,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 @_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from clusterjob.core.search import is_search
+
+    if is_search(args.run):  # a search's folder: every slot of it
+        from pathlib import Path
+
+        from clusterjob.launch import searchcmd
+
+        return searchcmd.cancel(Path(args.run))
     from clusterjob.launch import control
 
     return control.cmd_cancel(args.run)

@@ -17,10 +17,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from clusterjob.core import claim, units
-from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -164,19 +163,17 @@ def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
         print(f"warning: {unanswered}", file=sys.stderr)
 
 
-def cmd_status(folder: str) -> int:
+def cmd_status(folder: str, heading: Sequence[str] = ()) -> int:
     """``clusterjob status [DIR]``: the runs under ``folder`` (results/<name>, results/
-    or one run folder), one row each; reads only."""
+    or one run folder), one row each, below ``heading`` (a search's summary); reads only."""
     runs = find_runs(Path(folder))
     if not runs:
         raise no_runs(folder)
     found = executor.views(runs)
     _print_warnings(runs, found)
     sys.stderr.flush()
-    if searchmod.is_search(folder):
-        from clusterjob.launch.searchcmd import summary
-
-        print("\n".join(summary(Path(folder))))
+    for line in heading:
+        print(line)
     print(status_table(runs, found))
     return 0
 
@@ -383,11 +380,7 @@ def _claim_for_cancel(run: RunDir) -> Optional[claim.Claim]:
 
 
 def cmd_cancel(run_text: str) -> int:
-    """``clusterjob cancel RUN`` (or a search's folder: every slot of it)."""
-    if searchmod.is_search(run_text):
-        from clusterjob.launch import searchcmd
-
-        return searchcmd.cancel(Path(run_text))
+    """``clusterjob cancel RUN``."""
     run = resolve_run(run_text)
     with cancel_claim(run):
         lines = cancel(run)
