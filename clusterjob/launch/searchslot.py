@@ -17,7 +17,6 @@ continues it. The array task id is the slot's number.
 
 from __future__ import annotations
 
-import shlex
 import signal
 import subprocess
 import sys
@@ -31,45 +30,13 @@ from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir
 from clusterjob.launch import search
 from clusterjob.launch.executors import slurm
-from clusterjob.launch.resources import SESSION_MARK, sbatch_options, signal_delay_s
+from clusterjob.launch.resources import SESSION_MARK
+from clusterjob.launch.searcharray import escaped
 from clusterjob.launch.study import ENDS
 from clusterjob.spec.schema import Spec
 
-SLOTS = "slots"  # the slots' own logs, in the search's folder
 PRUNE_GRACE_S = 5.0  # after a prune, how long the ranks may take to stop by themselves before srun passes SIGTERM
 POLL_S = 0.5
-
-
-def script(spec: Spec, folder: Path) -> str:
-    """The batch script of the search's array: the spec's resources as ``#SBATCH`` lines
-    (as the other Slurm jobs get them), the setup lines, then the slot driver. The
-    array, the job's name and the log files are given on sbatch's command line
-    (``sbatch_args``): paths there need no quoting."""
-    assert spec.search is not None  # only a search has slots
-    options = {k: v for k, v in sbatch_options(spec).items() if v is not None and k not in ("job-name", "array")}
-    lines = ["#!/bin/bash", f"# clusterjob: the slots of search {folder.name} (python -m {__name__})"]
-    lines += [f"#SBATCH --{key}={value}" for key, value in options.items()]
-    lines += [f"#SBATCH --signal=USR2@{signal_delay_s(spec)}", "#SBATCH --requeue", "#SBATCH --open-mode=append",
-              f'echo "{SESSION_MARK}" >&2', *spec.resources.setup,
-              f"export SRUN_CPUS_PER_TASK={spec.resources.cpus_per_task}",
-              f"exec {shlex.join([sys.executable, '-u', '-m', __name__, str(folder.resolve())])}"]
-    return "\n".join(lines) + "\n"
-
-
-def sbatch_args(spec: Spec, folder: Path) -> list[str]:
-    """sbatch's arguments before the script: the array of slots (none for one slot), the
-    job's name, each slot's log."""
-    assert spec.search is not None  # only a search has slots
-    logs = folder.resolve() / SLOTS
-    parallel = spec.search.parallel
-    array = [f"--array=0-{parallel - 1}"] if parallel > 1 else []
-    return ["--parsable", *array, f"--job-name={spec.name}", f"--output={_escaped(logs)}/slot-%a.out",
-            f"--error={_escaped(logs)}/slot-%a.err"]
-
-
-def _escaped(path: Path) -> str:
-    """A path in a Slurm file name pattern: its own % doubled."""
-    return str(path).replace("%", "%%")
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -105,7 +72,7 @@ def run_step(run: RunDir, spec: Spec) -> tuple[int, str]:
     session: srun reports a killed task there). After a prune, srun passes SIGTERM to
     ranks that did not stop by themselves (a plain script on several ranks)."""
     r = spec.resources
-    logs = _escaped(run.logs.resolve())
+    logs = escaped(run.logs.resolve())
     command = ["srun", "--kill-on-bad-exit=1", f"--nodes={r.nodes}", f"--ntasks-per-node={r.tasks_per_node}",
                f"--cpus-per-task={r.cpus_per_task}", "--open-mode=append", f"--output={logs}/rank%t.out",
                f"--error={logs}/rank%t.err", sys.executable, "-u", "-m", "clusterjob.run", str(run.spec_file.resolve())]
