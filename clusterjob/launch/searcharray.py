@@ -104,6 +104,9 @@ def cancel(folder: Path, runs: list[RunDir], wait_s: float) -> list[str]:
     job = searchmod.read(folder)[0].job_id
     if job is None:
         return []
+    unfinished = [run for run in runs if run.read().status not in FINAL_STATUSES]
+    for run in unfinished:  # first, so that their ranks record the stop as a cancel
+        run.update(cancel_requested_at=now_iso())
     if not slurmctl.cancel(job):
         raise BadInput(f"scancel {job} failed: Slurm is unreachable from here (or refused); run the cancel again "
                        "where scancel works")
@@ -112,7 +115,7 @@ def cancel(folder: Path, runs: list[RunDir], wait_s: float) -> list[str]:
         if time.monotonic() > deadline:
             return [f"cancelled Slurm array {job}; it is still ending: `clusterjob status {folder}` shows it"]
         time.sleep(1.0)
-    for run in runs:
+    for run in unfinished:
         if run.read().status not in FINAL_STATUSES:
-            run.update(status="cancelled", finished_at=now_iso(), cancel_requested_at=now_iso())
+            run.update(status="cancelled", finished_at=now_iso())
     return [f"cancelled Slurm array {job}"]
