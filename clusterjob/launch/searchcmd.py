@@ -87,6 +87,7 @@ def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
         live = owner.search_live(folder, record)
         if live:
             raise BadInput(f"{folder} still runs ({live}); `clusterjob cancel {folder}` first")
+        _check_unfinished(folder, trials)
         reopened = search.reopen(folder, trials)
         spec = load_spec(folder / search.SPEC_FILE)
         owner.check_search(spec, preflight=False)
@@ -99,6 +100,19 @@ def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
         from clusterjob.launch.submit import wait_search
 
         return wait_search(spec, folder, owner)
+
+
+def _check_unfinished(folder: Path, trials: Optional[int]) -> None:
+    """Bad input for a search with nothing left to run: every trial taken and ended, and
+    no higher count asked."""
+    record, _ = searchmod.read(folder)
+    if trials is not None and trials != record.trials:
+        return  # a new count: reopen raises it, or refuses to lower it
+    runs = search.trial_runs(folder)
+    ended = all(run.read().status in ("completed", "pruned", "failed") for run in runs)
+    if ended and len(runs) >= (record.trials or 0):
+        raise BadInput(f"{folder}: every one of its {len(runs)} trial(s) ended; to run more, raise the count: "
+                       f"clusterjob resume {folder} --set search.trials={len(runs) + 8}")
 
 
 def _trials_override(overrides: list[str]) -> Optional[int]:

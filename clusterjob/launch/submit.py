@@ -232,7 +232,10 @@ def resume(run_text: str, wait: bool = False) -> int:
     reboot) counts as stopped. The run is claimed (clusterjob.core.claim) from the check
     of its state until it is handed over, so of several resumes at once one starts it."""
     run = control.resolve_run(run_text)
-    control.readable_record(run)  # before anything is started or written
+    trial = control.readable_record(run).search  # before anything is started or written
+    if trial is not None:
+        raise BadInput(f"{run.path} is a trial of a search: its slots run it; resume the search as a whole: "
+                       f"clusterjob resume {run.path.parent}")
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     spec = load_spec(run.spec_file)
     check_paths(spec)

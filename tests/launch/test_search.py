@@ -233,3 +233,9 @@ def test_cancel_and_resume_a_local_search(tmp_path):
         assert "resum" in (run / "logs" / "rank0.out").read_text()
     assert sorted(e["trial"] for e in lines(found / "study.jsonl") if e["op"] == "new") == list(range(5))
     assert math.isclose(yaml.safe_load((found / "spec.yaml").read_text())["search"]["trials"], 5)
+    again = cli(tmp_path, "resume", str(found))
+    assert again.returncode == 2 and "every one of its 5 trial(s) ended" in again.stderr
+    alone = cli(tmp_path, "resume", str(runs[0]))
+    assert alone.returncode == 2 and "is a trial of a search" in alone.stderr
+    lower = cli(tmp_path, "resume", str(found), "--set", "search.trials=3")
+    assert lower.returncode == 2 and "resume can only raise it" in lower.stderr
