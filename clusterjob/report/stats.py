@@ -324,6 +324,17 @@ def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
     return [", ".join(f"{n} {name}" for n, name in zip(row, order) if n) for row in counts]
 
 
+def _with_rungs(runs: pd.DataFrame) -> pd.Series:
+    """Each run's state, a pruned trial's with the rung its search stopped it at
+    ("pruned at rung 1")."""
+    status = runs["status"].astype(object)
+    if "pruned_rung" not in runs.columns:
+        return status
+    rung = runs["pruned_rung"]
+    marked = (status == "pruned") & rung.notna()
+    return status.where(~marked, "pruned at rung " + rung.astype("string"))
+
+
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str]) -> pd.DataFrame:
     """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
     <cost>_sum over all its runs (when ``runs`` has the cost columns), completed, counted,
@@ -342,7 +353,7 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
             table[f"{column}_sum"] = grouped[column].sum().where(grouped[column].count() == table["n"])
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
     table["counted"] = grouped["_counted"].sum().astype(np.int64)
-    table["not_completed"] = _not_completed(frame["status"], grouped.ngroup().to_numpy())
+    table["not_completed"] = _not_completed(_with_rungs(frame), grouped.ngroup().to_numpy())
     table["state"] = group_state(*(table[c].to_numpy() for c in ("n", "completed", "counted")))
     table = table.reset_index().drop(columns=["_all"], errors="ignore")
     return _ranked(table, primary)

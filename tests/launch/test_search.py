@@ -150,6 +150,9 @@ def check_outcome(tmp_path: Path, found: Path, records: list, metric: str, best_
     assert sum(" pruned " in line for line in status.stdout.splitlines()) == len(pruned)
     report = cli(tmp_path, "report", str(found))
     assert report.returncode == 0 and f"12 runs: {len(completed)} completed, {len(pruned)} pruned" in report.stdout
+    marked = [line for line in report.stdout.splitlines() if "pruned at rung" in line]
+    assert sorted(int(line.split("pruned at rung ")[1].split()[0].strip("|")) for line in marked) == \
+        sorted(r["pruned"]["rung"] for r in pruned)  # each pruned trial's group says its rung
 
 
 @pytest.mark.slow
