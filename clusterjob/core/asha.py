@@ -105,8 +105,11 @@ class Verdict:
 
 def promoted(value: float, competing: list[float], reduction: int, mode: str) -> tuple[bool, float]:
     """(whether ``value`` goes on, the cut) among ``competing`` (its own value included):
-    the best ``len // reduction`` go on, the best one while there are fewer."""
-    ranked = sorted(competing, reverse=mode == "max")
+    the best ``len // reduction`` go on, the best one while there are fewer. A value that
+    is not a number (a diverged trial's nan) never goes on and never sets the cut."""
+    ranked = sorted((v for v in competing if v == v), reverse=mode == "max")
+    if value != value or not ranked:
+        return False, ranked[0] if ranked else value
     keep = max(1, len(ranked) // reduction)
     cut = ranked[keep - 1]
     return (value >= cut if mode == "max" else value <= cut), cut

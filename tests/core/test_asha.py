@@ -24,6 +24,9 @@ def test_the_best_third_goes_on_the_best_one_while_fewer_than_the_reduction():
     assert asha.promoted(0.6, [0.5, 0.1, 0.2, 0.3, 0.9, 0.6], 3, "max") == (True, 0.6)  # top 2 of 6
     assert asha.promoted(0.5, [0.5, 0.1, 0.2, 0.3, 0.9, 0.6], 3, "max") == (False, 0.6)
     assert asha.promoted(0.1, [0.5, 0.1, 0.2], 3, "min") == (True, 0.1)  # a loss: lower is better
+    nan = float("nan")
+    assert asha.promoted(nan, [0.5, nan], 3, "max") == (False, 0.5)  # a diverged trial stops
+    assert asha.promoted(0.4, [nan, 0.4], 3, "min") == (True, 0.4)  # and sets no cut
 
 
 def test_a_verdict_is_recorded_once_per_trial_and_rung_and_holds_on_resume(tmp_path):
