@@ -156,7 +156,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.cluster:
         from clusterjob.launch.submit import cluster_preflight
 
-        return cluster_preflight(spec, len(points))
+        return cluster_preflight(spec, spec.search.parallel if spec.search is not None else len(points))
     if spec.search is not None:
         return _validate_search(spec)
     for point in points:
