@@ -26,11 +26,11 @@ def summary(folder: Path) -> list[str]:
     trial so far with its values; reads only."""
     record, _ = searchmod.read(folder)
     runs = search.trial_runs(folder)
-    infos = [run.read() for run in runs]
+    infos = [view.record for view in executor.views(runs)]  # as the table below shows them
     counts = {state: sum(info.status == state for info in infos) for state in COUNTED}
     others = len(infos) - sum(counts.values())
     said = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    said += f", {others} pending or stopped" if others else ""
+    said += f", {others} pending, preempted or timed out" if others else ""
     lines = [f"search {record.id}: {len(infos)} of {record.trials} trial(s) taken ({said or 'none yet'}); "
              f"{record.describe()}"]
     best = best_trial(folder)
