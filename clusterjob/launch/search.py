@@ -30,6 +30,7 @@ from clusterjob.launch.study import ENDS, Study, Trial, create, open_study
 from clusterjob.spec.schema import Spec, dump_spec, load_spec, trial_spec
 
 SPEC_FILE = "spec.yaml"
+MADE_FILE = ".made"  # the folders above a search's that its submit made (removed with it when nothing started)
 # How a trial that ended leaves the study: its run's end (cancelled: a trial cancelled on its own)
 TOLD = ("completed", "pruned", "failed")
 
@@ -53,20 +54,35 @@ def make(spec: Spec, executor: str, claim_as: str) -> Path:
     it. Whatever stops it removes what it made."""
     stamp = new_run_id()
     folder = Path(spec.output.root) / spec.name / stamp
+    missing = [str(p) for p in (folder.parent, folder.parent.parent) if not p.exists()]
     try:
         folder.mkdir(parents=True)
+        (folder / MADE_FILE).write_text("".join(f"{path}\n" for path in missing))
         claim.take(folder, claim_as)
         write_atomic(folder / SPEC_FILE, dump_spec(spec))
         record = searchmod.update(folder, id=stamp, **search_record(spec, executor))
         create(folder, record)
     except BaseException as err:
         claim.release(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(folder)
         if isinstance(err, OSError):
             raise BadInput(f"output.root: cannot make the search's folder {str(folder)!r}: {err.strerror or err}; "
                            "choose a writable output.root") from None
         raise
     return folder
+
+
+def remove(folder: Path) -> None:
+    """A search's folder that nothing started from, gone, and the folders above it that
+    ``make`` made for it and that hold nothing else (bad input leaves nothing on disk)."""
+    try:
+        above = (folder / MADE_FILE).read_text().splitlines()
+    except OSError:
+        above = []
+    shutil.rmtree(folder, ignore_errors=True)
+    for path in above:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # only an empty folder
 
 
 def trial_runs(folder: "str | os.PathLike") -> list[RunDir]:

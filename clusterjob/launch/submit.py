@@ -78,8 +78,9 @@ def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, pr
     folder = search.make(spec, chosen.name, claim_as="clusterjob submit")
     try:
         lines = chosen.start_search(spec, folder, follow=wait)
-    except BaseException:
+    except BaseException:  # nothing started (sbatch refused the array, Ctrl-C): nothing left behind
         claim.release(folder)
+        search.remove(folder)
         raise
     for line in lines:
         print(line)

@@ -109,3 +109,17 @@ def test_a_search_array_survives_preemption_and_a_killed_rank(slurm_cluster, tmp
         assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5, abs=1e-7)
         assert got["val_acc"] == want["val_acc"]
     assert max_abs_diff(final_state(preempted)["model"], final_state(baseline)["model"]) <= 1e-6
+
+
+def test_more_slots_than_max_array_size_is_bad_input_and_leaves_nothing(slurm_cluster, tmp_path):
+    """The preflight refuses it; without the preflight sbatch does, and the search's
+    folder (and the folders made for it) are gone again."""
+    spec = merge(SPEC, {"output": {"root": str(tmp_path / "results")}})
+    spec["search"] = {**spec["search"], "trials": 2000, "parallel": 1500}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", env=slurm_cluster.env())
+    assert done.returncode == 2 and "search.parallel: 1500 slots is more than this cluster's MaxArraySize (1001)" \
+        in done.stderr
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", "--no-preflight", env=slurm_cluster.env())
+    assert done.returncode == 2 and "sbatch refused the search's array" in done.stderr
+    assert not (tmp_path / "results").exists()

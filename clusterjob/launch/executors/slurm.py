@@ -169,7 +169,12 @@ class SlurmExecutor(Executor):
 
     def check_search(self, spec: Spec, preflight: bool = True) -> None:
         assert spec.search is not None  # only a search is checked here
-        self.check(spec, spec.search.parallel, preflight)  # an array of its slots: MaxArraySize, the partition...
+        self.check(spec, spec.search.parallel, preflight)  # an array of its slots: the partition, the limits...
+        if preflight:  # one array, never split as a sweep is
+            most = slurmctl.max_array_size()
+            if spec.search.parallel > most:
+                raise BadInput(f"search.parallel: {spec.search.parallel} slots is more than this cluster's "
+                               f"MaxArraySize ({most}), the most tasks of one array; set parallel to at most {most}")
 
     def preview_search(self, spec: Spec, folder: Path) -> list[str]:
         from clusterjob.launch import searcharray
