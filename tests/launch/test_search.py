@@ -213,7 +213,8 @@ def test_cancel_and_resume_a_local_search(tmp_path):
     """A cancelled search takes no trial after the cancel; resume continues each stopped
     trial from its checkpoint (the same folder, the same values) and takes the rest;
     ``--set search.trials`` raises the count."""
-    write(tmp_path, {**SEARCH, "trials": 4, "prune": None}, train={"epochs": 30, "log_every": 16})
+    write(tmp_path, {**SEARCH, "trials": 4, "prune": None}, train={"epochs": 20, "log_every": 64},
+          data={"limit_train": 1024})
     proc = start(tmp_path, "submit", "s.yaml", "--executor", "local")
     assert proc.wait(timeout=60) == 0
     wait_for(lambda: (tmp_path / "results" / "s").is_dir() and any((tmp_path / "results" / "s").iterdir()), 30,
@@ -224,16 +225,20 @@ def test_cancel_and_resume_a_local_search(tmp_path):
         "both trials' first checkpoints")
     done = cli(tmp_path, "cancel", str(found))
     assert done.returncode == 0, done.stderr
-    wait_for(lambda: all(info(run)["status"] == "cancelled" for run in trials(found)), 60, "both trials cancelled")
-    before = {run.name: info(run)["params"] for run in trials(found)}
-    assert len(before) == 2  # no trial taken after the cancel
+    # a trial may complete while the other one's ranks are being stopped: it stays completed
+    wait_for(lambda: all(info(run)["status"] in ("cancelled", "completed") for run in trials(found)), 60,
+             "both trials cancelled (or completed first)")
+    before = {run.name: (info(run)["params"], info(run)["status"]) for run in trials(found)}
+    assert len(before) == 2 and "cancelled" in [status for _, status in before.values()]  # none taken after it
     done = cli(tmp_path, "resume", str(found), "--set", "search.trials=5", "--wait", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = trials(found)
     assert len(runs) == 5 and all(info(run)["status"] == "completed" for run in runs)
     for run in runs[:2]:
-        assert info(run)["params"] == before[run.name] and len(info(run)["sessions"]) == 2
-        assert "resum" in (run / "logs" / "rank0.out").read_text()
+        params, status = before[run.name]
+        assert info(run)["params"] == params
+        assert len(info(run)["sessions"]) == (2 if status == "cancelled" else 1)
+        assert ("resuming" in (run / "logs" / "rank0.out").read_text()) == (status == "cancelled")
     assert sorted(e["trial"] for e in lines(found / "study.jsonl") if e["op"] == "new") == list(range(5))
     assert math.isclose(yaml.safe_load((found / "spec.yaml").read_text())["search"]["trials"], 5)
     again = cli(tmp_path, "resume", str(found))
