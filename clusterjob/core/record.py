@@ -191,6 +191,12 @@ class RunRecord:
     stalls: list = field(default_factory=list)  # Stall: each stall the health watchdog saw
     excluded_hosts: list = field(default_factory=list)  # hosts a retry after a stall keeps the Slurm job off
     straggler: Optional[Straggler] = None  # the rank the others waited for, last measured
+    # A trial of a search (docs/design.md, "Search"): {"id": the search, "trial": its number, "slot": the
+    # slot that runs it}; its folder's parent is the search's folder
+    search: Optional[dict] = None
+    # The search stopped the trial at a rung (clusterjob.core.asha.Verdict.to_dict): the request that stops
+    # its ranks, then the record of why it is pruned
+    pruned: Optional[dict] = None
 
     def to_dict(self) -> dict:
         """Every field as run.json would hold it (for tables and views that want dicts)."""
@@ -501,7 +507,8 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         excluded_hosts=_text_list_field(raw, "excluded_hosts", problems, "a list of node names"),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems),
-        env=_mapping_field(raw, "env", problems, "a mapping of variables")), problems
+        env=_mapping_field(raw, "env", problems, "a mapping of variables"),
+        search=_mapping_field(raw, "search", problems), pruned=_mapping_field(raw, "pruned", problems)), problems
 
 
 @dataclass(frozen=True)
@@ -530,16 +537,17 @@ def read_record(folder: "str | os.PathLike") -> tuple[RunRecord, list[str]]:
 
 # ----------------------------------------------------------------------------- writing
 
-# Written by tasks that may still run for a few seconds after a cancel, or after a stall's verdict.
+# Written by tasks that may still run for a few seconds after a cancel, a prune, or a stall's verdict.
 _LATE_FIELDS = ("status", "finished_at", "error")
+_STANDING = ("cancelled", "pruned")  # ends that late writes of the ranks never undo
 STALLED = "stalled: "  # the error of a run the health watchdog's verdict ended (clusterjob.core.stalls)
 
 
 def _stands(record: RunRecord, fields: dict) -> bool:
-    """Whether the run's end stands against a write of ``fields``: a cancelled run, and
-    a run a stall's verdict failed (its ranks, ended on purpose, may still record a
-    stop or an error of their own), except for the retry that reopens it (pending)."""
-    if record.status == "cancelled":
+    """Whether the run's end stands against a write of ``fields``: a cancelled or pruned
+    run, and a run a stall's verdict failed (its ranks, ended on purpose, may still
+    record a stop or an error of their own), except for the retry that reopens it (pending)."""
+    if record.status in _STANDING:
         return True
     stalled = record.status == "failed" and record.error is not None and (record.error.message or "").startswith(
         STALLED)
@@ -550,7 +558,7 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
     on disk, and with ``job`` its Slurm id as ``slurm_job_id`` (null for another
-    executor's job), the key earlier versions read. A cancelled run stays cancelled
+    executor's job), the key earlier versions read. A cancelled (or pruned) run stays so
     unless ``reopen``: the run was started again on purpose; so does a run a stall
     failed, but for its retry (``_stands``). Updates take turns (a lock file beside
     run.json): each reads what the one before wrote, so none undoes another's fields."""

@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from clusterjob.core import claim, rankhealth, stalls, units
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
@@ -179,15 +179,17 @@ def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
         print(f"warning: {unanswered}", file=sys.stderr)
 
 
-def cmd_status(folder: str) -> int:
+def cmd_status(folder: str, heading: Sequence[str] = ()) -> int:
     """``clusterjob status [DIR]``: the runs under ``folder`` (results/<name>, results/
-    or one run folder), one row each; reads only."""
+    or one run folder), one row each, below ``heading`` (a search's summary); reads only."""
     runs = find_runs(Path(folder))
     if not runs:
         raise no_runs(folder)
     found = executor.views(runs)
     _print_warnings(runs, found)
     sys.stderr.flush()
+    for line in heading:
+        print(line)
     print(status_table(runs, found))
     return 0
 

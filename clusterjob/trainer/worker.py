@@ -100,7 +100,7 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
     if dist.is_main():
         runrecord.mark_running(run, env, {"backend": plan.backend, "amp": plan.amp_name, "device": plan.device_type})
     n_valid = val_valid_count(len(data.val), env.rank, env.world_size)
-    with sinks.for_trainer(spec, run, fresh) if dist.is_main() else sinks.NoSinks() as metric_sinks:
+    with sinks.for_trainer(spec, run, fresh, stop) if dist.is_main() else sinks.NoSinks() as metric_sinks:
         for epoch in range(start, spec.train.epochs + 1):
             _debug_fail(spec, env, epoch)
             loaders.set_epoch(epoch, partial.batches)
@@ -112,8 +112,9 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
                 _save(trainer, run, epoch - 1, env, state)
                 return _stopped(run, spec, stop, metric_sinks)
             record = _epoch_record(trainer, loaders, n_valid, epoch, state)
+            metric_sinks.log(epoch, record)  # rank 0: metrics.jsonl, the console line, the loggers, a prune
+            # after the record: a trial its search prunes at this epoch's rung stops here
             stopping = epoch < spec.train.epochs and (spec.debug.exit_after_epoch == epoch or stop.agreed())
-            metric_sinks.log(epoch, record)  # rank 0: metrics.jsonl, the console line, the loggers
             _save(trainer, run, epoch, env, force=stopping or epoch == spec.train.epochs)
             if stopping:
                 return _stopped(run, spec, stop, metric_sinks)

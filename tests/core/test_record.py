@@ -60,8 +60,9 @@ def test_the_record_is_frozen():
 
 
 # The same run as this version writes it: its job (none) under ``job``, with the key of
-# earlier versions, slurm_job_id, kept beside it; and its spec's env (none recorded).
-NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None}
+# earlier versions, slurm_job_id, kept beside it; its spec's env (none recorded); and its
+# search and prune verdict (none: not a trial of a search).
+NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None, "search": None, "pruned": None}
 
 
 def test_an_old_run_json_reads_into_the_record_unchanged(tmp_path):
