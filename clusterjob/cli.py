@@ -113,9 +113,39 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 @_reads_run_folders
 def cmd_resume(args: argparse.Namespace) -> int:
+    from clusterjob.core.search import is_search
+
+    if is_search(args.run):
+        from pathlib import Path
+
+        from clusterjob.launch import searchcmd
+
+        return searchcmd.resume(Path(args.run), args.wait, args.set)
+    if args.set:
+        raise BadInput(f"--set {args.set[0]}: resume takes --set only for a search (search.trials=N); a run resumes "
+                       "with the spec it has")
     from clusterjob.launch.submit import resume
 
     return resume(args.run, wait=args.wait)
+
+
+def _validate_search(spec) -> int:
+    """A search's resolved spec, its space and, for the random method, its first trials."""
+    from clusterjob.core import search as searchmod
+    from clusterjob.spec.schema import dump_spec
+
+    assert spec.search is not None  # only a search's spec
+    print("# resolved spec (a search)")
+    print(dump_spec(spec))
+    dims = searchmod.space_of(spec.search.space)
+    for dim in dims:
+        print(f"# searched: {dim.key}: {dim.kind} {list(dim.args)}")
+    if spec.search.method == "random":
+        for number in range(min(5, spec.search.trials)):
+            print(f"# trial {number}: {json.dumps(searchmod.draw(dims, spec.search.seed, number))}")
+    sys.stdout.flush()
+    print(f"ok: a search of {spec.search.trials} trial(s), {spec.search.parallel} at once", file=sys.stderr)
+    return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -126,7 +156,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.cluster:
         from clusterjob.launch.submit import cluster_preflight
 
-        return cluster_preflight(spec, len(points))
+        return cluster_preflight(spec, spec.search.parallel if spec.search is not None else len(points))
+    if spec.search is not None:
+        return _validate_search(spec)
     for point in points:
         print(f"# run {point.index}: {json.dumps(point.params)}" if len(points) > 1 else "# resolved spec")
         print(dump_spec(point.spec))
@@ -163,8 +195,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 @_reads_run_folders
 def cmd_status(args: argparse.Namespace) -> int:
+    from clusterjob.core.search import is_search
     from clusterjob.launch import control
 
+    if is_search(args.dir):
+        from pathlib import Path
+
+        from clusterjob.launch.searchcmd import summary
+
+        return control.cmd_status(args.dir, summary(Path(args.dir)))
     return control.cmd_status(args.dir)
 
 
@@ -176,7 +215,22 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 @_reads_run_folders
+def cmd_stack(args: argparse.Namespace) -> int:
+    from clusterjob.launch import control, stack
+
+    return stack.cmd_stack(control.resolve_run(args.run), rank=args.rank)
+
+
+@_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
+    from clusterjob.core.search import is_search
+
+    if is_search(args.run):  # a search's folder: every slot of it
+        from pathlib import Path
+
+        from clusterjob.launch import searchcmd
+
+        return searchcmd.cancel(Path(args.run))
     from clusterjob.launch import control
 
     return control.cmd_cancel(args.run)
@@ -274,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run from its last checkpoint")
     p.add_argument("run", help="run folder (or run id under results/)")
     p.add_argument("--wait", action="store_true", help="block until the run ends; print its summary")
+    p.add_argument("--set", action="append", default=[], metavar="search.trials=N",
+                   help="a search's folder only: raise its number of trials")
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("sbatch", help="print a standalone sbatch script for a spec")
@@ -292,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing what is appended until the run ends (Ctrl-C stops)")
     p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("stack", help="the current Python stacks of a running run's ranks (read-only)")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.add_argument("--rank", type=int, help="only this rank (default: all)")
+    p.set_defaults(func=cmd_stack)
 
     p = sub.add_parser("cancel", help="cancel a pending or running run")
     p.add_argument("run", help="run folder (or run id under results/)")

@@ -18,8 +18,10 @@ imports this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, MutableMapping, Optional
@@ -56,7 +58,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     env = envmod.detect(argv=sys.argv if argv is None else argv)
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
-    from clusterjob.runner import dist, runrecord
+    from clusterjob.runner import dist, health, runrecord
     from clusterjob.runner.preempt import StopSignal
 
     target = _target(spec).prepare(spec, env)  # this rank's bad input, before any rendezvous
@@ -72,12 +74,19 @@ def run_task(argv: Optional[list[str]] = None) -> str:
         dist.destroy()
         return "failed"  # a node failure with no retry left: recorded by rank 0
     runrecord.hold(decided, lambda: stop.requested)  # the back-off after a node failure that Slurm's hold did not cover
+    watched = health.start(run, env, spec)  # before the code takes over stdout and stderr (the output pump)
     try:
         outcome = target(run, stop)
     except BaseException as exc:
-        runrecord.on_failure(run, env.rank, exc)
+        with contextlib.suppress(ValueError):  # (a thread other than the main one may not; none does here)
+            # DataLoader's SIGCHLD handler raises again for each dead worker: not while this error is recorded
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        runrecord.on_failure(run, env.rank, exc, watched.ended_before() if watched is not None else "")
         dist.abort()
         raise
+    finally:
+        if watched is not None:
+            watched.stop()
     dist.destroy()
     return outcome
 

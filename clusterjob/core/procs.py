@@ -146,3 +146,20 @@ def _send(fd: Optional[int], pid: int, sig: int) -> None:
         os.kill(pid, sig)
     else:
         signal.pidfd_send_signal(fd, sig)
+
+
+def terminate_group(ref: ProcessRef, sig: int = signal.SIGKILL) -> Optional[Mismatch]:
+    """``terminate``, and where the process leads a process group of its own (a local
+    rank does), the processes of that group too (its DataLoader workers, what it
+    started): checked as ``terminate`` checks, the group only while its leader is that
+    very process."""
+    why = check(ref)
+    if why is not None:
+        return why
+    try:
+        if os.getpgid(ref.pid) == ref.pid:
+            os.killpg(ref.pid, sig)
+            return None
+    except (ProcessLookupError, PermissionError):  # gone meanwhile, or not ours to signal: as terminate says
+        pass
+    return terminate(ref, sig)

@@ -102,9 +102,44 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Stall:
+    """A stall the health watchdog saw (docs/design.md, "Hung and slow ranks"): its number
+    (``logs/stall-<n>/``), when it was seen and when any rank last made progress before
+    it, the culprit's line (``rank 1 on node2: time.sleep at train.py:40; rank 0 in
+    all_reduce``), rank and host, what was done (retry, stop, warn; none: progress came
+    back before the verdict) and when progress came back (None: still stalled)."""
+
+    n: Optional[int]
+    at: Optional[str]
+    since: Optional[str]
+    line: Optional[str]
+    rank: Optional[int] = None
+    host: Optional[str] = None
+    action: Optional[str] = None
+    ended_at: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank the others waited for in the last minute the watchdog measured: its rank
+    and host, and the share of their time the others waited in collectives (median, %)."""
+
+    rank: Optional[int]
+    host: Optional[str]
+    wait_pct: Optional[float]
+    at: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class RunRecord:
-    """Every field of run.json; None (``[]`` for hosts, warnings, attempts, sessions and after) where absent
-    or unreadable."""
+    """Every field of run.json; None (``[]`` for hosts, warnings, attempts, sessions, after, stalls and
+    excluded_hosts) where absent or unreadable."""
 
     run_id: Optional[str] = None
     name: Optional[str] = None
@@ -153,6 +188,15 @@ class RunRecord:
     mlflow_run_id: Optional[str] = None
     wandb_run_id: Optional[str] = None
     wandb_url: Optional[str] = None  # the run's page; None offline
+    stalls: list = field(default_factory=list)  # Stall: each stall the health watchdog saw
+    excluded_hosts: list = field(default_factory=list)  # hosts a retry after a stall keeps the Slurm job off
+    straggler: Optional[Straggler] = None  # the rank the others waited for, last measured
+    # A trial of a search (docs/design.md, "Search"): {"id": the search, "trial": its number, "slot": the
+    # slot that runs it}; its folder's parent is the search's folder
+    search: Optional[dict] = None
+    # The search stopped the trial at a rung (clusterjob.core.asha.Verdict.to_dict): the request that stops
+    # its ranks, then the record of why it is pruned
+    pruned: Optional[dict] = None
 
     def to_dict(self) -> dict:
         """Every field as run.json would hold it (for tables and views that want dicts)."""
@@ -171,7 +215,7 @@ FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
 
 def to_json(value: Any) -> Any:
     """A record value as JSON holds it (errors, process refs and attempts are records too)."""
-    if isinstance(value, (RunError, ProcessRef, Attempt, Session, Job)):
+    if isinstance(value, (RunError, ProcessRef, Attempt, Session, Job, Stall, Straggler)):
         return value.to_dict()
     if isinstance(value, list):
         return [to_json(item) for item in value]
@@ -366,6 +410,30 @@ def _sessions_field(raw: dict, problems: list) -> list:
     return _entries_field(raw, "sessions", problems, "a mapping (at, job, checkpoint_at)", session)
 
 
+def _stalls_field(raw: dict, problems: list) -> list:
+    """The stalls the health watchdog recorded, each type-checked."""
+    def stall(item: dict, inner: list) -> Stall:
+        text = {key: _text_field(item, key, inner) for key in ("at", "since", "line", "host", "action", "ended_at")}
+        return Stall(n=_int_field(item, "n", inner), rank=_int_field(item, "rank", inner), **text)
+
+    return _entries_field(raw, "stalls", problems, "a mapping (n, at, since, line, rank, host, action)", stall)
+
+
+def _straggler_field(raw: dict, problems: list) -> Optional[Straggler]:
+    value = _mapping_field(raw, "straggler", problems, "a mapping (rank, host, wait_pct)")
+    if value is None:
+        return None
+    inner: list = []
+    pct = value.get("wait_pct")
+    if pct is not None and (type(pct) not in _NUMBER_TYPES or not math.isfinite(pct)):
+        inner.append(_bad("wait_pct", pct, "a finite number"))
+        pct = None
+    found = Straggler(_int_field(value, "rank", inner), _text_field(value, "host", inner), pct,
+                      _text_field(value, "at", inner))
+    problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: straggler.", 1) for p in inner]
+    return found
+
+
 def _entries_field(raw: dict, key: str, problems: list, wanted: str, parse: Any) -> list:
     """A list of records, each mapping parsed by ``parse(item, problems)``; entries that
     are no mapping are left out with a problem, and the problems name the entry."""
@@ -435,9 +503,12 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         warnings=_text_list_field(raw, "warnings", problems, "a list of lines of text"),
         after=_text_list_field(raw, "after", problems, "a list of run folders"),
         attempts=_attempts_field(raw, problems), sessions=_sessions_field(raw, problems),
+        stalls=_stalls_field(raw, problems), straggler=_straggler_field(raw, problems),
+        excluded_hosts=_text_list_field(raw, "excluded_hosts", problems, "a list of node names"),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems),
-        env=_mapping_field(raw, "env", problems, "a mapping of variables")), problems
+        env=_mapping_field(raw, "env", problems, "a mapping of variables"),
+        search=_mapping_field(raw, "search", problems), pruned=_mapping_field(raw, "pruned", problems)), problems
 
 
 @dataclass(frozen=True)
@@ -466,24 +537,37 @@ def read_record(folder: "str | os.PathLike") -> tuple[RunRecord, list[str]]:
 
 # ----------------------------------------------------------------------------- writing
 
-# Written by tasks that may still run for a few seconds after a cancel.
+# Written by tasks that may still run for a few seconds after a cancel, a prune, or a stall's verdict.
 _LATE_FIELDS = ("status", "finished_at", "error")
+_STANDING = ("cancelled", "pruned")  # ends that late writes of the ranks never undo
+STALLED = "stalled: "  # the error of a run the health watchdog's verdict ended (clusterjob.core.stalls)
+
+
+def _stands(record: RunRecord, fields: dict) -> bool:
+    """Whether the run's end stands against a write of ``fields``: a cancelled or pruned
+    run, and a run a stall's verdict failed (its ranks, ended on purpose, may still
+    record a stop or an error of their own), except for the retry that reopens it (pending)."""
+    if record.status in _STANDING:
+        return True
+    stalled = record.status == "failed" and record.error is not None and (record.error.message or "").startswith(
+        STALLED)
+    return stalled and fields.get("status") != "pending"
 
 
 def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
     on disk, and with ``job`` its Slurm id as ``slurm_job_id`` (null for another
-    executor's job), the key earlier versions read. A cancelled run stays cancelled
-    unless ``reopen``: the run was started again on purpose. Updates take turns (a lock
-    file beside run.json): each reads what the one before wrote, so none undoes
-    another's fields."""
+    executor's job), the key earlier versions read. A cancelled (or pruned) run stays so
+    unless ``reopen``: the run was started again on purpose; so does a run a stall
+    failed, but for its retry (``_stands``). Updates take turns (a lock file beside
+    run.json): each reads what the one before wrote, so none undoes another's fields."""
     path = info_path(folder)
     with locked(Path(folder) / LOCK_FILE):
         raw, _ = read_raw(path)
         record, _ = checked(raw)
         dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
-        if record.status == "cancelled" and not reopen:
+        if not reopen and _stands(record, fields):
             fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
         raw.update((key, to_json(value)) for key, value in fields.items())
         if "job" in fields:  # the copy earlier versions read (docs/design.md, "Results layout")

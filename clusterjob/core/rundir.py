@@ -17,7 +17,7 @@ import secrets
 import shutil
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +25,7 @@ from clusterjob.core import claim, record
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
+from clusterjob.core.search import SEARCH_FILE
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -33,8 +34,9 @@ LOGS = "logs"
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
 
-STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled")
-FINAL_STATUSES = ("completed", "failed", "cancelled")
+STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled", "pruned")
+# pruned: a trial of a search that its search stopped early (clusterjob.core.asha): a result, never a failure
+FINAL_STATUSES = ("completed", "failed", "cancelled", "pruned")
 UNKNOWN = "unknown"  # the state shown for a run whose run.json gives none
 
 
@@ -101,19 +103,47 @@ class RunDir:
         """Which process rank ``rank`` is (clusterjob.core.procs), for ``cancel``."""
         return self.logs / f"rank{rank}.proc.json"
 
+    # The health watchdog's files (docs/design.md, "Hung and slow ranks").
+    def beat_file(self, rank: int) -> Path:
+        """Touched by the rank at most once a second while it makes progress."""
+        return self.logs / f"rank{rank}.beat"
+
+    def stacks_file(self, rank: int) -> Path:
+        """Where the rank writes its stacks, all threads, when asked (appended)."""
+        return self.logs / f"rank{rank}.stacks"
+
+    def health_file(self, rank: int) -> Path:
+        """Which process the rank is, how to ask it for stacks, its waits in collectives."""
+        return self.logs / f"rank{rank}.health.json"
+
+    def ended_file(self, rank: int) -> Path:
+        """Written by the rank's watcher once the rank's process ended."""
+        return self.logs / f"rank{rank}.ended"
+
+    def stall_dir(self, number: int) -> Path:
+        """The stacks (and NCCL traces) of stall ``number``."""
+        return self.logs / f"stall-{number}"
+
 
 def create_run(root: Path, name: str, run_id: str, spec_yaml: str, params: dict, claim_as: Optional[str] = None,
                **fields: Any) -> RunDir:
     """Make the run folder with its resolved spec and a pending run.json (plus ``fields``);
     with ``claim_as``, claimed by this process (clusterjob.core.claim) before run.json
     exists, so that no other command ever finds the run unclaimed before it is handed over."""
-    run = RunDir(Path(root) / name / run_id)
+    return create_run_at(Path(root) / name / run_id, name, spec_yaml, params, claim_as, **fields)
+
+
+def create_run_at(path: Path, name: str, spec_yaml: str, params: dict, claim_as: Optional[str] = None,
+                  **fields: Any) -> RunDir:
+    """``create_run`` in folder ``path`` (a trial of a search: inside its search's folder),
+    its run id the folder's name and its experiment ``name``."""
+    run = RunDir(Path(path))
     run.logs.mkdir(parents=True, exist_ok=True)
     run.checkpoints.mkdir(exist_ok=True)
     if claim_as is not None:
         claim.take(run.path, claim_as)
     write_atomic(run.spec_file, spec_yaml)
-    run.update(**{"run_id": run_id, "name": name, "status": "pending", "params": params, "job": None,
+    run.update(**{"run_id": run.path.name, "name": name, "status": "pending", "params": params, "job": None,
                   "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
                   "final": None, "error": None, **fields})
     return run
@@ -221,7 +251,8 @@ def _subdirs(path: str, plain: bool) -> list:
 
 def scan_runs(root: "str | os.PathLike") -> list[FoundRun]:
     """The runs under ``root``: the root itself when it is a run, else the runs one level
-    below (``results/<name>``) and two levels below (``results/``), in natural order.
+    below (``results/<name>``) and two levels below (``results/``), and the trials of a
+    search two levels below (``results/<name>/<search>/<trial>``), in natural order.
 
     A run reached twice (a ``latest -> <run>`` link, a link to a folder above, a loop)
     counts once: runs are told apart by their real path, and a run's own name wins over
@@ -239,7 +270,15 @@ def scan_runs(root: "str | os.PathLike") -> list[FoundRun]:
         for sub, subpath, subreal in _subdirs(path, real is None):
             if (run := found_run(subpath, f"{name}/{sub}")) is not None:
                 candidates.append((run, subreal))
+            elif os.path.isfile(os.path.join(subpath, SEARCH_FILE)):  # a search: its trials one level deeper
+                candidates += _trials_of(subpath, f"{name}/{sub}", real is None and subreal is None)
     return _once_each(candidates, real_root)
+
+
+def _trials_of(path: str, key: str, plain: bool) -> list:
+    """The trial runs in a search's folder ``path`` (docs/design.md, "Search")."""
+    return [(run, real) for sub, subpath, real in _subdirs(path, plain)
+            if (run := found_run(subpath, f"{key}/{sub}")) is not None]
 
 
 def _once_each(candidates: list, real_root: str) -> list[FoundRun]:
@@ -300,9 +339,11 @@ def read_checked(run: RunDir) -> tuple[RunRecord, list[str]]:
     return run.read_checked()
 
 
-def record_error(run: RunDir, rank: int, exc: BaseException) -> RunError:
-    """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective)."""
+def record_error(run: RunDir, rank: int, exc: BaseException, note: str = "") -> RunError:
+    """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective);
+    ``note`` is added to its message."""
     error = RunError.of_exception(rank, exc)
+    error = replace(error, message=(error.message or "") + note) if note else error
     run.logs.mkdir(parents=True, exist_ok=True)
     write_atomic(run.error_file(rank), json.dumps(error.to_dict(), indent=2) + "\n")
     return error

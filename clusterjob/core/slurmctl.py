@@ -165,9 +165,20 @@ def reachable(timeout_s: float = 10.0) -> bool:
     return done is not None and done.returncode == 0
 
 
-def requeue(job_id: str) -> bool:
-    """Requeue one job or one array task (``123_4``), not the whole array."""
-    return _run(["scontrol", "requeue", job_id]) is not None
+def requeue(job_id: str, hold: bool = False) -> bool:
+    """Requeue one job or one array task (``123_4``), not the whole array; with ``hold``
+    held until ``release`` (so that it is changed before it can start)."""
+    return _run(["scontrol", "requeuehold" if hold else "requeue", job_id]) is not None
+
+
+def exclude_nodes(job_id: str, nodes: list[str]) -> bool:
+    """Keep a pending job off ``nodes`` (its ExcNodeList)."""
+    return _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"]) is not None
+
+
+def release(job_id: str) -> bool:
+    """Let a held job start."""
+    return _run(["scontrol", "release", job_id]) is not None
 
 
 def _job(job_id: str) -> dict[str, str]:

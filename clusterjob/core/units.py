@@ -22,6 +22,13 @@ THROUGHPUT = "samples_per_s"
 THROUGHPUT_UNIT = "samples/s"
 
 
+def default_mode(name: str) -> str:
+    """Which way metric ``name`` is better unless asked: min for a loss or an error rate
+    (the name says loss or err), max for anything else. The report's ranking and a
+    search's metric go by it."""
+    return "min" if "loss" in name or "err" in name else "max"
+
+
 def unit(name: str) -> str:
     """The unit ``number`` writes ``name`` in: "%", "samples/s", "s" (durations pick
     s, min or h by size: see ``duration``) or "" (a plain number)."""

@@ -17,9 +17,9 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, units
+from clusterjob.core import claim, rankhealth, stalls, units
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -58,6 +58,9 @@ def _state(view: RunView) -> str:
     state = _shown(status or "unknown")
     if view.record.cancel_requested_at and status not in FINAL_STATUSES:
         return f"{state} (cancel requested)"
+    stalled = stalls.open_stall(view.record)
+    if stalled is not None:
+        return stalls.shown(stalled).split(" (", 1)[0]  # "stalled 12.0 min"; the culprit under the table
     if view.note:
         return f"{state} ({view.note})"
     if view.queue_state and status in ("pending", "running", "preempted", "timeout"):
@@ -87,8 +90,21 @@ def status_table(runs: list[RunDir], found: list[RunView]) -> str:
                 lines.append(f"{_shown(run.run_id)}: {_shown(chain.waiting_line(deps))}")
         if info.status == "failed" and info.error:
             lines.append(_error_lines(run, info.error))
+        lines += [f"{_shown(run.run_id)}: {_shown(line)}" for line in _health_lines(run, info)]
         lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info.warnings[:_MAX_RUN_WARNINGS]]
     return "\n".join(lines)
+
+
+def _health_lines(run: RunDir, info: RunRecord) -> list[str]:
+    """A running run's open stall with its culprit, and the rank its others wait for."""
+    if info.status != "running":
+        return []
+    stalled = stalls.open_stall(info)
+    lines = [stalls.shown(stalled)] if stalled is not None else []
+    slow = rankhealth.slowest(rankhealth.of_session(run, info.world_size or 1))
+    if slow is not None and slow.others_wait_pct >= rankhealth.SHOWN_FROM_PCT:
+        lines.append(slow.line())
+    return lines
 
 
 def _restarts(info: RunRecord) -> str:
@@ -163,15 +179,17 @@ def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
         print(f"warning: {unanswered}", file=sys.stderr)
 
 
-def cmd_status(folder: str) -> int:
+def cmd_status(folder: str, heading: Sequence[str] = ()) -> int:
     """``clusterjob status [DIR]``: the runs under ``folder`` (results/<name>, results/
-    or one run folder), one row each; reads only."""
+    or one run folder), one row each, below ``heading`` (a search's summary); reads only."""
     runs = find_runs(Path(folder))
     if not runs:
         raise no_runs(folder)
     found = executor.views(runs)
     _print_warnings(runs, found)
     sys.stderr.flush()
+    for line in heading:
+        print(line)
     print(status_table(runs, found))
     return 0
 

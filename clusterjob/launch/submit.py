@@ -32,6 +32,8 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     """``clusterjob submit``: exit status 0 when submitted (with --wait: all completed).
     With ``after`` (``--after``) each run starts once those runs completed."""
     spec = load_spec(spec_path, overrides)
+    if spec.search is not None:
+        return _submit_search(spec, executor_name, wait, dry_run, preflight, after)
     points = expand_sweep(spec)
     check_paths(spec)
     deps = dependencies(spec, chain.resolve(after))
@@ -55,6 +57,60 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
 
             snapshot.take(snap, points, runs)
         return _start(spec, runs, chosen, wait, window, deps)
+
+
+def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, preflight: bool,
+                   after: Sequence[str]) -> int:
+    """A search (docs/design.md, "Search"): its folder, study and slots; its trials are
+    made as the slots take them (clusterjob.launch.search)."""
+    from clusterjob.launch import search
+
+    if after:
+        raise BadInput("--after: a search cannot wait for other runs yet; submit it once they completed")
+    check_paths(spec)
+    chosen = _dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
+    chosen.check_search(spec, preflight=preflight and not dry_run)
+    if dry_run:
+        for line in chosen.preview_search(spec, Path(spec.output.root) / spec.name / "<search-id>"):
+            print(line)
+        return 0
+    envmod.hand_down_secrets(spec.env)
+    folder = search.make(spec, chosen.name, claim_as="clusterjob submit")
+    try:
+        lines = chosen.start_search(spec, folder, follow=wait)
+    except BaseException:  # nothing started (sbatch refused the array, Ctrl-C): nothing left behind
+        claim.release(folder)
+        search.remove(folder)
+        raise
+    for line in lines:
+        print(line)
+    if not wait:
+        print(f"follow with: clusterjob status {folder}")
+        return 0
+    return wait_search(spec, folder, chosen)
+
+
+def wait_search(spec: Spec, folder: Path, chosen: Executor) -> int:
+    """Follow a search in this process: each trial's summary as it ends, then the report
+    of its trials; 0 when every trial completed or was pruned."""
+    from clusterjob.launch import search
+
+    live = LiveLine(sys.stdout)
+
+    def ended(run: RunDir, info: RunRecord) -> None:
+        live.clear()
+        print(summary_line(info, run))
+
+    try:
+        waited = chosen.wait_search(spec, folder, Watch(progress=live.show, ended=ended))
+    finally:
+        claim.release(folder)
+    runs = search.trial_runs(folder)
+    if runs:
+        print_report(runs)
+    if waited.stop_signal:
+        return 128 + waited.stop_signal
+    return 0 if all(run.read().status in ("completed", "pruned") for run in runs) else 1
 
 
 def _dry_run_executor(requested: str) -> Executor:
@@ -177,7 +233,10 @@ def resume(run_text: str, wait: bool = False) -> int:
     reboot) counts as stopped. The run is claimed (clusterjob.core.claim) from the check
     of its state until it is handed over, so of several resumes at once one starts it."""
     run = control.resolve_run(run_text)
-    control.readable_record(run)  # before anything is started or written
+    trial = control.readable_record(run).search  # before anything is started or written
+    if trial is not None:
+        raise BadInput(f"{run.path} is a trial of a search: its slots run it; resume the search as a whole: "
+                       f"clusterjob resume {run.path.parent}")
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     spec = load_spec(run.spec_file)
     check_paths(spec)

@@ -35,7 +35,9 @@ claim from its first tick to its end, and alone decides its run's end. It owns i
   once they completed, and is failed ("dependency failed") once one never will;
 - a failure that points at the machine (clusterjob.core.retry) starts the run again
   from its last checkpoint after a back-off, up to ``resources.max_retries`` times (the
-  run keeps its slot meanwhile).
+  run keeps its slot meanwhile); so does a stall the health watchdog ended with
+  ``on_stall: retry`` (its reason ``stalled: <culprit line>``), and one it ended with
+  ``stop`` keeps its error.
 """
 
 from __future__ import annotations
@@ -50,14 +52,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from clusterjob.core import claim, procs, retry
+from clusterjob.core import claim, procs, retry, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError, RunRecord
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, mark_failed, rank_errors, tail_lines
 from clusterjob.launch import chain, slots
+from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import WHOLE, Slot
-from clusterjob.spec.schema import ResourcesSpec, load_spec
+from clusterjob.spec.schema import ResourcesSpec, Spec, load_spec
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
@@ -114,10 +117,23 @@ def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE) -> list[subprocess.
     return ranks
 
 
-def slots_for(resources: ResourcesSpec, runs: int) -> list[Slot]:
-    """The slots of ``runs`` runs of these resources on this machine (clusterjob.launch.slots)."""
+def slots_for(resources: ResourcesSpec, runs: int, parallel: Optional[int] = None) -> list[Slot]:
+    """The slots of ``runs`` runs of these resources on this machine (clusterjob.launch.slots):
+    at most ``parallel`` (a search's), else ``resources.array_parallelism``."""
     return slots.here(runs, resources.tasks_per_node, resources.cpus_per_task, resources.gpus_per_node,
-                      resources.array_parallelism, os.environ)
+                      parallel or resources.array_parallelism, os.environ)
+
+
+def search_slots(spec: Spec) -> list[Slot]:
+    """The slots of a search's trials on this machine: ``search.parallel`` where they fit."""
+    assert spec.search is not None  # only a search's spec
+    return slots_for(spec.resources, spec.search.parallel, spec.search.parallel)
+
+
+def search_feed(folder: Path, slots: list[Slot]) -> Feed:
+    """The trials of the search in ``folder`` for this supervisor's ``slots``: each made
+    (and claimed) by this process, which is their supervisor."""
+    return Feed(folder, len(slots), claim_as=claim.SUPERVISOR, executor="local", launcher=procs.current())
 
 
 class Supervisor:
@@ -144,15 +160,22 @@ class Supervisor:
         self.stop_signal = self.stop_signal or signum
         self.requests += 1
 
-    def run_all(self, runs: list[RunDir]) -> list[RunRecord]:
+    def run_all(self, runs: list[RunDir], feed: Optional[Feed] = None) -> list[RunRecord]:
         """Each run's final run.json, in the order of ``runs``. They start in that order,
         each once a slot is free and the runs it waits for completed; after a stop
-        request the runs not started yet are cancelled."""
+        request the runs not started yet are cancelled. With ``feed`` (a search), each
+        free slot takes its next trial from it, until every trial is taken."""
         supervised = [SupervisedRun(self, run) for run in runs]
         for one in supervised:
             one.begin()
         free, said = list(self.slots), False
-        while unfinished := [one for one in supervised if one.record is None]:
+        while True:
+            if feed is not None:
+                feed.stopping = feed.stopping or self.stop_signal is not None
+                supervised += _fed(self, feed, free)
+            unfinished = [one for one in supervised if one.record is None]
+            if not unfinished:
+                break
             if self.stop_signal is not None and not said:
                 said = _say_stopping(unfinished)
             for one in unfinished:
@@ -162,6 +185,8 @@ class Supervisor:
                 if one.record is not None:
                     free = sorted([*free, *([one.slot] if one.slot else [])], key=lambda slot: slot.index)
                     self.on_end(one.run, one.record)
+                    if feed is not None:
+                        feed.ended(one.run, one.record)
             self.ticks += 1
             if any(one.record is None for one in supervised):
                 time.sleep(POLL_S)
@@ -291,9 +316,10 @@ class SupervisedRun:
         self.boss.on_tick(self.run)
         failed = any(p.returncode not in (None, 0) for p in self.ranks)
         stopped = self.boss.stop_signal is not None
-        if self.kill_at is None and (failed or stopped or _cancel_asked(self.run)):
-            if not (failed or stopped):
-                _say_cancel(len(alive))
+        asked = None if failed or stopped or self.kill_at is not None else _stop_asked(self.run)
+        if self.kill_at is None and (failed or stopped or asked):
+            if asked:
+                _say_cancel(len(alive), asked)
             _signal(self.ranks, signal.SIGTERM if failed else self.boss.rank_signal(), self.sent)
             self.kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
         if self.kill_at is not None and (time.monotonic() > self.kill_at or self.boss.requests > 1):
@@ -306,8 +332,12 @@ class SupervisedRun:
         if info.status != "failed" or self.boss.stop_signal is not None:
             self._end(info)
             return
-        killed = _killed(self.run, [(rank, code) for rank, code in enumerate(codes) if code != 0], self.sent)
-        cause = retry.machine_cause(killed and killed[1], rank_errors(self.run), codes)
+        stalled = stalls.verdict(info)  # the health watchdog ended the ranks: retry or stop, as it said
+        if stalled is not None:
+            cause = stalls.reason(stalled) if stalled.action == "retry" else None
+        else:
+            killed = _killed(self.run, [(rank, code) for rank, code in enumerate(codes) if code != 0], self.sent)
+            cause = retry.machine_cause(killed and killed[1], rank_errors(self.run), codes)
         if cause is None:
             self._end(info)
         else:
@@ -342,11 +372,16 @@ def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunReco
     (``stopped``: the supervisor got a stop signal)."""
     info = run.read()
     status = info.status
+    if info.pruned is not None and info.cancel_requested_at is None:
+        # its search pruned it: the verdict stands, whatever the ranks stopped for it exited with
+        return info if status in FINAL_STATUSES else run.update(status="pruned", finished_at=now_iso())
     if stopped or info.cancel_requested_at is not None:
         # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it),
         # also when the code caught it and exited 0; an end the run recorded first (or a
         # cancel that marked it) stands
         return info if status in FINAL_STATUSES else run.update(status="cancelled", finished_at=now_iso())
+    if stalls.verdict(info) is not None:
+        return info  # a stall's verdict: the ranks were ended on purpose
     bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
     if not bad:
         if status in ("pending", "running"):
@@ -354,6 +389,22 @@ def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunReco
                 None, "the ranks exited without finishing the run"))
         return info
     return _record_failure(run, bad, sent)
+
+
+def _fed(boss: Supervisor, feed: Feed, free: list[Slot]) -> list[SupervisedRun]:
+    """Each free slot's next trial of a search, started in that slot (a trial is taken by
+    the slot of its number: a slot started again takes back the trial it holds)."""
+    started = []
+    for slot in list(free):
+        run = feed.take(slot.index)
+        if run is None:
+            break
+        one = SupervisedRun(boss, run)
+        one.begin()
+        free.remove(slot)
+        one.start(slot)
+        started.append(one)
+    return started
 
 
 def _say_stopping(running: list) -> bool:
@@ -368,15 +419,19 @@ def _say_stopping(running: list) -> bool:
     return True
 
 
-def _say_cancel(alive: int) -> None:
-    """One line as ``clusterjob cancel`` stops a run's ranks."""
-    print(f"\ncancel requested: stopping {alive} {'rank' if alive == 1 else 'ranks'}", file=sys.stderr, flush=True)
+def _say_cancel(alive: int, why: str) -> None:
+    """One line as ``clusterjob cancel`` (or a trial's prune) stops a run's ranks."""
+    print(f"\n{why}: stopping {alive} {'rank' if alive == 1 else 'ranks'}", file=sys.stderr, flush=True)
 
 
-def _cancel_asked(run: RunDir) -> bool:
-    """Whether ``clusterjob cancel`` asked the run to stop (run.json); the supervisor
-    stops the ranks it started, whatever records the cancel found."""
-    return run.read().cancel_requested_at is not None
+def _stop_asked(run: RunDir) -> Optional[str]:
+    """Why the run is to stop, as run.json says: ``clusterjob cancel`` asked, or its
+    search pruned it (every rank stops, a plain script's too); None when neither. The
+    supervisor stops the ranks it started, whatever records the cancel found."""
+    info = run.read()
+    if info.cancel_requested_at is not None:
+        return "cancel requested"
+    return "pruned by its search" if info.pruned is not None else None
 
 
 def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:
@@ -413,7 +468,10 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
 def main(argv: list[str]) -> int:
     """``python -m clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...``: CLAIM_FDS are the
     descriptors of the runs' claims that the local executor handed over (-1: none), in
-    run order. The runs (one submission's) share their first run's resources."""
+    run order. The runs (one submission's) share their first run's resources.
+    ``... --search CLAIM_FD SEARCH``: the trials of a search, its claim handed over."""
+    if argv[0] == "--search":
+        return _main_search(int(argv[1]), Path(argv[2]))
     world, fds, paths = int(argv[0]), [int(fd) for fd in argv[1].split(",")], argv[2:]
     for fd, path in zip(fds, paths):
         if fd >= 0:
@@ -422,6 +480,19 @@ def main(argv: list[str]) -> int:
     supervisor = Supervisor(world, on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True),
                             slots=slots_for(load_spec(runs[0].spec_file).resources, len(runs))).install()
     supervisor.run_all(runs)
+    return 0
+
+
+def _main_search(fd: int, folder: Path) -> int:
+    """The detached supervisor of a search: it holds the search's claim while it runs,
+    and ends once every trial is taken and ended (or it was stopped)."""
+    if fd >= 0:
+        claim.adopt(fd, folder, claim.SUPERVISOR)
+    spec = load_spec(folder / "spec.yaml")
+    slots = search_slots(spec)
+    supervisor = Supervisor(spec.resources.tasks_per_node, slots=slots,
+                            on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True)).install()
+    supervisor.run_all([], search_feed(folder, slots))
     return 0
 
 

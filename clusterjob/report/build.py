@@ -108,11 +108,13 @@ def _experiment_lines(experiment: Experiment, runs: bool, width: int) -> list:
 def _runs_columns(experiment: Experiment) -> list:
     """Columns of the per-run table, in parts: run_id and status, key columns, the run
     metrics, then (last, so that the columns before keep their places) the epochs the
-    spec asked for, the error and, when some run ran on Slurm, its cost."""
+    spec asked for, the error, when some run ran on Slurm its cost, and when some run
+    recorded one, the rank its others waited for."""
     metrics = run_metrics(experiment)
     planned = ["planned_epochs"] if "epochs" in metrics else []
     costs = list(cost.COLUMNS) if experiment.shows_cost else []
-    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], costs]
+    stragglers = ["straggler"] if experiment.runs["straggler"].notna().any() else []
+    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], costs, stragglers]
 
 
 def _group_columns(experiment: Experiment) -> list:

@@ -159,7 +159,11 @@ def runs_display(experiment: Experiment, prefix: str) -> list:
         header, short = metric_text(metric)
         cells = _epoch_cells(runs) if metric == "epochs" else [_value(metric, v) for v in runs[metric]]
         columns.append(Column(header, short, cells, cells))
-    return columns + (cost_columns(runs) if experiment.shows_cost else [])
+    columns += cost_columns(runs) if experiment.shows_cost else []
+    if runs["straggler"].notna().any():  # the rank the others waited for (health, several ranks)
+        stragglers = ["-" if pd.isna(s) else escape(str(s)) for s in runs["straggler"]]
+        columns.append(Column("straggler", "straggler", stragglers, stragglers, right=False))
+    return columns
 
 
 def run_errors(experiment: Experiment) -> list:

@@ -80,8 +80,10 @@ def columns(infos: Sequence[dict], ask: Callable = slurmctl.segments, now: Optio
 
 
 def cost_of(info: dict, jobs: list, answer: Optional[dict], now: float) -> Cost:
-    """One run's cost from sacct's ``answer`` ({job: segments}; None: no answer)."""
-    if not jobs or answer is None or any(job not in answer for job in jobs):
+    """One run's cost from sacct's ``answer`` ({job: segments}; None: no answer). A
+    trial of a search on Slurm shares its slot's job with the slot's other trials, so
+    the job's cost is not its own: not known."""
+    if not jobs or answer is None or any(job not in answer for job in jobs) or info.get("search"):
         return Cost()
     starts = _starts(info["sessions"])
     segments = sorted((seg for job in jobs for seg in _chain(answer[job], [s for s in starts if s.job == job])),

@@ -50,8 +50,8 @@ RunStates = Callable[[list], list]
 
 CACHE_NAME = ".clusterjob-cache.npz"
 # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions;
-# 5: the spec's values, stopped_at and attempts
-CACHE_VERSION = 5
+# 5: the spec's values, stopped_at and attempts; 6: straggler; 7: a trial's search and prune verdict
+CACHE_VERSION = 7
 
 
 class ResultsWarning(UserWarning):
@@ -137,7 +137,7 @@ class Results:
 
 
 _ROW_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
-               "finished_at", "stopped_at", "final", "sessions", "attempts")
+               "finished_at", "stopped_at", "final", "sessions", "attempts", "straggler", "search", "pruned")
 
 
 def _info(info: record.RunRecord, run: FoundRun, spec: Optional[dict]) -> dict:

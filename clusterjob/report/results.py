@@ -46,7 +46,8 @@ def load_runs(root: "str | os.PathLike", cache: bool = True) -> pd.DataFrame:
     sessions' running time, ``tables.running_time``; else the sum of epoch_time_s, or
     finished_at - started_at for a run that recorded no sessions), samples_per_s (mean over epochs),
     world_size, slurm_job_id, requeues, started_at, finished_at (UTC datetimes),
-    backend, amp, git_sha, error, error_rank, path, warnings. Numbers are float64
+    backend, amp, git_sha, error, error_rank, path, warnings, straggler (the rank
+    the others waited for: "rank 3 (node4) 45%"). Numbers are float64
     with NaN for missing, except counts (epochs int64; best_epoch, world_size,
     requeues, error_rank nullable Int64). Problems are emitted as
     ``ResultsWarning`` and kept in ``df.attrs["warnings"]``.

@@ -34,6 +34,7 @@ import pandas as pd
 from clusterjob.core import metrics as metricsfile
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
+from clusterjob.core.units import default_mode
 from clusterjob.report import cost
 from clusterjob.report.reading import Results, RunStates, collect, with_states
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame, shown_keys, spec_keys
@@ -156,11 +157,6 @@ def json_value(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------- the primary metric
-
-
-def default_mode(name: str) -> str:
-    """min for a loss or an error rate, max for anything else."""
-    return "min" if "loss" in name or "err" in name else "max"
 
 
 def rankable(results: Results) -> list:
@@ -328,6 +324,17 @@ def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
     return [", ".join(f"{n} {name}" for n, name in zip(row, order) if n) for row in counts]
 
 
+def _with_rungs(runs: pd.DataFrame) -> pd.Series:
+    """Each run's state, a pruned trial's with the rung its search stopped it at
+    ("pruned at rung 1")."""
+    status = runs["status"].astype(object)
+    if "pruned_rung" not in runs.columns:
+        return status
+    rung = runs["pruned_rung"]
+    marked = (status == "pruned") & rung.notna()
+    return status.where(~marked, "pruned at rung " + rung.astype("string"))
+
+
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str]) -> pd.DataFrame:
     """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
     <cost>_sum over all its runs (when ``runs`` has the cost columns), completed, counted,
@@ -346,7 +353,7 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
             table[f"{column}_sum"] = grouped[column].sum().where(grouped[column].count() == table["n"])
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
     table["counted"] = grouped["_counted"].sum().astype(np.int64)
-    table["not_completed"] = _not_completed(frame["status"], grouped.ngroup().to_numpy())
+    table["not_completed"] = _not_completed(_with_rungs(frame), grouped.ngroup().to_numpy())
     table["state"] = group_state(*(table[c].to_numpy() for c in ("n", "completed", "counted")))
     table = table.reset_index().drop(columns=["_all"], errors="ignore")
     return _ranked(table, primary)

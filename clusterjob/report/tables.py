@@ -295,19 +295,29 @@ def _run_fields(results: Results) -> dict:
     data: dict[str, "pd.Series | pd.arrays.IntegerArray"] = {key: _text_column(_field(results, key)) for key in text}
     for key in ("world_size", "requeues", "error_rank"):
         data[key] = _int_column(_field(results, key))
+    data["pruned_rung"] = _int_column([(info.get("pruned") or {}).get("rung") for info in results.infos])
     for key in ("started_at", "finished_at"):
         data[key] = _time_column(_field(results, key))
     data["warnings"] = _text_column(["; ".join(p) or None for p in results.problems])
+    data["straggler"] = _text_column([straggler_text(s) for s in _field(results, "straggler")])
     order = ("world_size", "slurm_job_id", "requeues", "started_at", "finished_at", "backend",
-             "amp", "git_sha", "error", "error_rank", "path", "warnings")
+             "amp", "git_sha", "error", "error_rank", "path", "warnings", "straggler", "pruned_rung")
     return {key: data[key] for key in order}
+
+
+def straggler_text(straggler: Optional[dict]) -> Optional[str]:
+    """"rank 3 (node4) 45%": the rank the others waited for, and the share of their time."""
+    if not straggler or straggler.get("rank") is None:
+        return None
+    pct = straggler.get("wait_pct")
+    return f"rank {straggler['rank']} ({straggler.get('host') or '?'})" + (f" {pct:.0f}%" if pct is not None else "")
 
 
 # Columns of the runs table that are no metric: a metric of the same name cannot be shown.
 RUN_FIELDS = ("run_id", "name", "status", "epochs", "planned_epochs", "best_val_acc", "best_epoch", "wall_time_s",
               "samples_per_s", "world_size", "slurm_job_id", "requeues", "started_at", "finished_at",
               "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings", "gpu_hours", "cpu_hours",
-              "queue_wait_s", "lost_s")
+              "queue_wait_s", "lost_s", "straggler", "pruned_rung")
 
 
 # ---------------------------------------------------------------- frames

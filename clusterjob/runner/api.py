@@ -1,6 +1,6 @@
 """The Python API for your own training code: ``import clusterjob``.
 
-Seven names, each a no-op or a plain fallback outside a clusterjob run (so a script that
+Eight names, each a no-op or a plain fallback outside a clusterjob run (so a script that
 uses them still runs under plain torchrun or python):
 
     clusterjob.params                  # the run's params (dict; {} outside a run)
@@ -10,6 +10,7 @@ uses them still runs under plain torchrun or python):
     clusterjob.save_checkpoint(state, step)
     clusterjob.load_checkpoint(map_location="cpu")   # latest state, or None on a first start
     clusterjob.requeue()               # "I saved what I need": stop, requeue this task only
+    clusterjob.heartbeat()             # progress, for the stall watchdog (health.stall_s)
 
 Importing this module does not import torch; the functions that need it import it.
 """
@@ -138,6 +139,7 @@ def should_stop() -> bool:
     boundary. False outside a clusterjob run."""
     if _session is None:
         return False
+    heartbeat()  # a step boundary
     _session.polled = True  # from now on a stop signal is this code's to honour (runner.preempt)
     return _session.agree(_session.stop_requested())
 
@@ -174,3 +176,12 @@ def requeue() -> None:
     after ``should_stop()`` answered True. Outside a run it does nothing."""
     if _session is not None:
         raise Requeue()
+
+
+def heartbeat() -> None:
+    """This rank makes progress: the stall watchdog (``health.stall_s``) counts it, beside
+    the metrics logged and, for code without metrics, its output. Cheap enough to call
+    every step (one file touch a second at most). Outside a run it does nothing."""
+    from clusterjob.runner import health
+
+    health.beat()

@@ -286,3 +286,4 @@ def barrier_anywhere() -> None:
         return
     _agreements += 1
     _store_barrier(_store, f"barrier/{_agreements}", _timeout_s(_store))
+

@@ -69,7 +69,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
     if env.rank == 0:
         runrecord.mark_running(run, env, {"entrypoint": _describe(spec, args)}, own_code=True)
         stop.on_term = lambda: _record_term(run, spec)  # a script may be killed before it returns
-    writer = sinks.for_own_code(spec, run) if env.rank == 0 else None  # metrics.jsonl first, then the loggers
+    writer = sinks.for_own_code(spec, run, stop) if env.rank == 0 else None  # metrics.jsonl, the loggers, a prune
     code_dir = Path(info.code_dir or submit_dir)
     with writer or sinks.NoSinks():
         return _run_and_record(spec, env, run, stop, writer, lambda: _call(spec, args, code_dir))
@@ -236,9 +236,11 @@ def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal, wr
 
 def _record_term(run: RunDir, spec: Spec) -> None:
     """SIGTERM on rank 0: Slurm ends the job (time limit, preemption, scancel) and kills
-    it after KillWait; say so now, in case the code does not get to return. A cancel, or
-    a local supervisor (which settles the end itself), leaves the status alone."""
-    if run.read().cancel_requested_at is not None or envmod.supervised():
+    it after KillWait; say so now, in case the code does not get to return. A cancel, a
+    prune (its own SIGTERM: the stop records it) or a local supervisor (which settles the
+    end itself) leaves the status alone."""
+    info = run.read()
+    if info.cancel_requested_at is not None or info.pruned is not None or envmod.supervised():
         run.update(stopped_at=now_iso())
         return
     outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)

@@ -6,7 +6,9 @@ SIGTERM is Slurm ending the job (preemption, ``scontrol requeue``, ``scancel``),
 supervisor stopping its ranks (``clusterjob cancel``, SIGTERM or SIGHUP to it, its own
 death): the run checkpoints if it can before the SIGKILL that follows, and leaves the
 requeue to Slurm. SIGINT is Ctrl-C, which the local supervisor passes on to its ranks as
-SIGINT, as torchrun does: the user's stop, never requeued (the run ends cancelled).
+SIGINT, as torchrun does: the user's stop, never requeued (the run ends cancelled). A
+trial of a search that its search prunes (clusterjob.core.asha) stops as on a cancel:
+rank 0 asks ``prune()``, the other ranks learn it as they learn any stop.
 
 Code that cooperates (the built-in trainer; your code once it asked
 ``clusterjob.should_stop()``) only sees a flag: it asks ``agreed()`` at its step
@@ -36,11 +38,13 @@ from clusterjob.runner import dist
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 CTRL_C = "SIGINT"  # the stop that a plain script sees as KeyboardInterrupt
 CANCEL_POLL_S = 1.0  # how often rank 0 of a plain script reads run.json for a cancel
+PRUNE = "prune"  # the stop of a trial its search pruned
+_STICKY = ("cancel", PRUNE)  # stops that a signal arriving after them does not rename
 
 
 class StopRequested(BaseException):
     """A plain script was asked to stop (a BaseException: ``except Exception`` in the
-    script does not swallow it). ``signal`` is SIGTERM, SIGUSR2 or "cancel"."""
+    script does not swallow it). ``signal`` is SIGTERM, SIGUSR2, "cancel" or "prune"."""
 
     def __init__(self, signal_name: Optional[str]):
         super().__init__(f"stopped by {signal_name}")
@@ -54,7 +58,7 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.received_at: Optional[float] = None
-        self.signal: Optional[str] = None  # "SIGUSR2", "SIGTERM", "SIGINT", or "cancel"
+        self.signal: Optional[str] = None  # "SIGUSR2", "SIGTERM", "SIGINT", "cancel" or "prune"
         self._run: Optional[RunDir] = None
         # Called on SIGTERM (rank 0 of the user's own code): records the stop at once,
         # as the code may never get back to the runner before Slurm's SIGKILL.
@@ -89,7 +93,7 @@ class StopSignal:
         name = signal.Signals(signum).name
         said = self._said == name  # the same stop twice (cancel and the supervisor both send SIGTERM): one line
         self._said = name
-        self.signal = self.signal if self.signal == "cancel" else name
+        self.signal = self.signal if self.signal in _STICKY else name
         # os.write, not print: a handler that prints while the main thread prints raises
         what = "stopping the script" if self.is_plain_script() else "checkpointing at the next step boundary"
         if not said:
@@ -135,6 +139,17 @@ class StopSignal:
         finally:
             _kill_self()
 
+    def prune(self) -> None:
+        """Rank 0 of a trial its search pruned: stop as on a cancel. Code that asks
+        ``should_stop()`` (the built-in trainer) sees the flag at its next step boundary; a
+        plain script gets StopRequested in its main thread (through SIGTERM to this
+        process, as the cancel watcher does) and is killed after its grace period."""
+        if self.signal in _STICKY:
+            return
+        self.signal = PRUNE
+        if self.is_plain_script() and self.received_at is None:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def _watch_cancel(self) -> None:
         """Rank 0: a cancel written to run.json stops a plain script too (it never asks)."""
         while not self._cancelled():
@@ -154,7 +169,7 @@ class StopSignal:
     @property
     def requested(self) -> bool:
         """This process got a stop signal, or (rank 0) the run was cancelled."""
-        return self.received_at is not None or self.signal == "cancel" or self._cancelled()
+        return self.received_at is not None or self.signal in _STICKY or self._cancelled()
 
     def agreed(self) -> bool:
         """True on every rank when any rank was asked to stop. All ranks must call this."""

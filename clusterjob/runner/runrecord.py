@@ -19,6 +19,7 @@ from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.record import SLURM, Job, RunError, RunRecord, Session
 from clusterjob.core.rundir import RunDir, mark_failed, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
+from clusterjob.runner.preempt import PRUNE
 
 HOLD_POLL_S = 0.5  # how often a rank waiting out a back-off looks for a stop signal
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
@@ -29,7 +30,7 @@ class StopOutcome:
     """What a stopped run becomes: its status, whether its Slurm job is requeued, and
     the error recorded when the requeue cap is reached."""
 
-    status: str        # "preempted", "timeout" or "failed"
+    status: str        # "preempted", "timeout", "failed", "cancelled" or "pruned"
     requeue: bool
     error: Optional[str] = None
 
@@ -71,6 +72,8 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
     the state the run ends in, as status does."""
     job = envmod.slurm_job()
     info = run.read()
+    if signal == PRUNE or (info.pruned is not None and info.cancel_requested_at is None):
+        return _record_pruned(run, info)
     if signal in ("SIGTERM", "SIGINT") and job is None and _supervisor_alive(info):
         return _stopped_by_supervisor(run, info)
     cancelled = signal == "cancel" or info.cancel_requested_at is not None  # cancel asks before its SIGTERM
@@ -90,6 +93,16 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
         print(f"stopped ({outcome.status}); {hint}", flush=True)
     return outcome
+
+
+def _record_pruned(run: RunDir, info: RunRecord) -> StopOutcome:
+    """A trial its search pruned: pruned, at once and for good (the verdict is the
+    search's, not the launcher's: its slot takes the next trial once the ranks ended)."""
+    run.update(status="pruned", finished_at=now_iso(), stopped_at=now_iso())
+    verdict = info.pruned or {}
+    at = f" at rung {verdict.get('rung')} (position {verdict.get('at')})" if verdict else ""
+    print(f"stopped (pruned){at}: its search stopped it early; the slot takes the next trial", flush=True)
+    return StopOutcome("pruned", requeue=False)
 
 
 def _supervisor_alive(info: RunRecord) -> bool:
@@ -131,12 +144,15 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool =
     info = run.read()
     job = envmod.slurm_job()
     session = new_session(run, job.run_key if job else None, own_code)
-    # scontrol requeue too; the requeues of retries after a failure of the machine are counted apart
-    requeues = max(info.requeues or 0, (job.restart_count - (info.retries or 0)) if job else 0)
+    # scontrol requeue too; the requeues of retries after a failure of the machine are counted apart. A
+    # trial of a search shares its slot's job with the slot's other trials: its own stops count its requeues
+    restarted = job.restart_count - (info.retries or 0) if job and info.search is None else 0
+    requeues = max(info.requeues or 0, restarted)
     # A cancelled run is reopened only by `resume` (which makes it pending first): a cancel
     # that came while the ranks were starting, or a requeue of a cancelled job, stands, and
-    # rank 0's watcher stops the ranks at their first progress line.
-    run.update(reopen=info.status != "cancelled", status="running", requeues=requeues, hosts=list(env.hosts),
+    # rank 0's watcher stops the ranks at their first progress line. A pruned trial is never started again.
+    run.update(reopen=info.status not in ("cancelled", "pruned"), status="running", requeues=requeues,
+               hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                job=Job(SLURM, job.run_key) if job else info.job, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
@@ -173,8 +189,8 @@ def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -
     if max_retries == 0 or job is None:
         return GO
     info = run.read()
-    if job.restart_count <= (info.requeues or 0) + (info.retries or 0):
-        return GO
+    if info.search is not None or job.restart_count <= (info.requeues or 0) + (info.retries or 0):
+        return GO  # a trial: its slot's job restarts for its other trials too (the slot settles its retries)
     if slurmctl.previous_state(job.run_key) != "NODE_FAIL":
         return GO  # a requeue by hand or a preemption: counted as a requeue (mark_running)
     why = f"node failure (Slurm ended job {job.run_key} with NODE_FAIL on {', '.join(info.hosts) or 'its nodes'})"
@@ -218,10 +234,11 @@ def finish(run: RunDir, **fields: Any) -> None:
     print(f"completed {run.path}" + (f": {shown}" if shown else ""), flush=True)
 
 
-def on_failure(run: Optional[RunDir], rank: int, exc: BaseException) -> None:
-    """Each rank reports its own crash; rank 0 also marks the run failed."""
+def on_failure(run: Optional[RunDir], rank: int, exc: BaseException, note: str = "") -> None:
+    """Each rank reports its own crash (``note`` added to its message: the ranks that
+    had ended before it); rank 0 also marks the run failed."""
     if run is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return
-    record_error(run, rank, exc)
+    record_error(run, rank, exc, note)
     if rank == 0:
-        mark_failed(run, f"{type(exc).__name__}: {exc}")
+        mark_failed(run, f"{type(exc).__name__}: {exc}")  # not over a stall's verdict (record.update)

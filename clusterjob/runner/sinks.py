@@ -26,12 +26,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from clusterjob.core import metrics, units
+from clusterjob.core import asha, metrics, units
+from clusterjob.core import search as searchmod
 from clusterjob.core.files import is_number, shown
 from clusterjob.core.rundir import RunDir
+from clusterjob.runner import health
 from clusterjob.runner import loggers as loggermod
+from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec
 
 CLOSE_BUDGET_S = 30.0  # at the end: how long each logger may still send; the rest goes at the next start
@@ -63,6 +67,7 @@ class Sinks:
         self._closed = False
 
     def log(self, step: Any, values: dict) -> Optional[dict]:
+        health.beat()  # a metric record is progress (the watchdog's)
         with self._lock:
             record = self.commit(step, values)
             if record is not None and not self._closed:
@@ -118,23 +123,77 @@ class NoSinks:
 # ----------------------------------------------------------------------------- what opens them
 
 
-def for_trainer(spec: Spec, run: RunDir, fresh: bool) -> Sinks:
+def for_trainer(spec: Spec, run: RunDir, fresh: bool, stop: Optional[StopSignal] = None) -> Sinks:
     """The built-in trainer's epochs: metrics.jsonl and run.json's ``final``, the console
-    line, the loggers. ``fresh``: no checkpoint could be read, so the run starts from
-    epoch 1 and its logger runs start again too."""
+    line, the loggers, and for a trial of a search its prune decision (``stop`` is asked
+    to stop it). ``fresh``: no checkpoint could be read, so the run starts from epoch 1
+    and its logger runs start again too."""
     def commit(epoch: int, record: dict) -> dict:
         written = metrics.append_epoch(run.metrics_file, record)
         run.update(final=written)  # as written: finite values only
         return written
 
-    return Sinks(run, commit, [EpochLine(spec.train.epochs), *couriers(spec, run, "epoch", fresh)])
+    return Sinks(run, commit, [EpochLine(spec.train.epochs), *couriers(spec, run, "epoch", fresh),
+                               *pruning(run, "epoch", stop)])
 
 
-def for_own_code(spec: Spec, run: RunDir) -> Sinks:
+def for_own_code(spec: Spec, run: RunDir, stop: Optional[StopSignal] = None) -> Sinks:
     """Your own code's metrics (``clusterjob.log``, the regexes, a metrics file): each
-    metric at its own steps in metrics.jsonl (``metrics.StepWriter``), then the loggers.
-    No console line: the code prints its own, and a line of ours would meet the regexes."""
-    return Sinks(run, metrics.StepWriter(run.metrics_file).log, couriers(spec, run, "step", fresh=False))
+    metric at its own steps in metrics.jsonl (``metrics.StepWriter``), then the loggers,
+    then a trial's prune decision. No console line: the code prints its own, and a line
+    of ours would meet the regexes."""
+    return Sinks(run, metrics.StepWriter(run.metrics_file).log, [*couriers(spec, run, "step", fresh=False),
+                                                                 *pruning(run, "step", stop)])
+
+
+# ----------------------------------------------------------------------------- a trial's prune decision
+
+
+def pruning(run: RunDir, axis: str, stop: Optional[StopSignal]) -> list:
+    """The prune sink of a trial of a search that prunes (last in line: a plain script's
+    stop may be raised in the thread that logs), else none."""
+    info = run.read()
+    found = info.search or {}
+    trial = found.get("trial")
+    if stop is None or not isinstance(trial, int) or isinstance(trial, bool):
+        return []
+    folder = run.path.parent  # a trial's folder is in its search's
+    record, _ = searchmod.read(folder)
+    rules = asha.Rules.of(record) if record.id == found.get("id") else None
+    return [PruneSink(run, folder, trial, rules, stop, Axis(axis))] if rules is not None else []
+
+
+class PruneSink:
+    """Each record's value of the search's metric goes to the prune decision
+    (clusterjob.core.asha) when it reaches a rung the trial has no decision for; a
+    verdict below the cut is recorded in run.json (``pruned``) and the run is asked to
+    stop as on a cancel (``StopSignal.prune``): it checkpoints and ends pruned."""
+
+    def __init__(self, run: RunDir, folder: Path, trial: int, rules: asha.Rules, stop: StopSignal, axis: Axis):
+        self.run, self.folder, self.trial, self.rules, self.stop, self.axis = run, folder, trial, rules, stop, axis
+        self.decided = {v.rung for v in asha.verdicts(folder) if v.trial == trial and v.go}
+        self.pruned = False
+
+    def send(self, record: dict) -> None:
+        point = self.axis.point(record)
+        value = point.values.get(self.rules.metric) if point is not None else None
+        if self.pruned or point is None or value is None or not asha.pending_rung(self.rules, self.decided,
+                                                                                  point.step):
+            return
+        verdict = asha.report(self.folder, self.trial, point.step, value, self.rules)
+        self.decided.update(self.rules.reached(point.step))
+        if verdict is None:
+            return
+        self.pruned = True
+        self.run.update(pruned=verdict.to_dict())
+        print(f"clusterjob: pruned at {verdict.line(self.rules.metric)}", flush=True)
+        self.stop.prune()
+
+    def close(self, status: str) -> None:
+        return None
+
+    def wait(self, budget: float) -> None:
+        return None
 
 
 # ----------------------------------------------------------------------------- the console

@@ -28,6 +28,7 @@ import yaml
 
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import SpecError, brief, key_text, with_type
+from clusterjob.core.units import default_mode
 from clusterjob.spec import envvars
 from clusterjob.spec import options as executoropts
 from clusterjob.spec.catalog import DATASETS, DatasetName
@@ -43,6 +44,7 @@ from clusterjob.spec.fields import (
     opt,
 )
 from clusterjob.spec.options import ExecutorOptions, Held
+from clusterjob.spec.searchspec import SearchSpec
 from clusterjob.spec.yamlfile import apply_overrides, read_spec_file
 
 _NAME = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' only")
@@ -238,6 +240,8 @@ class DebugSpec(Section):
     exit_after_epoch: Optional[int] = opt(None, "exit (as if preempted) after this epoch's checkpoint", ge=1)
     fail_at_epoch: Optional[int] = opt(None, "raise on fail_rank at the start of this epoch", ge=1)
     fail_rank: int = opt(0, "which rank raises for fail_at_epoch", ge=0)
+    slow_rank: Optional[int] = opt(None, "this rank waits slow_ms before each training batch: a straggler", ge=0)
+    slow_ms: float = opt(200.0, "how long slow_rank waits before each batch", ge=0, lt=60_000)
     deterministic: bool = opt(False, "deterministic kernels (slower): exact resume checks on GPU")
 
 
@@ -448,6 +452,38 @@ def _package_installed(name: str) -> bool:
         return False
 
 
+MAX_STALL_S = 1_000_000  # about 11.6 days: longer than any job's time limit
+
+
+@dataclass(frozen=True)
+class HealthSpec(Section):
+    """Hung and slow ranks (docs/design.md, "Hung and slow ranks"): a watchdog beside every
+    rank that names and deals with a stall, and the wait of the ranks for the slowest."""
+
+    stall_s: Optional[float] = opt(1800.0, "no progress on any rank for this long is a stall; null: no watchdog",
+                                   ge=5, lt=MAX_STALL_S)
+    on_stall: Literal["auto", "retry", "stop", "warn"] = opt(
+        "auto", "auto (retry when resources.max_retries > 0, else stop) | retry (from the last checkpoint, as a retry) "
+                "| stop (fail the run) | warn (record it and go on)")
+    straggler_wait_pct: float = opt(30.0, "warn when the others wait for the slowest rank more than this share of "
+                                          "their time over a minute", ge=1, lt=100)
+    output_is_progress: Union[Literal["auto"], bool] = opt(
+        "auto", "an output line of a rank is progress; auto: true for your own code without metrics or metrics_file")
+
+    def action(self, max_retries: int) -> str:
+        """``on_stall`` resolved: retry, stop or warn."""
+        if self.on_stall != "auto":
+            return self.on_stall
+        return "retry" if max_retries > 0 else "stop"
+
+    def output_counts(self, entrypoint: Optional["EntrypointSpec"]) -> bool:
+        """``output_is_progress`` resolved: auto counts the output of code that logs no metric the runner reads
+        (the built-in trainer beats at every step itself)."""
+        if self.output_is_progress != "auto":
+            return bool(self.output_is_progress)
+        return entrypoint is not None and not entrypoint.metrics and entrypoint.metrics_file is None
+
+
 @dataclass(frozen=True)
 class Spec(Section):
     name: str = opt(MISSING, "run name: results go to <output.root>/<name>/", pattern=_NAME,
@@ -462,9 +498,13 @@ class Spec(Section):
                         "written *** and taken from the environment of the submitting shell")
     checkpoint: CheckpointSpec = opt(CheckpointSpec)
     sweep: dict = opt({}, "dotted key -> list of values; the grid of all lists, one run per point")
+    search: Optional[SearchSpec] = opt(None, "random or tpe search over a space of keys, with ASHA pruning "
+                                             "(docs/design.md, \"Search\"); null: no search")
     output: OutputSpec = opt(OutputSpec)
     debug: DebugSpec = opt(DebugSpec)
     logging: LoggingSpec = opt(LoggingSpec)
+    health: Optional[HealthSpec] = opt(HealthSpec, "hung and slow ranks; null: no watchdog, no stack dumps, "
+                                                   "no wait timing")
     entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
     params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
@@ -482,9 +522,14 @@ class Spec(Section):
         object.__setattr__(self, "env", envvars.checked_env(self.env))
         object.__setattr__(self, "sweep", _sweep_as_text(self.sweep))
         _check_params(self)
+        if self.health is not None and self.health.on_stall == "retry" and self.resources.max_retries == 0:
+            raise SpecError("health.on_stall", "retry restarts a stalled run as a retry, but resources.max_retries "
+                                               "is 0; set resources.max_retries: 1 (or more), or on_stall: stop")
         if self.entrypoint is None:
             _check_full_batches(self)
             _check_num_workers(self)
+        if self.search is not None:
+            _check_search(self)
 
     @property
     def world_size(self) -> int:
@@ -497,21 +542,9 @@ class Spec(Section):
 def _check_sweep(sweep: dict, own_code: bool = False) -> None:
     """Sweep keys must be existing leaf keys (or params.NAME), their values non-empty
     lists, the grid bounded."""
-    leaves = _leaf_keys(Spec)
     for key, values in sweep.items():
         where = f"sweep.{key_text(key)}"
-        if isinstance(key, str) and key.startswith("params."):
-            if not re.fullmatch(_IDENT, key[len("params."):]):
-                raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
-        elif isinstance(key, str) and key.startswith("env."):
-            envvars.check_sweepable(where, key[len("env."):])
-        elif not (isinstance(key, str) and _is_key(key)):
-            raise SpecError(where, f"{brief(key)} is not a spec key{did_you_mean(key, leaves)}")
-        if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.", "logging.")):
-            raise SpecError(where, "name, resources, output, entrypoint and logging are per submission, not per "
-                            "sweep point; submit a spec per value instead")
-        if own_code and key.split(".")[0] in TRAINER_SECTIONS:
-            raise SpecError(where, _trainer_key_message(key))
+        check_swept_key(where, key, own_code)
         if not isinstance(values, (list, tuple)):
             raise SpecError(where, f"{brief(values)} is not a list; write the values to try as a list, "
                             f"e.g. {key}: [{brief(values)}]")
@@ -520,6 +553,26 @@ def _check_sweep(sweep: dict, own_code: bool = False) -> None:
             raise SpecError(where, f"[] gives no runs; give at least one value to try, "
                                    f"e.g. {key}: [{json.dumps(example)}]")
     _check_sweep_size(sweep)
+
+
+def check_swept_key(where: str, key: Any, own_code: bool) -> None:
+    """What a sweep may set (and a search may search): an existing leaf key, params.NAME
+    or env.NAME (no secret), none of what is per submission, and none of the trainer's
+    sections beside your own code."""
+    if isinstance(key, str) and key.startswith("params."):
+        if not re.fullmatch(_IDENT, key[len("params."):]):
+            raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
+    elif isinstance(key, str) and key.startswith("env."):
+        envvars.check_sweepable(where, key[len("env."):])
+    elif not (isinstance(key, str) and _is_key(key)):
+        raise SpecError(where, f"{brief(key)} is not a spec key{did_you_mean(key, _leaf_keys(Spec))}")
+    if key in ("name", "sweep", "search") or key.startswith(("resources.", "output.", "entrypoint.", "logging.",
+                                                             "search.")):
+        unit = "trial" if where.startswith("search.") else "sweep point"
+        raise SpecError(where, f"name, resources, output, entrypoint and logging are per submission, not per {unit}; "
+                               "submit a spec per value instead")
+    if own_code and key.split(".")[0] in TRAINER_SECTIONS:
+        raise SpecError(where, _trainer_key_message(key))
 
 
 def _sweep_as_text(sweep: dict) -> dict:
@@ -547,7 +600,8 @@ def _check_params(spec: "Spec") -> None:
         if not isinstance(name, str) or not re.fullmatch(_IDENT, name):
             raise SpecError(f"params.{key_text(name)}", "a params key is a name (letters, digits, '_'), e.g. lr")
         _check_plain(f"params.{name}", value)
-    known = set(spec.params) | {k[len("params."):] for k in spec.sweep if k.startswith("params.")}
+    varied = [*spec.sweep, *(spec.search.space if spec.search is not None else ())]
+    known = set(spec.params) | {k[len("params."):] for k in varied if isinstance(k, str) and k.startswith("params.")}
     for index, arg in enumerate(spec.entrypoint.args):
         for name in _PLACEHOLDER.findall(arg):
             if name not in known:
@@ -831,7 +885,9 @@ def spec_to_dict(spec: Any) -> Any:
 
 def _written(spec: Spec, name: str) -> bool:
     """Whether a resolved spec writes section ``name``: not the trainer's sections beside an
-    entrypoint (they would be refused on reading), no empty entrypoint or params."""
+    entrypoint (they would be refused on reading), no empty entrypoint, params or search."""
+    if name == "search":
+        return spec.search is not None  # a spec without one is written as before searches existed
     if spec.entrypoint is not None:
         return name not in TRAINER_SECTIONS
     return name not in ("entrypoint", "params")
@@ -947,6 +1003,89 @@ def _with_values(section: Any, values: dict, path: str) -> Any:
         return replace(section, **changes)
     except SpecError as err:
         raise (err.under(path) if path else err) from None
+
+
+# ----------------------------------------------------------------------------- searches
+
+# What the built-in trainer logs that a search may rank by (docs/design.md, "Metrics and loggers")
+TRAINER_METRICS = ("val_acc", "val_loss", "train_loss", "train_acc")
+
+
+def _check_search(spec: "Spec") -> None:
+    """A search beside no sweep; keys a sweep may set; each bound (or choice) a value the
+    key takes; the metric one the runs log (resolved, with its mode); a first rung
+    before the trainer's last epoch."""
+    search = spec.search
+    assert search is not None  # only a spec with a search is checked here
+    if spec.sweep:
+        raise SpecError("search", "a spec has a sweep or a search, not both: move the swept keys into "
+                                  "search.space (e.g. {choice: [...]}), or drop the search")
+    own = spec.entrypoint is not None
+    base = _without_search(spec)
+    for key, distribution in search.space.items():
+        where = f"search.space.{key_text(key)}"
+        check_swept_key(where, key, own)
+        (kind, values), = distribution.items()
+        for value in values:
+            _check_searched_value(base, where, str(key), kind, value)
+    metric = search.metric or _default_search_metric(spec)
+    if not own and metric not in _trainer_metrics(spec):
+        raise SpecError("search.metric", f"{brief(metric)} is not logged by the built-in trainer; use one of "
+                                         f"{', '.join(_trainer_metrics(spec))}")
+    object.__setattr__(search, "metric", metric)
+    object.__setattr__(search, "mode", search.mode or default_mode(metric))
+    if search.prune is not None and not own and search.prune.min_epochs >= spec.train.epochs:
+        raise SpecError("search.prune.min_epochs", f"{search.prune.min_epochs} is not below train.epochs "
+                                                   f"({spec.train.epochs}), so no trial could be pruned; set "
+                                                   f"min_epochs below {spec.train.epochs}, or prune: null")
+
+
+def _trainer_metrics(spec: "Spec") -> tuple:
+    extra = ("val_acc_ema", "val_loss_ema") if spec.train.ema_decay is not None else ()
+    return TRAINER_METRICS + extra + (("val_acc_tta",) if spec.data.tta == "flip" else ())
+
+
+def _default_search_metric(spec: "Spec") -> str:
+    """val_acc for the built-in trainer; for your own code the first metric of
+    entrypoint.metrics as the report would rank by it; none known otherwise (the names of
+    a metrics file or clusterjob.log come as the code runs)."""
+    if spec.entrypoint is None:
+        return "val_acc"
+    from clusterjob.core.metrics import default_metric  # numpy with it: only for a search of your own code
+
+    if spec.entrypoint.metrics:
+        return default_metric(list(spec.entrypoint.metrics))
+    raise SpecError("search.metric", "is null, and your code's metrics come from a metrics file or clusterjob.log, "
+                                     "whose names are known only as it runs; name the metric the search ranks by, "
+                                     "e.g. search.metric: val_loss")
+
+
+def _check_searched_value(base: "Spec", where: str, key: str, kind: str, value: Any) -> None:
+    """The spec with ``key`` set to ``value`` (a bound or a choice) must be valid."""
+    try:
+        _with_values(base, {key: value}, "")
+    except SpecError as err:
+        hint = "; use int_uniform for a whole-number key" if "whole number" in err.detail and kind in (
+            "uniform", "log_uniform") else ""
+        raise SpecError(where, f"{err.detail} (at {brief(value)}){hint}") from None
+
+
+def _without_search(spec: "Spec") -> "Spec":
+    """The spec without its search; each searched params.NAME present (None stands in
+    for its value), so that the args naming it stay valid, as ``expand_sweep`` does."""
+    assert spec.search is not None  # only a search's spec
+    searched = {key[len("params."):]: None for key in spec.search.space if key.startswith("params.")}
+    return replace(spec, search=None, params={**spec.params, **searched})
+
+
+def trial_spec(spec: "Spec", number: int, values: dict) -> "Spec":
+    """The spec of trial ``number``: the search's spec without its search, with the
+    trial's ``values`` (dotted keys) applied and checked."""
+    base = _without_search(spec)
+    try:
+        return _with_values(base, values, "")
+    except SpecError as err:
+        raise SpecError(err.key, f"{err.detail} (trial {number}: {brief(values)})") from None
 
 
 # ----------------------------------------------------------------------------- paths

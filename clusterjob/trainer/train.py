@@ -13,7 +13,7 @@ import functools
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from clusterjob.core.errors import BadInput
-from clusterjob.runner import dist
+from clusterjob.runner import dist, health
 from clusterjob.spec.schema import Spec
 from clusterjob.trainer.device import BF16_CAPABILITY, DevicePlan
 from clusterjob.trainer.models import CONV_ARCHS
@@ -91,6 +91,64 @@ def _split_floating(model: torch.nn.Module) -> tuple[list, list]:
     return [t for t in tensors if t.is_floating_point()], [t for t in tensors if not t.is_floating_point()]
 
 
+class NullWaits:
+    """Stands in for ``Waits`` with health off or a single rank."""
+
+    def after_backward(self) -> None:
+        pass
+
+
+class Waits:
+    """How long this rank waits for the slowest rank in each step (stragglers, docs/design.md,
+    "Hung and slow ranks"): from the moment the backward computed its last gradient (DDP
+    launches its last all-reduce then) to the moment ``backward()`` returned (DDP waits
+    there until every all-reduce completed). The slowest rank computes its last gradient
+    last and hardly waits. One tensor hook and one clock read a step, no host sync: on
+    CUDA two events around it, added once they completed (``clock.settle``)."""
+
+    def __init__(self, model: torch.nn.Module, clock: Any, cuda: bool):
+        self.clock, self.cuda = clock, cuda
+        self.ready: Any = None  # when the last gradient was ready: a time, or a CUDA event
+        self.pending: list = []
+        # The first parameter's gradient comes last in the backward of a network applied in order
+        first = next(p for p in model.parameters() if p.requires_grad)
+        first.register_post_accumulate_grad_hook(self._ready)
+        if cuda:
+            clock.settle = self.settle
+
+    def _ready(self, param: torch.Tensor) -> None:
+        if self.cuda:
+            self.ready = torch.cuda.Event(enable_timing=True)
+            self.ready.record()
+        else:
+            self.ready = time.perf_counter()
+
+    def after_backward(self) -> None:
+        if self.ready is None:
+            return
+        if self.cuda:
+            done = torch.cuda.Event(enable_timing=True)
+            done.record()  # on the stream DDP made wait for its all-reduce
+            self.pending.append((self.ready, done))
+        else:
+            self.clock.add(time.perf_counter() - self.ready)
+        self.ready = None
+
+    def settle(self) -> None:
+        """The waits whose events completed (a query, never a sync), from the monitor thread."""
+        while self.pending and self.pending[0][1].query():
+            start, end = self.pending.pop(0)
+            self.clock.add(start.elapsed_time(end) / 1000.0)
+
+
+def build_waits(model: torch.nn.Module, plan: DevicePlan, world_size: int) -> Any:
+    """The wait timer of a DDP model when health is on, else a null object."""
+    clock = health.clock()
+    if clock is None or world_size == 1:
+        return NullWaits()
+    return Waits(model, clock, plan.device_type == "cuda")
+
+
 def build_ema(model: torch.nn.Module, decay: Optional[float]) -> Any:
     return NullEma() if decay is None else Ema(model, decay)
 
@@ -117,6 +175,7 @@ class Trainer:
     steps_per_epoch: int
     step: int = 0
     memory_format: torch.memory_format = torch.contiguous_format  # of the model's weights and inputs
+    waits: Any = field(default_factory=NullWaits)  # the wait for the slowest rank (health on, several ranks)
 
     def state_dict(self) -> dict:
         return {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -167,7 +226,8 @@ def build_trainer(spec: Spec, plan: DevicePlan, model: torch.nn.Module, num_batc
     return Trainer(spec=spec, plan=plan, model=wrapped, raw_model=model, optimizer=optimizer,
                    scheduler=build_scheduler(optimizer, spec.train, per_epoch),
                    scaler=torch.amp.GradScaler(plan.device_type, enabled=plan.use_scaler),
-                   ema=ema, steps_per_epoch=per_epoch, memory_format=fmt)
+                   ema=ema, steps_per_epoch=per_epoch, memory_format=fmt,
+                   waits=build_waits(model, plan, world_size))
 
 
 def memory_format_for(spec: Spec, plan: DevicePlan) -> torch.memory_format:
@@ -339,9 +399,11 @@ def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: C
                 loss = F.cross_entropy(out, y, label_smoothing=t.spec.train.label_smoothing)
             # no division when nothing is accumulated: a division and its gradient per step
             t.scaler.scale(loss / accum if accum > 1 else loss).backward()
+            t.waits.after_backward()
         meter.add(loss, out, y)
         if ends_step:
             _optimizer_step(t)
+            health.beat()  # a clock read and a compare: the watchdog sees the step
             if (t.step - first_step) % t.spec.train.log_every == 0:
                 progress_line(t, meter, ProgressLine(epoch, -(-(i + 1) // accum), first_step, clock), progress)
                 if i + 1 < n_batches and stop():
@@ -413,6 +475,7 @@ def evaluate(model: torch.nn.Module, loader: Any, n_valid: int, plan: DevicePlan
     for x, y in loader:
         keep = max(0, min(len(y), n_valid - seen))
         seen, count = seen + len(y), count + keep
+        health.beat()
         x = x[:keep].to(plan.device, non_blocking=True, memory_format=memory_format)
         y = y[:keep].to(plan.device, non_blocking=True)
         with autocast():

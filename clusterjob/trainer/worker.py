@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -99,19 +100,21 @@ def run_training(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: 
     if dist.is_main():
         runrecord.mark_running(run, env, {"backend": plan.backend, "amp": plan.amp_name, "device": plan.device_type})
     n_valid = val_valid_count(len(data.val), env.rank, env.world_size)
-    with sinks.for_trainer(spec, run, fresh) if dist.is_main() else sinks.NoSinks() as metric_sinks:
+    with sinks.for_trainer(spec, run, fresh, stop) if dist.is_main() else sinks.NoSinks() as metric_sinks:
         for epoch in range(start, spec.train.epochs + 1):
             _debug_fail(spec, env, epoch)
             loaders.set_epoch(epoch, partial.batches)
             progress = _progress_printer(epoch, spec.train.epochs) if dist.is_main() else _quiet
-            state = train_epoch(trainer, loaders.train_loader, epoch, progress, stop.agreed, partial)
+            state = train_epoch(trainer, _debug_slow(spec, env, loaders.train_loader), epoch, progress, stop.agreed,
+                                partial)
             partial = EpochState()
             if not state.finished:
                 _save(trainer, run, epoch - 1, env, state)
                 return _stopped(run, spec, stop, metric_sinks)
             record = _epoch_record(trainer, loaders, n_valid, epoch, state)
+            metric_sinks.log(epoch, record)  # rank 0: metrics.jsonl, the console line, the loggers, a prune
+            # after the record: a trial its search prunes at this epoch's rung stops here
             stopping = epoch < spec.train.epochs and (spec.debug.exit_after_epoch == epoch or stop.agreed())
-            metric_sinks.log(epoch, record)  # rank 0: metrics.jsonl, the console line, the loggers
             _save(trainer, run, epoch, env, force=stopping or epoch == spec.train.epochs)
             if stopping:
                 return _stopped(run, spec, stop, metric_sinks)
@@ -192,6 +195,25 @@ def _stopped(run: RunDir, spec: Spec, stop: StopSignal, metric_sinks: "sinks.Sin
         runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
     dist.barrier()  # no rank exits before the requeue is on record
     return "stopped"
+
+
+class _Slowed:
+    """debug.slow_rank's loader: each batch comes ``seconds`` late, as from a slow disk."""
+
+    def __init__(self, loader: Any, seconds: float):
+        self.loader, self.seconds = loader, seconds
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            time.sleep(self.seconds)
+            yield batch
+
+
+def _debug_slow(spec: Spec, env: DistEnv, loader: Any) -> Any:
+    return _Slowed(loader, spec.debug.slow_ms / 1000) if spec.debug.slow_rank == env.rank else loader
 
 
 def _debug_fail(spec: Spec, env: DistEnv, epoch: int) -> None:

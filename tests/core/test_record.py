@@ -34,6 +34,11 @@ OLD_RUN_JSON = {
     "tensorboard_dir": "/r/tensorboard", "mlflow_tracking_uri": "file:///home/u/proj/mlruns",
     "mlflow_experiment_id": "1", "mlflow_run_id": "0a1b2c", "wandb_run_id": "k3j4h5g6",
     "wandb_url": "https://wandb.ai/u/exp/runs/k3j4h5g6",
+    "stalls": [{"n": 1, "at": "2024-01-01T12:02:00+00:00", "since": "2024-01-01T12:01:00+00:00",
+                "line": "rank 1 on node2: time.sleep at train.py:40; rank 0 in all_reduce", "rank": 1, "host": "node2",
+                "action": "retry", "ended_at": None}],
+    "excluded_hosts": ["node2"],
+    "straggler": {"rank": 1, "host": "node2", "wait_pct": 45.5, "at": "2024-01-01T12:01:30+00:00"},
 }
 
 
@@ -55,8 +60,9 @@ def test_the_record_is_frozen():
 
 
 # The same run as this version writes it: its job (none) under ``job``, with the key of
-# earlier versions, slurm_job_id, kept beside it; and its spec's env (none recorded).
-NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None}
+# earlier versions, slurm_job_id, kept beside it; its spec's env (none recorded); and its
+# search and prune verdict (none: not a trial of a search).
+NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None, "search": None, "pruned": None}
 
 
 def test_an_old_run_json_reads_into_the_record_unchanged(tmp_path):
@@ -119,6 +125,15 @@ def test_a_cancelled_run_stays_cancelled_unless_reopened(tmp_path):
     assert run.update(reopen=True, status="pending").status == "pending"
 
 
+def test_a_run_a_stall_failed_keeps_its_end_against_late_writes_but_for_its_retry(tmp_path):
+    run = _run(tmp_path)
+    run.update(status="failed", error=RunError(1, "stalled: rank 1 on n2: time.sleep at t.py:4; rank 0 in all_reduce"))
+    late = run.update(status="preempted", error=RunError(0, "RuntimeError: Connection closed by peer"), stopped_at="x")
+    assert (late.status, late.error.rank, late.stopped_at) == ("failed", 1, "x")
+    retried = run.update(status="pending", error=None, retries=1)
+    assert (retried.status, retried.error, retried.retries) == ("pending", None, 1)
+
+
 def test_error_records_keep_their_layout():
     assert RunError(None, "gone").to_dict() == {"rank": None, "message": "gone", "traceback": ""}
     try:
@@ -176,3 +191,13 @@ def test_a_damaged_sessions_field_keeps_what_it_can_and_says_what_it_dropped(tmp
     got, problems = record.read_record(tmp_path)
     assert got.sessions == kept and got.status == "running"
     assert any(problem in p for p in problems), problems
+
+
+def test_the_health_fields_read_back_typed_and_a_damaged_one_is_a_problem(tmp_path):
+    got, problems = record.checked({"stalls": [{"n": "one", "line": "x", "action": "warn"}, 3],
+                                    "straggler": {"rank": 1, "host": "n2", "wait_pct": "much"},
+                                    "excluded_hosts": "node2"})
+    assert got.stalls == [record.Stall(None, None, None, "x", action="warn")]
+    assert got.straggler == record.Straggler(1, "n2", None) and got.excluded_hosts == []
+    assert sorted(p.split(" is ")[0] for p in problems) == [
+        "run.json: excluded_hosts", "run.json: stalls[0].n", "run.json: stalls[1]", "run.json: straggler.wait_pct"]

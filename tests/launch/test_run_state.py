@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from clirun import cli, start
+from healthutil import processes_of
 from trainutil import epochs_of, run_info, write_spec
 
 from clusterjob.core import procs
@@ -81,6 +82,8 @@ def test_a_run_whose_every_process_was_killed_is_failed_and_resumes(tmp_path):
     for ref in reversed(everyone):
         os.kill(ref.pid, signal.SIGKILL)
     wait_for(lambda: all(procs.check(ref) is not None for ref in everyone), 30, "the processes to die")
+    # each rank's health watcher ends with it and marks its end (logs/rank<R>.ended) first
+    wait_for(lambda: not processes_of(run), 30, "the ranks' watchers to end")
     assert run_info(run)["status"] == "running"  # what the run recorded: nobody lived to say otherwise
 
     before = files_of(tmp_path / "results")

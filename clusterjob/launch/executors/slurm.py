@@ -25,9 +25,9 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from clusterjob.core import claim, procs, retry, slurmctl
+from clusterjob.core import claim, procs, retry, slurmctl, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import now_iso
@@ -164,6 +164,54 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"job": None}
+
+    # A search: one array of search.parallel slots (clusterjob.launch.searcharray)
+
+    def check_search(self, spec: Spec, preflight: bool = True) -> None:
+        assert spec.search is not None  # only a search is checked here
+        self.check(spec, spec.search.parallel, preflight)  # an array of its slots: the partition, the limits...
+        if preflight:  # one array, never split as a sweep is
+            most = slurmctl.max_array_size()
+            if spec.search.parallel > most:
+                raise BadInput(f"search.parallel: {spec.search.parallel} slots is more than this cluster's "
+                               f"MaxArraySize ({most}), the most tasks of one array; set parallel to at most {most}")
+
+    def preview_search(self, spec: Spec, folder: Path) -> list[str]:
+        from clusterjob.launch import searcharray
+
+        return searcharray.preview(spec, folder)
+
+    def start_search(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
+        from clusterjob.launch import searcharray
+
+        lines = searcharray.start(spec, folder)
+        claim.release(folder)  # handed over: the queue says whether it runs
+        return lines
+
+    def wait_search(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
+        """Until no slot is in the queue; each trial's summary then."""
+        from clusterjob.launch import search, searcharray
+
+        try:
+            searcharray.wait(folder)
+        except KeyboardInterrupt:
+            print(f"\nstopped waiting; the search goes on: clusterjob status {folder}", file=sys.stderr)
+            raise
+        runs = search.trial_runs(folder)
+        records = [view.record for view in views(runs, write_back=True)]
+        for run, record in zip(runs, records):
+            watch.ended(run, record)
+        return Waited(records)
+
+    def search_live(self, folder: Path, record: Any) -> Optional[str]:
+        from clusterjob.launch import searcharray
+
+        return searcharray.live(folder)
+
+    def cancel_search(self, folder: Path, record: Any, wait_s: float) -> list[str]:
+        from clusterjob.launch import search, searcharray
+
+        return searcharray.cancel(folder, search.trial_runs(folder), wait_s)
 
 
 def _slurm_job(dep: Dependency) -> Optional[str]:
@@ -408,8 +456,11 @@ def settle(run: RunDir, srun_status: str, batch_log: str) -> int:
     info = run.read()
     log = session_log(batch_log)
     if srun_status != "0" and _unsettled(run, info, log):
-        cause = _record_end(run, info, srun_status, log)
-        if cause is not None and _retried(run, cause):
+        stalled = stalls.verdict(info)  # the health watchdog ended the tasks: retry off the culprit's node, or stop
+        cause = _record_end(run, info, srun_status, log) if stalled is None else \
+            stalls.reason(stalled) if stalled.action == "retry" else None
+        exclude = [stalled.host] if stalled is not None and stalled.host else []
+        if cause is not None and _retried(run, cause, exclude):
             return 0
     return 0 if run.read().status == "completed" else 1
 
@@ -515,9 +566,11 @@ def _exited(run: RunDir, end: Optional[RankEnd], srun_status: str) -> RunError:
                           f"(see `clusterjob logs {run.path}`)")
 
 
-def _retried(run: RunDir, cause: str) -> bool:
+def _retried(run: RunDir, cause: str, exclude: Sequence[str] = ()) -> bool:
     """Requeue the job of a run the machine failed, when a retry is left (retry.decide):
-    its start held back by the back-off (or Slurm's own delay, when longer)."""
+    its start held back by the back-off (or Slurm's own delay, when longer), and kept
+    off the nodes of ``exclude`` (a stall's culprit; run.json's ``excluded_hosts``)
+    before it may start."""
     resources = load_spec(run.spec_file).resources
     job = run.read().slurm_job_id
     if job is None:
@@ -528,13 +581,29 @@ def _retried(run: RunDir, cause: str) -> bool:
             print(f"clusterjob: {decision.line}", file=sys.stderr)
         return False
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
-    if not slurmctl.requeue(job):
+    requeued = slurmctl.requeue(job, hold=True) if exclude else slurmctl.requeue(job)
+    if not requeued:
         run.update(status="failed", finished_at=now_iso(), error=RunError(
             None, f"{cause}; retry {decision.number} could not requeue job {job} (scontrol requeue failed)"))
         return False
+    if exclude:
+        _exclude(run, job, exclude)
     slurmctl.start_later(job, decision.wait_s)
+    if exclude:
+        slurmctl.release(job)  # held until it was kept off the culprit's node
     print(f"clusterjob: {decision.line}: job {job} requeued", file=sys.stderr)
     return True
+
+
+def _exclude(run: RunDir, job: str, hosts: Sequence[str]) -> None:
+    """Keep the held, requeued job off ``hosts`` and the hosts excluded before; recorded
+    in run.json once Slurm took it."""
+    excluded = sorted({*run.read().excluded_hosts, *hosts})
+    if slurmctl.exclude_nodes(job, excluded):
+        run.update(excluded_hosts=excluded)
+    else:
+        print(f"clusterjob: could not keep job {job} off {','.join(excluded)} (scontrol update failed)",
+              file=sys.stderr)
 
 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")

@@ -1,0 +1,127 @@
+"""The commands on a search as a whole (docs/design.md, "Search"): ``status`` of its
+folder (a summary of its trials above their table), ``cancel`` of its folder (every slot
+stops; no trial is taken after it) and ``resume`` of its folder (the trials that did not
+end go on from their checkpoints, then the slots take new ones; ``--set
+search.trials=N`` raises the count). ``submit`` of a search is clusterjob.launch.submit's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from clusterjob.core import claim, units
+from clusterjob.core import search as searchmod
+from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.files import now_iso
+from clusterjob.launch import executor, search
+from clusterjob.spec.schema import check_paths, load_spec
+from clusterjob.spec.yamlfile import override_value
+
+COUNTED = ("completed", "running", "pruned", "failed", "cancelled")
+
+
+def summary(folder: Path) -> list[str]:
+    """``search 2026...: 12 of 12 trials taken: 5 completed, 7 pruned`` and the best
+    trial so far with its values; reads only."""
+    record, _ = searchmod.read(folder)
+    runs = search.trial_runs(folder)
+    infos = [view.record for view in executor.views(runs)]  # as the table below shows them
+    counts = {state: sum(info.status == state for info in infos) for state in COUNTED}
+    others = len(infos) - sum(counts.values())
+    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    said += f", {others} pending, preempted or timed out" if others else ""
+    lines = [f"search {record.id}: {len(infos)} of {record.trials} trial(s) taken ({said or 'none yet'}); "
+             f"{record.describe()}"]
+    best = best_trial(folder)
+    if best is not None:
+        run, value = best
+        params = ", ".join(f"{key}={escape(str(val))}" for key, val in (run.read().params or {}).items())
+        lines.append(f"best so far: {run.run_id} {record.metric} {units.quantity(record.metric or '', value)} "
+                     f"({params})")
+    return lines
+
+
+def best_trial(folder: Path) -> Optional[tuple]:
+    """(run, value) of the completed trial best by the search's metric and mode; a pruned
+    trial is never the best."""
+    record, _ = searchmod.read(folder)
+    scored = []
+    for run in search.trial_runs(folder):
+        info = run.read()
+        value = (info.final or {}).get(record.metric or "")
+        if info.status == "completed" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            scored.append((float(value), run))
+    if not scored:
+        return None
+    value, run = (max if record.mode != "min" else min)(scored, key=lambda item: item[0])
+    return run, value
+
+
+def cancel(folder: Path) -> int:
+    """``clusterjob cancel SEARCH``: the request in search.json (no slot takes a trial
+    after it), then every unfinished trial cancelled through the search's executor."""
+    record, _ = searchmod.read(folder)
+    owner = executor.get(record.executor) if record.executor else None
+    if owner is None:
+        raise BadInput(f"{folder}: its search.json names no executor this clusterjob has; stop its processes by hand")
+    if all(run.read().status in ("completed", "pruned", "failed", "cancelled") for run in search.trial_runs(folder)) \
+            and owner.search_live(folder, record) is None:
+        raise BadInput(f"{folder}: the search runs no trial; there is nothing to cancel")
+    searchmod.update(folder, cancel_requested_at=now_iso())
+    for line in owner.cancel_search(folder, record, wait_s=30.0):
+        print(line)
+    print(f"{folder}: cancelled; `clusterjob resume {folder}` continues it")
+    return 0
+
+
+def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
+    """``clusterjob resume SEARCH [--set search.trials=N]``: refused while a slot of it
+    runs; else its stopped trials reopened and its slots started again."""
+    trials = _trials_override(overrides)
+    record, _ = searchmod.read(folder)
+    owner = executor.choose(record.executor or "local")
+    spec = load_spec(folder / search.SPEC_FILE)
+    check_paths(spec)
+    with claim.claimed(folder, "clusterjob resume"):
+        live = owner.search_live(folder, record)
+        if live:
+            raise BadInput(f"{folder} still runs ({live}); `clusterjob cancel {folder}` first")
+        _check_unfinished(folder, trials)
+        reopened = search.reopen(folder, trials)
+        spec = load_spec(folder / search.SPEC_FILE)
+        owner.check_search(spec, preflight=False)
+        print(f"resuming search {folder}: {len(reopened)} trial(s) go on from their checkpoints")
+        lines = owner.start_search(spec, folder, follow=wait)
+        for line in lines:
+            print(line)
+        if not wait:
+            return 0
+        from clusterjob.launch.submit import wait_search
+
+        return wait_search(spec, folder, owner)
+
+
+def _check_unfinished(folder: Path, trials: Optional[int]) -> None:
+    """Bad input for a search with nothing left to run: every trial taken and ended, and
+    no higher count asked."""
+    record, _ = searchmod.read(folder)
+    if trials is not None and trials != record.trials:
+        return  # a new count: reopen raises it, or refuses to lower it
+    runs = search.trial_runs(folder)
+    ended = all(run.read().status in ("completed", "pruned", "failed") for run in runs)
+    if ended and len(runs) >= (record.trials or 0):
+        raise BadInput(f"{folder}: every one of its {len(runs)} trial(s) ended; to run more, raise the count: "
+                       f"clusterjob resume {folder} --set search.trials={len(runs) + 8}")
+
+
+def _trials_override(overrides: list[str]) -> Optional[int]:
+    """The one override resume takes: ``search.trials=N``."""
+    trials = None
+    for text in overrides:
+        key, _, raw = text.partition("=")
+        value = override_value(key, raw, False)
+        if key != "search.trials" or not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BadInput(f"--set {text}: resume of a search takes only search.trials=N (a whole number above 0)")
+        trials = value
+    return trials

@@ -1,0 +1,103 @@
+"""A search's slots on Slurm (docs/design.md, "Search"): one job array of
+``search.parallel`` tasks, whose batch script runs the slot driver
+
+    python -m clusterjob.launch.searchslot SEARCH_FOLDER
+
+on the array task's first node. The driver (stdlib and the spec, no torch) loops: it
+takes its slot's next trial from the study (the one it holds, if any: a requeued task
+continues its trial), runs it as one srun step of ``python -m clusterjob.run
+<trial>/spec.yaml`` (``--kill-on-bad-exit=1``, each rank's output in the trial's logs),
+settles how the step ended as every Slurm job's teardown does
+(clusterjob.launch.executors.slurm ``settle``: a killed rank named, a failure of the
+machine retried under the trial's ``resources.max_retries``), tells the study, and takes
+the next, until every trial is taken. A trial that stopped to go on (USR2: the rank
+requeued the array task; a retry's requeue) ends the driver: the task starts again and
+continues it. The array task id is the slot's number.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from clusterjob.core import env as envmod
+from clusterjob.core import search as searchmod
+from clusterjob.core.record import SLURM, Job
+from clusterjob.core.rundir import RunDir
+from clusterjob.launch import search
+from clusterjob.launch.executors import slurm
+from clusterjob.launch.resources import SESSION_MARK
+from clusterjob.launch.searcharray import escaped
+from clusterjob.launch.study import ENDS
+from clusterjob.spec.schema import Spec
+
+PRUNE_GRACE_S = 5.0  # after a prune, how long the ranks may take to stop by themselves before srun passes SIGTERM
+POLL_S = 0.5
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0])
+    job = envmod.slurm_job()
+    if job is None:
+        print(f"usage: python -m {__name__} SEARCH_FOLDER, as a task of the search's Slurm array", file=sys.stderr)
+        return 2
+    slot = int(job.array_task_id or 0)
+    record, _ = searchmod.read(folder)
+    feed = search.Feed(folder, record.parallel or 1, executor=SLURM)
+    print(f"clusterjob: slot {slot} of search {folder} (job {job.run_key}, start {job.restart_count + 1})",
+          file=sys.stderr, flush=True)
+    while (run := feed.take(slot)) is not None:
+        run.update(executor=SLURM, job=Job(SLURM, job.run_key))
+        print(f"clusterjob: slot {slot} runs {run.path}", file=sys.stderr, flush=True)
+        status, log = run_step(run, feed.spec)
+        slurm.settle(run, str(status), log)
+        info = run.read()
+        if info.status not in ENDS:  # stopped to go on (requeued) or retried: this task starts again
+            print(f"clusterjob: {run.path} is {info.status}; the slot continues it when the task starts again",
+                  file=sys.stderr, flush=True)
+            return 0
+        feed.ended(run, info)
+    return 0
+
+
+def run_step(run: RunDir, spec: Spec) -> tuple[int, str]:
+    """One srun step of the trial's ranks; (srun's exit status, its stderr of this
+    session: srun reports a killed task there). After a prune, srun passes SIGTERM to
+    ranks that did not stop by themselves (a plain script on several ranks)."""
+    r = spec.resources
+    logs = escaped(run.logs.resolve())
+    command = ["srun", "--kill-on-bad-exit=1", f"--nodes={r.nodes}", f"--ntasks-per-node={r.tasks_per_node}",
+               f"--cpus-per-task={r.cpus_per_task}", "--open-mode=append", f"--output={logs}/rank%t.out",
+               f"--error={logs}/rank%t.err", sys.executable, "-u", "-m", "clusterjob.run", str(run.spec_file.resolve())]
+    err_file = run.logs / "srun.err"
+    with open(err_file, "a") as err:
+        err.write(f"{SESSION_MARK}\n")
+        err.flush()
+        step = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    code = _follow(step, run)
+    return code, slurm.session_log(slurm.log_tail(err_file))
+
+
+def _follow(step: subprocess.Popen, run: RunDir) -> int:
+    pruned_at: Optional[float] = None
+    while True:
+        try:
+            return step.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if pruned_at is None and run.read().pruned is not None:
+            pruned_at = time.monotonic()
+        if pruned_at is not None and time.monotonic() - pruned_at > PRUNE_GRACE_S:
+            step.send_signal(signal.SIGTERM)
+            pruned_at = float("inf")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,328 @@
+"""Inside each rank, what the health watchdog needs (docs/design.md, "Hung and slow ranks").
+
+- **Beats.** ``beat()`` marks progress: the built-in trainer's steps, every metric record
+  (rank 0), ``clusterjob.heartbeat()`` and ``clusterjob.should_stop()``. It touches
+  ``logs/rank<R>.beat`` at most once a second; between touches it costs one clock read
+  and a compare, no host sync, no collective.
+- **Stacks on request.** A C-level handler (``faulthandler.register``) writes every
+  thread's Python stack to ``logs/rank<R>.stacks`` on a real-time signal, named in the
+  rank's health file: it needs no Python code to run, so it answers while the rank is
+  blocked in a C call and while it spins holding the GIL. The signal restarts the
+  system calls it interrupts (SA_RESTART), and the handler stays until the process
+  ends, so a late request never meets the signal's default action (the end of the
+  process).
+- **The watcher.** A process of its own per rank (clusterjob.runner.watchdog, no torch),
+  never a thread of the training: it watches the beats and the output, takes the
+  stacks, and ends the rank on a stall verdict. It dies with the rank: its stdin is a
+  pipe from the rank, and the kernel tells it when the rank is gone.
+- **Waits in collectives** (stragglers): the built-in trainer times its own (its
+  ``Waits``: from its last gradient to the end of DDP's backward), any other code is
+  sampled: a thread reads the main thread's innermost frame at most ``SAMPLE_HZ`` times
+  a second and counts the samples inside ``torch.distributed`` or DDP's own syncs
+  (there the collective released the GIL), and those inside a backward while the main
+  thread sleeps (DDP's all-reduce waits in C++ at the end of the backward: a thread
+  that computes runs, one that waits for the other ranks sleeps). A monitor thread
+  writes them to the rank's health file every ``WRITE_EVERY_S``; later probes (GPU
+  telemetry) add their readings to the same file from the same thread.
+
+Importing this module loads no torch (``clusterjob.heartbeat`` is part of the API).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import faulthandler
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from clusterjob.core import procs, rankhealth
+from clusterjob.core.env import DistEnv
+from clusterjob.core.rundir import RunDir
+from clusterjob.runner import stacks
+
+if TYPE_CHECKING:  # the spec (and YAML) is not loaded by ``clusterjob.heartbeat()`` outside a run
+    from clusterjob.spec.schema import Spec
+
+BEAT_EVERY_S = 1.0
+WRITE_EVERY_S = 5.0  # the health file's waits are this fresh
+SAMPLE_HZ = 20  # the most the main thread is sampled a second (10 to 20, at random intervals)
+RECENT_S = 60.0  # the window of the waits the straggler warning and status read
+STACK_SIGNAL = signal.SIGRTMIN + 6  # NCCL owns SIGUSR1; USR2 and TERM are stop signals
+NCCL_TRACE = "nccl-trace-rank"  # torch appends the rank: logs/nccl-trace-rank<R>
+NCCL_PIPE = "nccl-pipe-rank"  # logs/nccl-pipe-rank<R>.pipe: a write there makes torch dump its trace
+_PR_SET_PTRACER = 0x59616D61  # Yama: who may ptrace this process (py-spy under the watcher)
+
+_beat_path: Optional[str] = None
+_next_beat = 0.0
+
+
+def beat() -> None:
+    """Progress on this rank (a no-op outside a run, or with ``health: null``)."""
+    global _next_beat
+    if _beat_path is None:
+        return
+    now = time.monotonic()
+    if now < _next_beat:
+        return
+    _next_beat = now + BEAT_EVERY_S
+    try:
+        os.utime(_beat_path)
+    except OSError:  # a full or gone file system must not stop training; the watchdog sees no beat
+        pass
+
+
+class WaitClock:
+    """Seconds this rank waited inside collectives, added by whoever measures them (the
+    trainer's step, the sampler), from its first collective on (``first``: start-up and
+    data loading are no time it could have waited); the monitor reads them."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.waited = 0.0
+        self.first: Optional[float] = None  # time.monotonic() as the first wait began
+        self.lock = threading.Lock()
+        self.settle: Callable[[], None] = lambda: None  # timings still on a device are added here
+
+    def begin(self) -> None:
+        """The rank's distributed work starts now (its process group exists)."""
+        with self.lock:
+            self.first = self.first if self.first is not None else time.monotonic()
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            if self.first is None:
+                self.first = time.monotonic() - seconds
+            self.waited += seconds
+
+    def read(self) -> float:
+        with contextlib.suppress(Exception):  # a device error belongs to the training, which sees it
+            self.settle()
+        with self.lock:
+            return self.waited
+
+
+_current: Optional["Health"] = None
+
+
+def clock() -> Optional[WaitClock]:
+    """The wait clock of this rank's health, for code that times its own waits (the
+    built-in trainer); None with health off."""
+    return _current.clock if _current is not None else None
+
+
+class Health:
+    """This rank's part of the watchdog, from ``start`` to ``stop``."""
+
+    def __init__(self, run: RunDir, env: DistEnv, spec: Spec, session: str):
+        assert spec.health is not None  # started only with health on
+        self.run, self.env, self.spec, self.session = run, env, spec, session
+        self.clock = WaitClock("sampled" if spec.entrypoint is not None else "timed")
+        self.identity = rankhealth.RankHealth(
+            env.rank, session, socket.gethostname(), _node(env), procs.current(), int(STACK_SIGNAL),
+            threading.main_thread().ident, rankhealth.Waits(self.clock.method))
+        self.done = threading.Event()
+        self.watcher: Optional[subprocess.Popen] = None
+        self.probes: list[Callable[[], dict]] = []  # further readings for the health file (GPU telemetry)
+        self.write_lock = threading.Lock()
+        self.marks: collections.deque = collections.deque()  # (when, seconds waited by then), from the first wait
+
+    def start(self) -> "Health":
+        global _beat_path, _current
+        self.run.logs.mkdir(parents=True, exist_ok=True)
+        _register_stacks(self.run.stacks_file(self.env.rank))
+        beat_file = self.run.beat_file(self.env.rank)
+        beat_file.touch()
+        _beat_path = str(beat_file)
+        if self.spec.resources.gpus_per_node > 0:
+            nccl_environ(self.run, os.environ)
+        with _quiet_errors():
+            os.unlink(self.run.ended_file(self.env.rank))
+        rankhealth.write(self.run, self.identity)
+        self.watcher = _start_watcher(self.config())
+        _let_trace(self.watcher.pid)
+        _current = self
+        threading.Thread(target=self._monitor, daemon=True, name="clusterjob-health").start()
+        return self
+
+    def config(self) -> dict:
+        """What the watcher is told (it reads the rest from the rank's health file)."""
+        health = self.spec.health
+        assert health is not None  # started only with health on
+        return {"run": str(self.run.path), "rank": self.env.rank, "world": self.env.world_size,
+                "session": self.session, "stall_s": health.stall_s,
+                "action": health.action(self.spec.resources.max_retries),
+                "output": health.output_counts(self.spec.entrypoint), "straggler_pct": health.straggler_wait_pct,
+                "nccl": self.spec.resources.gpus_per_node > 0}
+
+    def stop(self) -> None:
+        """The rank's work is done: the last waits are written and the watcher told to go
+        (the stacks handler stays: a request may still be on its way)."""
+        global _beat_path, _current
+        self.done.set()
+        _beat_path, _current = None, None
+        self.write()
+        with _quiet_errors():  # before its connections close: a rank they fail knows this one ended first
+            rankhealth.mark_ended(self.run, self.env.rank, self.session)
+        if self.watcher is not None:
+            with _quiet_errors():
+                self.watcher.stdin.close()  # type: ignore[union-attr]  # Popen made it a pipe
+            with _quiet_errors():
+                self.watcher.wait(timeout=2.0)
+
+    def ended_before(self) -> str:
+        """`` (rank 1 had ended already: ...)`` when other ranks of this session ended
+        before this rank failed (a rank that ends early fails the others' collectives), else ""."""
+        try:
+            ended = [r for r in range(self.env.world_size)
+                     if r != self.env.rank and rankhealth.ended_in(self.run, r, self.session)]
+        except Exception:  # a second error while failing (DataLoader's SIGCHLD handler): the first one counts
+            return ""
+        if not ended:
+            return ""
+        named = f"rank {ended[0]} had" if len(ended) == 1 else f"ranks {','.join(map(str, ended))} had"
+        return f" ({named} ended already: a rank that ends early leaves the others' collectives without it)"
+
+    def _monitor(self) -> None:
+        """Sample the main thread (code that does not time its own waits) from when its
+        process group exists, at random intervals (a fixed rate could keep meeting one
+        phase of a periodic step), and write the waits to the health file every WRITE_EVERY_S."""
+        from clusterjob.runner import dist
+
+        main, native = threading.main_thread().ident or 0, threading.main_thread().native_id
+        sampled = self.clock.method == "sampled"
+        last = next_write = time.monotonic()
+        while not self.done.wait(random.uniform(1.0, 2.0) / SAMPLE_HZ if sampled else WRITE_EVERY_S):
+            now = time.monotonic()
+            if sampled and self.clock.first is None and dist.initialized():
+                self.clock.begin()
+            elif sampled and self.clock.first is not None and _waiting(sys._current_frames().get(main), native):
+                self.clock.add(now - last)
+            last = now
+            if now >= next_write:
+                next_write = now + WRITE_EVERY_S
+                self.write()
+
+    def write(self) -> None:
+        """The waits so far, and over about the last RECENT_S, into the health file."""
+        with self.write_lock:  # the monitor thread, and ``stop`` once more at the end
+            self._write()
+
+    def _write(self) -> None:
+        now, waited = time.monotonic(), self.clock.read()
+        first = self.clock.first
+        if first is None:
+            waits = rankhealth.Waits(self.clock.method)  # no collective yet
+        else:
+            if not self.marks:
+                self.marks.append((first, 0.0))
+            self.marks.append((now, waited))
+            while len(self.marks) > 2 and now - self.marks[1][0] >= RECENT_S:
+                self.marks.popleft()
+            since, before = self.marks[0]
+            waits = rankhealth.Waits(self.clock.method, waited, now - first, waited - before, now - since)
+        extra: dict = {}
+        for probe in self.probes:
+            extra.update(probe())
+        with _quiet_errors():
+            rankhealth.write(self.run, replace(self.identity, waits=waits, extra=extra))
+
+
+def _waiting(frame: Any, native_id: Optional[int]) -> bool:
+    """Whether the main thread waits for the other ranks now: inside a collective, or
+    asleep inside a backward (DDP waits there for its last all-reduce)."""
+    return _in_collective(frame) or (_in_backward(frame) and _asleep(native_id))
+
+
+def _in_collective(frame: Any) -> bool:
+    """Whether the main thread is inside a ``torch.distributed`` call (or DDP's own
+    broadcasts) now: its innermost Python frame is there (a collective releases the GIL
+    there while it waits)."""
+    return frame is not None and any(part in frame.f_code.co_filename for part in stacks.COLLECTIVE_FILES)
+
+
+def _in_backward(frame: Any) -> bool:
+    """Whether the main thread's innermost Python frame is autograd's backward (its C++
+    engine runs below it: DDP's all-reduce waits at its end)."""
+    return frame is not None and any(part in frame.f_code.co_filename for part in stacks.BACKWARD_FILES)
+
+
+def _asleep(native_id: Optional[int]) -> bool:
+    """Whether the thread sleeps now (the kernel's state S: blocked on a lock, a socket or
+    a futex), read from /proc; a thread that computes is running or runnable."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] == b"S"
+    except (OSError, IndexError):
+        return False
+
+
+def _quiet_errors() -> contextlib.suppress:
+    """Drops what a full disk or a watcher gone already raise: health never fails the rank."""
+    return contextlib.suppress(OSError, subprocess.TimeoutExpired, ValueError)
+
+
+def _node(env: DistEnv) -> str:
+    """The rank's node as Slurm names it (what ``--exclude`` takes), else its host name."""
+    if env.source == "slurm" and 0 <= env.node_rank < len(env.hosts):
+        return env.hosts[env.node_rank]
+    return socket.gethostname()
+
+
+def _register_stacks(path: "os.PathLike") -> None:
+    """STACK_SIGNAL writes every thread's stack to ``path`` from C (see the module's doc)."""
+    stacks = open(path, "ab", buffering=0)  # kept open to the end of the process: the handler writes to it
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    signal.siginterrupt(STACK_SIGNAL, False)  # SA_RESTART: an interrupted read or wait goes on
+
+
+def nccl_environ(run: RunDir, environ: Any) -> None:
+    """torch's flight recorder under NCCL: its ring buffer on (unless set), its dump
+    written under logs/ (``nccl-trace-rank<R>``) when the watcher writes to the rank's
+    pipe (``nccl-pipe-rank<R>.pipe``). Read by torch when the NCCL group is made, so
+    before the code's first collective."""
+    environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    for name in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):
+        environ.setdefault(name, str(run.logs / NCCL_TRACE))
+    environ.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", str(run.logs / NCCL_PIPE))
+
+
+def _start_watcher(config: dict) -> subprocess.Popen:
+    """The watcher, in a session of its own (a kill of the rank's process group on a
+    stall verdict is not its own), its stdin a pipe that closes when the rank ends."""
+    return subprocess.Popen([sys.executable, "-m", "clusterjob.runner.watchdog", json.dumps(config)],
+                            stdin=subprocess.PIPE, start_new_session=True)
+
+
+def _let_trace(pid: int) -> None:
+    """Allow the watcher (and the py-spy it starts) to read this process's native stack
+    under Yama's ptrace rules; elsewhere nothing to do."""
+    with _quiet_errors():
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PTRACER, pid, 0, 0, 0)
+
+
+def start(run: RunDir, env: DistEnv, spec: Spec) -> Optional[Health]:
+    """This rank's health, started; None with ``health: null``. All ranks must call this
+    (after the rendezvous): rank 0 deals the session's token."""
+    if spec.health is None:  # the same spec on every rank: none of them deals a token
+        return None
+    from clusterjob.runner import dist
+
+    session = dist.from_rank0("health-session", lambda: secrets.token_hex(6))
+    try:
+        return Health(run, env, spec, session).start()
+    except OSError as err:  # no watcher can start (no process left, a full disk): the training goes on
+        print(f"clusterjob: warning: health: the watchdog could not start on rank {env.rank} "
+              f"({err.strerror or err}); this rank runs without it", file=sys.stderr, flush=True)
+        return None

@@ -1,0 +1,125 @@
+"""A search on the real local Slurm (docs/design.md, "Search"): one array of 2 slots runs 6
+trials; USR2 to one slot mid-trial requeues it and the trial resumes from its checkpoint
+with the metrics of a run that never stopped; kill -9 of the other slot's rank fails that
+trial alone, and its slot goes on: no trial lost, none run twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from clirun import cli
+from slurmcluster import rank0_log, wait_for
+from trainutil import TINY, epochs_of, final_state, max_abs_diff, merge, run_hand_set
+
+pytestmark = pytest.mark.slurm
+
+# A few seconds per epoch on 2 cores: time to signal a slot mid-trial.
+SPEC = merge(TINY, {"name": "s", "model": {"arch": "convnet"}, "data": {"limit_train": 1024, "limit_val": 64},
+                    "train": {"epochs": 3, "log_every": 4},
+                    "resources": {"mem_gb": 1, "time_min": 10},
+                    "search": {"trials": 6, "parallel": 2, "seed": 0, "prune": None,
+                               "space": {"train.lr": {"log_uniform": [1.0e-3, 0.1]}}}})
+
+
+def info(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def trials(found: Path) -> list:
+    return sorted(p for p in found.iterdir() if p.is_dir() and (p / "run.json").exists())
+
+
+def running_trial(found: Path, slot: int):
+    """The trial slot ``slot`` runs now, once it logged a step of its first epoch."""
+    for run in trials(found):
+        record = info(run)
+        if record.get("search", {}).get("slot") == slot and record["status"] == "running" and \
+                "[progress] epoch 1/3 step 8/" in rank0_log(run):
+            return run
+    return None
+
+
+def rank_pid(array: str, task: int) -> int:
+    """The rank process of array task ``array_task`` (every node shares this PID namespace)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text().split("\0") if "=" in kv)
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        rank = not cmd.split(b"\0")[0].endswith(b"srun") and b"clusterjob.run" in cmd  # not srun, its parent
+        if env.get("SLURM_ARRAY_JOB_ID") == array and env.get("SLURM_ARRAY_TASK_ID") == str(task) and rank and \
+                env.get("SLURM_PROCID") == "0":
+            return int(proc.name)
+    raise AssertionError(f"no rank of array task {array}_{task}")
+
+
+def test_a_search_array_survives_preemption_and_a_killed_rank(slurm_cluster, tmp_path):
+    spec = merge(SPEC, {"output": {"root": str(tmp_path / "results")}})
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", env=slurm_cluster.env())
+    assert done.returncode == 0, done.stderr
+    (found,) = (tmp_path / "results" / "s").iterdir()
+    array = json.loads((found / "search.json").read_text())["job"]["id"]
+    assert done.stdout.splitlines()[0].split()[0] == array
+
+    wait_for(lambda: running_trial(found, 0) is not None, 240, "slot 0 to run a trial")
+    preempted = running_trial(found, 0)
+    subprocess.run(["scancel", "--signal=USR2", f"{array}_0"], check=True, env=slurm_cluster.env())
+    wait_for(lambda: info(preempted)["status"] in ("preempted", "running") and info(preempted).get("requeues"), 90,
+             "the preempted trial's record")
+
+    wait_for(lambda: running_trial(found, 1) is not None, 240, "slot 1 to run a trial")
+    killed = running_trial(found, 1)
+    os.kill(rank_pid(array, 1), signal.SIGKILL)
+    wait_for(lambda: info(killed)["status"] == "failed", 120, "the killed trial to be failed")
+
+    done = cli(tmp_path, "status", str(found), env=slurm_cluster.env())
+    assert done.returncode == 0 and done.stdout.startswith("search ")
+    wait_for(lambda: len(trials(found)) == 6 and all(info(r)["status"] in ("completed", "failed")
+                                                     for r in trials(found)), 480, "every trial to end")
+    wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True,
+                                        env=slurm_cluster.env()).stdout.strip(), 120, "the array to leave the queue")
+
+    study = [json.loads(line) for line in (found / "study.jsonl").read_text().splitlines()]
+    assert sorted(e["trial"] for e in study if e["op"] == "new") == list(range(6))  # none twice, none lost
+    assert sorted(e["trial"] for e in study if e["op"] == "end") == list(range(6))
+    records = {r.name: info(r) for r in trials(found)}
+    assert [r["status"] for r in records.values()].count("failed") == 1
+    assert records[killed.name]["status"] == "failed" and len(records[killed.name]["sessions"]) == 1
+    assert "task 0 on node" in records[killed.name]["error"]["message"]  # the killed rank named
+    for name, record in records.items():
+        if name not in (killed.name, preempted.name):
+            assert record["status"] == "completed" and len(record["sessions"]) == 1
+            assert [e["epoch"] for e in epochs_of(found / name)] == [1, 2, 3]
+
+    mine = records[preempted.name]
+    assert mine["status"] == "completed" and mine["requeues"] == 1 and len(mine["sessions"]) == 2
+    assert "resuming" in rank0_log(preempted)
+    baseline = tmp_path / "baseline"
+    run_hand_set(preempted / "spec.yaml", baseline, 1)  # the same trial, never stopped
+    assert [e["epoch"] for e in epochs_of(preempted)] == [1, 2, 3]
+    for got, want in zip(epochs_of(preempted), epochs_of(baseline)):
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-5, abs=1e-7)
+        assert got["val_acc"] == want["val_acc"]
+    assert max_abs_diff(final_state(preempted)["model"], final_state(baseline)["model"]) <= 1e-6
+
+
+def test_more_slots_than_max_array_size_is_bad_input_and_leaves_nothing(slurm_cluster, tmp_path):
+    """The preflight refuses it; without the preflight sbatch does, and the search's
+    folder (and the folders made for it) are gone again."""
+    spec = merge(SPEC, {"output": {"root": str(tmp_path / "results")}})
+    spec["search"] = {**spec["search"], "trials": 2000, "parallel": 1500}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", env=slurm_cluster.env())
+    assert done.returncode == 2 and "search.parallel: 1500 slots is more than this cluster's MaxArraySize (1001)" \
+        in done.stderr
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", "--no-preflight", env=slurm_cluster.env())
+    assert done.returncode == 2 and "sbatch refused the search's array" in done.stderr
+    assert not (tmp_path / "results").exists()

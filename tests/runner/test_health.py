@@ -1,0 +1,101 @@
+"""A rank's own part of the health watchdog (clusterjob.runner.health): beats at most once
+a second, the sampler's view of a collective, the NCCL flight recorder's variables."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from clusterjob.core.rundir import RunDir
+from clusterjob.runner import health
+
+
+def test_a_beat_touches_the_file_at_most_once_a_second(tmp_path, monkeypatch):
+    beat = tmp_path / "rank0.beat"
+    beat.touch()
+    os.utime(beat, (1, 1))
+    clock = [100.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(health, "_beat_path", str(beat))
+    monkeypatch.setattr(health, "_next_beat", 0.0)
+    health.beat()
+    assert beat.stat().st_mtime > 1
+    os.utime(beat, (1, 1))
+    clock[0] += 0.5
+    health.beat()  # within the second: a compare, no touch
+    assert beat.stat().st_mtime == 1
+    clock[0] += 0.6
+    health.beat()
+    assert beat.stat().st_mtime > 1
+
+
+def test_a_beat_outside_a_run_does_nothing(monkeypatch):
+    monkeypatch.setattr(health, "_beat_path", None)
+    health.beat()
+    import clusterjob
+
+    clusterjob.heartbeat()
+
+
+def test_the_sampler_counts_a_main_thread_inside_torch_distributed_only():
+    inside = compile("import time\ndef wait(started):\n    started.set()\n    time.sleep(0.5)\n",
+                     f"/env/torch{os.sep}distributed{os.sep}c10d.py", "exec")
+    space: dict = {}
+    exec(inside, space)
+    started = threading.Event()
+    thread = threading.Thread(target=space["wait"], args=(started,))
+    thread.start()
+    started.wait()
+    frames = sys._current_frames()
+    try:
+        assert health._in_collective(frames[thread.ident]) is True
+        assert health._in_collective(frames[threading.get_ident()]) is False
+        assert health._in_collective(None) is False
+    finally:
+        thread.join()
+
+
+def test_the_nccl_flight_recorder_goes_to_the_run_unless_set(tmp_path):
+    run = RunDir(tmp_path)
+    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/mine/pipe"}
+    health.nccl_environ(run, environ)
+    assert environ == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/mine/pipe",
+                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "logs" / "nccl-trace-rank"),
+                       "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "logs" / "nccl-trace-rank")}
+    fresh: dict = {}
+    health.nccl_environ(run, fresh)
+    assert fresh["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert fresh["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == str(tmp_path / "logs" / "nccl-pipe-rank")
+
+
+def test_a_wait_clock_adds_what_is_still_on_a_device_when_read():
+    clock = health.WaitClock("timed")
+    clock.add(0.25)
+    pending = [0.5]
+    clock.settle = lambda: pending and clock.add(pending.pop())
+    assert clock.read() == 0.75 and clock.read() == 0.75
+    clock.settle = lambda: 1 / 0  # a device error is the training's to see, not the monitor's
+    assert clock.read() == 0.75
+
+
+def test_the_sampler_counts_a_backward_only_while_its_thread_sleeps():
+    inside = compile("import time\ndef backward(started):\n    started.set()\n    time.sleep(1.5)\n",
+                     f"/env/torch{os.sep}autograd{os.sep}graph.py", "exec")
+    space: dict = {}
+    exec(inside, space)
+    started = threading.Event()
+    thread = threading.Thread(target=space["backward"], args=(started,))
+    thread.start()
+    started.wait()
+    try:
+        frame = sys._current_frames()[thread.ident]
+        deadline = time.monotonic() + 5
+        while not health._asleep(thread.native_id) and time.monotonic() < deadline:
+            time.sleep(0.01)  # into its wait
+        assert health._waiting(frame, thread.native_id) is True  # DDP's wait for its all-reduce, in C++
+        assert health._waiting(frame, threading.get_native_id()) is False  # running: computing its gradients
+        assert health._waiting(sys._current_frames()[threading.get_ident()], thread.native_id) is False
+    finally:
+        thread.join()
