@@ -34,7 +34,9 @@ from clusterjob.spec.schema import Spec, dump_spec, expand_sweep, load_spec
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clusterjob.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", help="spec file, or a run folder's spec.yaml")
+    p.add_argument("spec", nargs="?", help="spec file, or a run folder's spec.yaml")
+    p.add_argument("--runs", metavar="RUNS_FILE", help="instead of SPEC: the run folder this array task (or job) "
+                                                        "runs, listed in this file in task order (clusterjob submit)")
     p.add_argument("--run-dir", help="run folder to use (default: the spec's own, else a new one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
     p.add_argument("--point", type=int, help="sweep point to run (default: SLURM_ARRAY_TASK_ID)")
@@ -60,6 +62,10 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     "failed" (a node failure with no retry left)."""
     args = parse_args(argv)
     env = envmod.detect(argv=sys.argv if argv is None else argv)
+    if args.runs is not None:
+        args.spec = _listed_run(args.runs)
+    elif args.spec is None:
+        raise BadInput("give a SPEC (a spec file, or a run folder's spec.yaml) or --runs RUNS_FILE")
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
     from clusterjob.runner import dist, runrecord
@@ -86,6 +92,19 @@ def run_task(argv: Optional[list[str]] = None) -> str:
         raise
     dist.destroy()
     return outcome
+
+
+def _listed_run(runs_file: str) -> str:
+    """The spec.yaml of the run folder that ``runs_file`` lists for this array task (task
+    0 for a job that is no array): a submission's jobs find their runs so."""
+    from clusterjob.core import sweep
+
+    job = envmod.slurm_job()
+    task = job.array_task_id if job is not None and job.array_task_id is not None else "0"
+    try:
+        return str(RunDir(sweep.task_run(runs_file, int(task))).spec_file)
+    except ValueError as err:
+        raise BadInput(f"--runs: {err}") from None
 
 
 def task_environ(spec: Spec, environ: MutableMapping[str, str]) -> None:

@@ -492,6 +492,12 @@ def default_metric(names: Sequence[str]) -> str:
     return "val_acc" if "val_acc" in names or not useful else useful[0]
 
 
+def default_mode(name: str) -> str:
+    """Which way a metric is better unless asked: min for a loss or an error rate, max
+    for anything else (the report's ranking, status's best so far)."""
+    return "min" if "loss" in name or "err" in name else "max"
+
+
 def logged_names(path: Path) -> list:
     """The names of the numbers a metrics.jsonl holds (step aside), in the order first
     logged: read from its first TAIL_LIMIT bytes, and from its last ones when it is larger."""

@@ -158,11 +158,6 @@ def plain(value: Any) -> Any:
 # ---------------------------------------------------------------- the primary metric
 
 
-def default_mode(name: str) -> str:
-    """min for a loss or an error rate, max for anything else."""
-    return "min" if "loss" in name or "err" in name else "max"
-
-
 def rankable(results: Results) -> list:
     """Metrics the runs logged (lines, or run.json's final) that can rank them, in the
     order of the metrics table; best_val_acc when they logged val_acc."""
@@ -194,7 +189,7 @@ def choose_primary(results: Results, metric: Optional[str] = None, mode: Optiona
         raise BadInput(f"--metric: no run logged {metric!r}{hint}; metrics these runs logged: {known}")
     if mode is not None:
         return Primary(metric, mode, "--mode")
-    chosen = default_mode(metric)
+    chosen = metricsfile.default_mode(metric)
     why = "the name says loss or err" if chosen == "min" else "the default for a name without loss or err"
     return Primary(metric, chosen, why)
 

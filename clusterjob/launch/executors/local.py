@@ -20,11 +20,21 @@ import time
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
-from clusterjob.core import claim, procs
+from clusterjob.core import claim, procs, sweep
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, failure, natural_key, now_iso
 from clusterjob.launch import supervisor as sup
-from clusterjob.launch.executor import Dependency, Executor, RunView, Waited, Watch, cancel_unstarted, learnt, register
+from clusterjob.launch.executor import (
+    Dependency,
+    Executor,
+    RunView,
+    Waited,
+    Watch,
+    cancel_unstarted,
+    learnt,
+    register,
+    unhanded,
+)
 from clusterjob.launch.progress import ProgressTail
 from clusterjob.spec.schema import Spec
 
@@ -70,9 +80,10 @@ class LocalExecutor(Executor):
         process is their supervisor (``wait`` runs them) and keeps the claims. The
         supervisor waits for the runs of their run.json's ``after`` first."""
         if follow:
-            for run in runs:
-                run.update(executor="local", launcher=procs.current())
+            record_launcher(runs, procs.current())
             return []
+        for run in runs:  # each run's own claim, which the supervisor takes over
+            claim.take(run.path, "clusterjob submit")
         pid = detach(runs, spec.resources.tasks_per_node)
         claim.release(*(run.path for run in runs))  # the supervisor holds them now
         return [f"{run.path}  (local, supervisor pid {pid})" for run in runs]
@@ -132,6 +143,8 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
     and record their own stop, and the view says so meanwhile."""
     if view.record.status not in ("pending", "running"):
         return view  # stopped (preempted, timeout): its ranks recorded it
+    if view.record.status == "pending" and view.record.launcher is None and not _supervised(run):
+        return unhanded(run, view, write_back)  # no supervisor yet, and no rank started by hand
     found = processes(run, view.record)
     if found.alive or found.elsewhere or not found.gone:
         supervisor_gone = any(line.startswith(SUPERVISOR_WORD) for line in found.gone)
@@ -140,6 +153,14 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
         run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
              f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
     return learnt(run, view, fields, write_back)
+
+
+def _supervised(run: RunDir) -> bool:
+    """Whether a process has the run though no supervisor is recorded for it yet: a
+    supervisor that holds its claim (its submit died before it said which process it
+    started), or ranks started by hand that recorded themselves."""
+    said = claim.holder(run.path)
+    return (said is not None and said[0] == claim.SUPERVISOR) or bool(_rank_refs(run, None))
 
 
 def detach(runs: list[RunDir], world: int) -> int:
@@ -154,10 +175,19 @@ def detach(runs: list[RunDir], world: int) -> int:
                                  ",".join(map(str, fds)), *(str(r.path) for r in runs)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, pass_fds=[fd for fd in fds if fd >= 0])
-    ref = procs.current(proc.pid)
+    record_launcher(runs, procs.current(proc.pid))
+    return proc.pid
+
+
+def record_launcher(runs: list[RunDir], ref: Optional[procs.ProcessRef]) -> None:
+    """Which process supervises the runs: once, in their sweep's record (runs of no
+    sweep: each run.json), where ``status`` finds it (clusterjob.core.sweep.resolved)."""
+    found = sweep.new_part([run.path for run in runs], launcher=ref, by=procs.current())
+    if found is not None:
+        sweep.add_parts(found[0], [found[1]])
+        return
     for run in runs:
         run.update(executor="local", launcher=ref)
-    return proc.pid
 
 
 def visible_gpus(cuda_visible_devices: Optional[str], smi_listing: Optional[str]) -> int:
