@@ -28,7 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clusterjob.core.rundir import make_runs, now_iso  # noqa: E402
+from clusterjob.core.files import now_iso  # noqa: E402
+from clusterjob.core.rundir import make_runs  # noqa: E402
 
 RUNS = 20
 GOAL = 0.05  # of `import torch`

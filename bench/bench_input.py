@@ -118,14 +118,14 @@ def _data_spec(root: Path, loader: str, limit: int) -> DataSpec:
 def torchvision_alone(root: Path, n: int, epochs: int) -> float:
     """(a) images/s of the torchvision DataLoader, one process, no workers."""
     spec = _data_spec(root, "torchvision", n)
-    loaders = datamod.build_loaders(datamod.build_datasets(spec, 0), spec, BATCH, 0, 1, 0, pin_memory=False)
+    loaders = datamod.build_torchvision_loaders(datamod.build_datasets(spec, 0), spec, BATCH, 0, 1, 0, pin_memory=False)
     return _best(epochs, lambda e: _drain(loaders, e))
 
 
 def tensor_alone(root: Path, n: int, epochs: int) -> float:
     """(b) images/s of the tensor pipeline's batches (gather, crop, flip, normalize)."""
     spec = _data_spec(root, "tensor", n)
-    loaders = pipeline.build_loaders(pipeline.load_splits(spec, 0), spec, BATCH, 0, 1, 0, "cpu")
+    loaders = pipeline.build_tensor_loaders(pipeline.load_splits(spec, 0), spec, BATCH, 0, 1, 0, "cpu")
     return _best(epochs, lambda e: _drain(loaders, e))
 
 

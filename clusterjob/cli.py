@@ -4,7 +4,7 @@ input, 1 otherwise, 141 when the output was closed early.
 Used on login nodes: this module and the commands env/status/logs/report and spec
 validation never import torch; each command imports its module when it runs, so
 ``--help`` and ``status`` start in a fraction of what ``import torch`` takes
-(tests/test_startup.py, bench/bench_cli_startup.py).
+(tests/test_cli_startup.py, bench/bench_cli_startup.py).
 
 A closed output is a normal end (``clusterjob status | head``): the commands that only
 print stop at once, quietly, with exit status 141 (128 + SIGPIPE, what a shell reports

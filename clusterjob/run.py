@@ -25,24 +25,16 @@ from pathlib import Path
 from typing import Any, MutableMapping, Optional
 
 from clusterjob.core import env as envmod
+from clusterjob.core import jobrun
 from clusterjob.core.errors import BadInput
 from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
-from clusterjob.spec.schema import Spec, dump_spec, expand_sweep, load_spec
+from clusterjob.spec import task
+from clusterjob.spec.schema import Spec, dump_spec
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m clusterjob.run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", nargs="?", help="spec file, or a run folder's spec.yaml")
-    p.add_argument("--runs", metavar="RUNS_FILE", help="instead of SPEC: the run folder this array task (or job) "
-                                                        "runs, listed in this file in task order (clusterjob submit)")
-    p.add_argument("--run-dir", help="run folder to use (default: the spec's own, else a new one)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
-    p.add_argument("--point", type=int, help="sweep point to run (default: SLURM_ARRAY_TASK_ID)")
-    # The legacy launcher passes --local_rank; clusterjob.core.env reads it from argv.
-    p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return task.parse(argv, prog="python -m clusterjob.run", description=__doc__)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -63,9 +55,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     args = parse_args(argv)
     env = envmod.detect(argv=sys.argv if argv is None else argv)
     if args.runs is not None:
-        args.spec = _listed_run(args.runs)
-    elif args.spec is None:
-        raise BadInput("give a SPEC (a spec file, or a run folder's spec.yaml) or --runs RUNS_FILE")
+        args.spec = task.listed_run(args.runs, envmod.slurm_job())
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
     from clusterjob.runner import dist, runrecord
@@ -94,25 +84,15 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     return outcome
 
 
-def _listed_run(runs_file: str) -> str:
-    """The spec.yaml of the run folder that ``runs_file`` lists for this array task (task
-    0 for a job that is no array): a submission's jobs find their runs so."""
-    from clusterjob.core import sweep
-
-    job = envmod.slurm_job()
-    task = job.array_task_id if job is not None and job.array_task_id is not None else "0"
-    try:
-        return str(RunDir(sweep.task_run(runs_file, int(task))).spec_file)
-    except ValueError as err:
-        raise BadInput(f"--runs: {err}") from None
-
-
 def task_environ(spec: Spec, environ: MutableMapping[str, str]) -> None:
-    """The variables torch reads once, when it loads or first touches CUDA:
-    OMP_NUM_THREADS = cpus_per_task unless set (else every rank takes every core and they
-    thrash), and no visible GPU when ``resources.gpus_per_node`` is 0: that spec means CPU,
-    for the built-in trainer and the user's own code alike, whatever the node shows (else
-    every rank takes GPU 0, and NCCL refuses the shared GPU)."""
+    """The spec's ``env`` (every launch style comes through here, at every start: submit,
+    requeue, resume, the sbatch templates), then the variables torch reads once, when it
+    loads or first touches CUDA: OMP_NUM_THREADS = cpus_per_task unless set (else every
+    rank takes every core and they thrash), and no visible GPU when
+    ``resources.gpus_per_node`` is 0: that spec means CPU, for the built-in trainer and the
+    user's own code alike, whatever the node shows (else every rank takes GPU 0, and NCCL
+    refuses the shared GPU)."""
+    envmod.apply_env(spec.env, environ)
     if "OMP_NUM_THREADS" not in environ:
         environ["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_task)
     if spec.resources.gpus_per_node == 0:
@@ -147,16 +127,7 @@ def _target(spec: Spec):
 
 def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, dict]:
     """The spec of this run; a sweep spec runs the point of --point or the array task."""
-    points = expand_sweep(load_spec(args.spec, args.set))
-    if len(points) == 1:
-        return points[0].spec, points[0].run_params
-    job = envmod.slurm_job()
-    index = args.point if args.point is not None else (job.array_task_id if job else None)
-    if index is None or not str(index).isdigit() or not 0 <= int(index) < len(points):
-        raise BadInput(f"{args.spec} is a sweep of {len(points)} runs; pass --point 0..{len(points) - 1}, "
-                       "run it as a Slurm array, or use `clusterjob submit`")
-    point = points[int(index)]
-    return point.spec, point.run_params
+    return task.point(args, envmod.slurm_job())
 
 
 def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
@@ -175,22 +146,17 @@ def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
 
 
 def _create(run: RunDir, spec: Spec, params: dict, **fields: Any) -> RunDir:
-    return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params, **fields)
+    return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params,
+                      env=envmod.shown_env(spec.env), **fields)
 
 
 def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:
-    """This job's run folder: ``slurm-<job>``, or ``slurm-<job>-N`` where that name holds
-    a run this job may not continue. A run is this job's when it records the job id and
-    either (first start) the job's SubmitTime or (after a requeue, which sets a new
-    SubmitTime) it is the newest folder of that id; the job continues it unless it holds
-    another spec or is completed. Runs of other jobs that had the same id are left as
-    they are."""
-    from clusterjob.core import slurmctl
-
+    """This job's run folder (clusterjob.core.jobrun): its own run, which it continues
+    unless it holds another spec or is completed; else a new ``slurm-<job>[-N]``."""
     parent = Path(spec.output.root) / spec.name
-    submitted = slurmctl.submit_time(job.run_key) if job.restart_count == 0 else None
-    taken = _job_runs(parent, job.run_key)
-    mine = _own_run([run for _, run in taken], job, submitted)
+    submitted = jobrun.submitted(job)
+    taken = jobrun.job_runs(parent, job.run_key)
+    mine = jobrun.own_run([run for _, run in taken], job, submitted)
     why = "a run of another job with the same id" if mine is None else _why_not_continued(mine, dump_spec(spec))
     if mine is not None and why is None:
         return mine
@@ -198,25 +164,6 @@ def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:
     if taken:
         print(f"{(mine or taken[-1][1]).path} is {why}; this job runs in {run.path}", flush=True)
     return _create(run, spec, params, job=Job(SLURM, job.run_key), slurm_job_submitted=submitted)
-
-
-def _job_runs(parent: Path, key: str) -> list[tuple[int, RunDir]]:
-    """The folders named after job ``key``, oldest first: (1, slurm-<key>), (2, slurm-<key>-2), ..."""
-    numbered = {1: parent / f"slurm-{key}"}
-    for path in parent.glob(f"slurm-{key}-*"):
-        suffix = path.name[len(f"slurm-{key}-"):]
-        if suffix.isdigit():
-            numbered[int(suffix)] = path
-    return [(n, RunDir(numbered[n])) for n in sorted(numbered) if os.path.lexists(numbered[n])]
-
-
-def _own_run(runs: list[RunDir], job: envmod.SlurmJob, submitted: Optional[str]) -> Optional[RunDir]:
-    """The run of ``runs`` this job made, if any (see ``_job_run``)."""
-    ours = [run for run in runs if run.read().slurm_job_id == job.run_key]
-    if job.restart_count > 0:
-        return ours[-1] if ours else None
-    same = [run for run in ours if submitted is not None and run.read().slurm_job_submitted == submitted]
-    return same[-1] if same else None
 
 
 def _why_not_continued(run: RunDir, spec_yaml: str) -> Optional[str]:

@@ -9,7 +9,7 @@ every call.
         slurm_shims.script("sbatch", 'echo "Submitted batch job 7"')   # a body of its own
         ...
         assert slurm_shims.calls("squeue") == [["-r", "-o", "%i|%T", "-j", "5"]]
-        done = slurm_shims.cli(tmp_path, "status", "results")          # the CLI with the fakes alone
+        done = cli(tmp_path, "status", "results", env=slurm_shims.env(alone=True))   # the fakes alone (clirun)
 
 The ``slurm_shims`` fixture puts the folder (``tmp_path/bin``) first on this process's
 PATH, so subprocesses that copy os.environ see it too; ``env(alone=True)`` gives an
@@ -23,15 +23,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
 # Absolute paths: the fakes work with a PATH that holds nothing but them.
 _CAT = shutil.which("cat") or "/bin/cat"
 _SLEEP = shutil.which("sleep") or "/bin/sleep"
@@ -112,13 +109,6 @@ class FakeSlurm:
         """``base`` (os.environ) with PATH as ``path`` gives it."""
         env = dict(os.environ if base is None else base)
         return {**env, "PATH": self.path(alone, env.get("PATH", ""))}
-
-    def cli(self, cwd: Path, *argv: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-        """``python -m clusterjob ARGV`` (this checkout's) in ``cwd``, with these fakes as
-        the only commands on PATH and ``env`` added."""
-        full = {**self.env(alone=True), "PYTHONPATH": str(REPO), **env}
-        return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=full, capture_output=True,
-                              text=True, errors="replace", timeout=timeout)
 
     def _file(self, text: str) -> Path:
         self._files += 1

@@ -1,15 +1,15 @@
 """Your own code through the real command line, for the tests: a script and its spec in a
-folder, the `clusterjob` command run there (local processes), and what the run left."""
+folder, ``submit --wait`` run there (local processes; other commands through
+``clirun.cli(project.folder, ...)``), and what the run left."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-from trainutil import base_env
+from clirun import cli
 
 
 class Project:
@@ -27,17 +27,9 @@ class Project:
         path.write_text(yaml.safe_dump(spec))
         return path
 
-    def cli(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=self.folder, env=base_env(),
-                              capture_output=True, text=True, timeout=timeout)
-
-    def start(self, *argv: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=self.folder, env=base_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
     def submit(self, *extra: str) -> subprocess.CompletedProcess:
         """``submit SPEC --executor local --wait``."""
-        return self.cli("submit", f"{self.name}.yaml", "--executor", "local", "--wait", *extra)
+        return cli(self.folder, "submit", f"{self.name}.yaml", "--executor", "local", "--wait", *extra)
 
     @property
     def run(self) -> Path:

@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from trainutil import REPO, run_info
+from clirun import cli
+from trainutil import run_info
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm"
@@ -164,15 +164,8 @@ def slurm_cluster():
 # ----------------------------------------------------------------------------- driving it through the CLI
 
 
-def cli(cluster, cwd: Path, *args: str, timeout: float = 300,
-        extra_env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    env = {**cluster.env(), "PYTHONPATH": str(REPO), **(extra_env or {})}
-    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def submit(cluster, spec: Path, *extra: str, extra_env: Optional[dict] = None) -> list[Path]:
-    done = cli(cluster, spec.parent, "submit", str(spec), "--executor", "slurm", *extra, extra_env=extra_env)
+    done = cli(spec.parent, "submit", str(spec), "--executor", "slurm", *extra, env={**cluster.env(), **(extra_env or {})})
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return sorted({Path(line.split()[-1]) for line in done.stdout.splitlines() if line.split()[-1:] and
                    (Path(line.split()[-1]) / "run.json").exists()})
@@ -226,11 +219,11 @@ def check_cost_against_sacct(cluster, run: Path, job: str) -> float:
     assert len(sessions) == 2 and sessions[0]["checkpoint_at"] is None
     resumed = datetime.fromisoformat(sessions[1]["checkpoint_at"]).timestamp()
     lost = max(int(rows[0][3]) - max(int(rows[0][2]), resumed), 0)  # sacct's whole seconds may end before it
-    done = cli(cluster, run, "report", str(run.parent), "--runs", "--format", "json")
+    done = cli(run, "report", str(run.parent), "--runs", "--format", "json", env=cluster.env())
     assert done.returncode == 0, done.stderr
     (got,) = [r for r in json.loads(done.stdout)["runs"] if r["run_id"] == run.name]
     assert got["gpu_hours"] == 0 and got["cpu_hours"] == pytest.approx(cpu_hours)
     assert got["queue_wait_s"] == queued and got["lost_s"] == pytest.approx(lost, abs=1e-3)
-    table = cli(cluster, run, "report", str(run.parent), "--runs").stdout
+    table = cli(run, "report", str(run.parent), "--runs", env=cluster.env()).stdout
     assert "compute" in table and "CPU-h" in table
     return lost

@@ -163,7 +163,8 @@ def test_nothing_imports_the_runner():
 
 # the executor protocol, every executor (one module each in launch/executors/) and their helpers
 EXECUTORS = ("clusterjob.launch.executor", "clusterjob.launch.executors", "clusterjob.launch.supervisor",
-             "clusterjob.launch.sbatch", "clusterjob.launch.resources")
+             "clusterjob.launch.sbatch", "clusterjob.launch.resources", "clusterjob.launch.slots",
+             "clusterjob.launch.teardown")
 
 
 def test_executors_do_not_reach_back_into_submit_control_or_report():
@@ -304,14 +305,12 @@ def _names_run_json(node: ast.AST) -> bool:
 
 def _run_json_uses(tree: ast.Module) -> list[int]:
     """Lines where run.json's name is made into a path or handed to a call (open, join,
-    read, loads), and calls of the raw reader ``read_info`` (kept for tests)."""
+    read, loads)."""
     lines = []
     for node in ast.walk(tree):
         operands = []
         if isinstance(node, ast.Call):
             operands = [*node.args, *(k.value for k in node.keywords)]
-            if isinstance(node.func, ast.Attribute) and node.func.attr == "read_info":
-                lines.append(node.lineno)
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             operands = [node.left, node.right]
         lines += [node.lineno for operand in operands if _names_run_json(operand)]
@@ -326,18 +325,103 @@ def test_only_the_record_module_reads_or_writes_run_json():
     assert offenders == [], "read or write run.json through clusterjob.core.record in: " + ", ".join(offenders)
 
 
-def test_no_module_indexes_the_run_record_by_string_keys():
-    """Code gets run.json's fields as attributes of RunRecord: no module but the record's
-    reads them back from a dict by a field name with ``.get``."""
+RECORD_NAMES = ("info", "record", "view")  # what code calls a run's record, or a mapping made of it
+# The report's rows are mappings by design: each run flattened once (report.reading._info,
+# cached as JSON in .clusterjob-cache.npz), keyed by the column names of the tables they
+# become. They are read by key there, and only there.
+REPORT_ROWS = ("clusterjob.report.", "info")
+
+
+def _field_lookup(node: ast.AST, names: tuple) -> bool:
+    """``node`` reads a run.json field back from a dict named one of ``names``:
+    ``info.get("status")`` or ``info["status"]``."""
     from clusterjob.core.record import FIELDS
 
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        target, key = node.func.value, node.args[0] if node.args else None
+    elif isinstance(node, ast.Subscript):
+        target, key = node.value, node.slice
+    else:
+        return False
+    return (isinstance(target, ast.Name) and target.id in names and isinstance(key, ast.Constant)
+            and key.value in FIELDS)
+
+
+def record_lookups(trees: dict) -> list[str]:
+    """module:line of each field read back from a record made a dict (but the report's rows)."""
     offenders = []
-    for name, tree in modules().items():
+    for name, tree in trees.items():
         if name == "clusterjob.core.record":
             continue
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in ("info", "record", "view")
-                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in FIELDS):
-                offenders.append(f"{name}:{node.lineno}")
+        names = tuple(n for n in RECORD_NAMES if not (name.startswith(REPORT_ROWS[0]) and n == REPORT_ROWS[1]))
+        offenders += [f"{name}:{node.lineno}" for node in ast.walk(tree) if _field_lookup(node, names)]
+    return offenders
+
+
+def test_no_module_indexes_the_run_record_by_string_keys():
+    """Code gets run.json's fields as attributes of RunRecord (and RunView): no module but
+    the record's reads them back from a dict by a field name, with ``.get`` or ``[...]``."""
+    offenders = record_lookups(modules())
     assert offenders == [], "use the RunRecord's attributes in: " + ", ".join(offenders)
+
+
+def test_the_record_lookup_ban_sees_both_forms():
+    trees = {"clusterjob.launch.x": ast.parse('def f(info, view, row):\n    return info["status"], view.get("error"), '
+                                             'row["status"], info["not_a_field"]'),
+             "clusterjob.report.x": ast.parse('def f(info, record):\n    return info["status"], record["final"]')}
+    assert record_lookups(trees) == ["clusterjob.launch.x:2", "clusterjob.launch.x:2", "clusterjob.report.x:2"]
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top (functions, classes, assignments, also under
+    a top-level if or try), and those it lists in ``__all__`` (its public API)."""
+    names: set[str] = set()
+    for node in tree.body:
+        inner = [node] if not isinstance(node, (ast.If, ast.Try)) else list(ast.walk(node))
+        for found in inner:
+            if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(found.name)
+            elif isinstance(found, (ast.Assign, ast.AnnAssign)):
+                targets = found.targets if isinstance(found, ast.Assign) else [found.target]
+                names.update(e.id for t in targets for e in ast.walk(t) if isinstance(e, ast.Name))
+                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                    names.update(ast.literal_eval(found.value))
+    return names
+
+
+def borrowed_imports(trees: dict) -> list[str]:
+    """module:line name, for each ``from clusterjob.X import name`` where X neither defines
+    nor publishes ``name`` (nor is it a submodule): the name has a home elsewhere."""
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module in trees and node.level == 0):
+                continue
+            own = _own_names(trees[node.module])
+            found += [f"{name}:{node.lineno} {alias.name}" for alias in node.names
+                      if alias.name not in own and f"{node.module}.{alias.name}" not in trees]
+    return found
+
+
+def test_each_name_is_imported_from_its_home():
+    """A name is imported from the module that defines it, so that no caller finds it in
+    two places (core.rundir passed on names of core.files and core.record)."""
+    assert borrowed_imports(modules()) == []
+
+
+def test_the_home_check_sees_a_name_passed_on():
+    trees = {"clusterjob.a": ast.parse("def f(): pass\nX = 1"), "clusterjob.b": ast.parse("from clusterjob.a import f"),
+             "clusterjob.c": ast.parse("from clusterjob.b import f\nfrom clusterjob.a import X, f"),
+             "clusterjob.d": ast.parse("from clusterjob.a import f\n__all__ = ['f']"),
+             "clusterjob.e": ast.parse("from clusterjob.d import f")}
+    assert borrowed_imports(trees) == ["clusterjob.c:1 f"]
+
+
+def test_the_design_documents_table_lists_every_module():
+    """docs/design.md's Architecture table names each module of the package (and no other)."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    table = text[text.index("| part | modules | job |"):]
+    table = table[:table.index("\n\n")]
+    listed = set(re.findall(r"`([\w/]+\.py)`", table))
+    present = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    assert (sorted(present - listed), sorted(listed - present)) == ([], [])

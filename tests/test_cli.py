@@ -9,12 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainutil import REPO, base_env, epochs_of, run_info, write_spec
-
-
-def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=env or base_env(),
-                          capture_output=True, text=True, timeout=timeout)
+from clirun import REPO, base_env, cli
+from trainutil import epochs_of, run_info, write_spec
 
 
 @pytest.mark.parametrize("body, message", [
@@ -27,7 +23,7 @@ def cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) ->
 ])
 def test_bad_specs_exit_2_with_one_line_and_write_nothing(tmp_path, body, message):
     (tmp_path / "bad.yaml").write_text(body)
-    done = cli("submit", "bad.yaml", "--executor", "local", "--wait", cwd=tmp_path)
+    done = cli(tmp_path, "submit", "bad.yaml", "--executor", "local", "--wait")
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -36,16 +32,16 @@ def test_bad_specs_exit_2_with_one_line_and_write_nothing(tmp_path, body, messag
 
 def test_bad_override_and_flags_exit_2(tmp_path):
     spec = write_spec(tmp_path, "t")
-    done = cli("submit", str(spec), "--executor", "local", "--set", "train.epochs=0", cwd=tmp_path)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--set", "train.epochs=0")
     assert done.returncode == 2 and "train.epochs: 0 is out of range; it must be >= 1" in done.stderr
-    assert cli("submit", str(spec), "--executor", "nowhere", cwd=tmp_path).returncode == 2
-    assert cli("submit", "missing.yaml", cwd=tmp_path).returncode == 2
+    assert cli(tmp_path, "submit", str(spec), "--executor", "nowhere").returncode == 2
+    assert cli(tmp_path, "submit", "missing.yaml").returncode == 2
     assert not (tmp_path / "results").exists()
 
 
 def test_slurm_executor_without_slurm_is_bad_input(tmp_path):
     env = {**base_env(), "PATH": "/usr/bin/nonexistent", "SLURM_CONF": "/nonexistent"}
-    done = cli("submit", str(write_spec(tmp_path, "t")), "--executor", "slurm", cwd=tmp_path, env=env)
+    done = cli(tmp_path, "submit", str(write_spec(tmp_path, "t")), "--executor", "slurm", env=env)
     assert done.returncode == 2 and "Slurm is not reachable" in done.stderr
 
 
@@ -66,39 +62,39 @@ def test_env_json_under_a_slurm_step(tmp_path):
     env = {**base_env(), "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NODEID": "1",
            "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NNODES": "2",
            "SLURM_STEP_NUM_NODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4242"}
-    done = cli("env", "--json", cwd=tmp_path, env=env)
+    done = cli(tmp_path, "env", "--json", env=env)
     got = json.loads(done.stdout)
     assert {k: got[k] for k in ("source", "rank", "local_rank", "world_size", "local_world_size", "node_rank",
                                 "num_nodes", "master_addr", "hosts")} == {
         "source": "slurm", "rank": 3, "local_rank": 1, "world_size": 4, "local_world_size": 2, "node_rank": 1,
         "num_nodes": 2, "master_addr": "gpu07", "hosts": ["gpu07", "gpu08"]}
     assert 20000 <= got["master_port"] < 32768
-    bad = cli("env", cwd=tmp_path, env={**env, "SLURM_STEP_NODELIST": "gpu[08-07]"})
+    bad = cli(tmp_path, "env", env={**env, "SLURM_STEP_NODELIST": "gpu[08-07]"})
     assert bad.returncode == 2 and "SLURM_STEP_NODELIST" in bad.stderr
 
 
 @pytest.mark.slow
 def test_local_sweep_waits_and_reports(tmp_path):
     spec = write_spec(tmp_path, "sw", sweep={"train.lr": [0.02, 0.05]}, resources={"tasks_per_node": 2})
-    done = cli("submit", str(spec), "--executor", "local", "--wait", cwd=tmp_path)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     runs = sorted(p for p in (tmp_path / "results" / "sw").iterdir() if not p.name.startswith("."))
     assert [run_info(r)["status"] for r in runs] == ["completed", "completed"]
     assert [run_info(r)["params"] for r in runs] == [{"train.lr": 0.02}, {"train.lr": 0.05}]
     assert all((r / "logs" / "rank1.out").exists() and len(epochs_of(r)) == 1 for r in runs)
     assert done.stdout.count("completed  val_acc") == 2 and "train.lr" in done.stdout
-    status = cli("status", str(tmp_path / "results" / "sw"), cwd=tmp_path)
+    status = cli(tmp_path, "status", str(tmp_path / "results" / "sw"))
     assert status.stdout.count("completed") == 2
-    logs = cli("logs", runs[1].name, "--rank", "0", cwd=tmp_path)  # a run id, found under results/
+    logs = cli(tmp_path, "logs", runs[1].name, "--rank", "0")  # a run id, found under results/
     assert logs.returncode == 0 and "epoch 1/1 train_loss" in logs.stdout
-    assert cli("logs", str(runs[1]), "--rank", "5", cwd=tmp_path).returncode == 2
+    assert cli(tmp_path, "logs", str(runs[1]), "--rank", "5").returncode == 2
 
 
 @pytest.mark.slow
 def test_local_rank_failure_stops_every_rank_and_is_recorded(tmp_path):
     spec = write_spec(tmp_path, "f", train={"epochs": 3}, debug={"fail_at_epoch": 2, "fail_rank": 1},
                       resources={"tasks_per_node": 2})
-    done = cli("submit", str(spec), "--executor", "local", "--wait", cwd=tmp_path, timeout=120)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=120)
     assert done.returncode == 1
     (run,) = [p for p in (tmp_path / "results" / "f").iterdir() if not p.name.startswith(".")]
     info = run_info(run)
@@ -114,25 +110,25 @@ def test_local_cancel_ends_the_supervisor_and_workers(tmp_path):
 
     spec = write_spec(tmp_path, "c", train={"epochs": 50}, data={"limit_train": 2048},
                       resources={"tasks_per_node": 2})
-    done = cli("submit", str(spec), "--executor", "local", cwd=tmp_path)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local")
     assert done.returncode == 0 and "supervisor pid" in done.stdout
     (run,) = [p for p in (tmp_path / "results" / "c").iterdir() if not p.name.startswith(".")]
     deadline = time.time() + 60
     while run_info(run).get("status") != "running" and time.time() < deadline:
         time.sleep(0.2)
-    assert cli("cancel", str(run), cwd=tmp_path).returncode == 0
+    assert cli(tmp_path, "cancel", str(run)).returncode == 0
     pid = run_info(run)["launcher"]["pid"]
     deadline = time.time() + 30
     while Path(f"/proc/{pid}").exists() and time.time() < deadline:
         time.sleep(0.2)
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
     assert run_info(run)["status"] == "cancelled"
-    assert cli("cancel", str(run), cwd=tmp_path).returncode == 2  # already cancelled
+    assert cli(tmp_path, "cancel", str(run), process=False).returncode == 2  # already cancelled: nothing to signal
 
 
 @pytest.mark.slow
 def test_quickstart_learns_past_90_percent(tmp_path):
-    done = cli("submit", str(REPO / "jobs" / "quickstart.yaml"), "--executor", "local", "--wait", cwd=tmp_path)
+    done = cli(tmp_path, "submit", str(REPO / "jobs" / "quickstart.yaml"), "--executor", "local", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     (run,) = [p for p in (tmp_path / "results" / "quickstart").iterdir() if not p.name.startswith(".")]
     final = run_info(run)["final"]

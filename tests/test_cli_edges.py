@@ -1,21 +1,23 @@
 """The command line's edge: a closed output pipe is a quiet end (exit 141) for every command
 that only prints, and drops only the output of one that changes state; every bad flag is
 one line (exit 2), never argparse's usage block; status and report say a missing or empty
-results folder the same way. Real CLI processes throughout."""
+results folder the same way. The pipes are real CLI processes; the one-line errors run as
+tests/clirun.py runs them."""
 
 from __future__ import annotations
 
 import fcntl
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, write_spec
+from clirun import base_env, cli, start
+from trainutil import write_spec
 
-from clusterjob import cli
+from clusterjob import cli as clusterjob_cli
 from clusterjob.core import procs
-from clusterjob.core.rundir import RunDir, make_runs, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import executor, sbatch
 
 F_SETPIPE_SZ = 1031  # Linux: a pipe of one page, so that a few KiB of output fill it
@@ -30,8 +32,7 @@ def closed_early(argv: list, cwd: Path, keep: int = 0, stderr_too: bool = False,
     env = {key: value for key, value in base_env().items() if key != "PYTHONUNBUFFERED"}
     if unbuffered:
         env["PYTHONUNBUFFERED"] = "1"
-    proc = subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if stderr_too else subprocess.PIPE)
+    proc = start(cwd, *argv, env=env, stderr=subprocess.STDOUT if stderr_too else subprocess.PIPE, text=False)
     try:
         fcntl.fcntl(proc.stdout.fileno(), F_SETPIPE_SZ, 4096)
         got = proc.stdout.read(keep) if keep else b""
@@ -47,7 +48,7 @@ def closed_early(argv: list, cwd: Path, keep: int = 0, stderr_too: bool = False,
 
 def quiet_end(result: tuple[int, str]) -> None:
     code, err = result
-    assert (code, err) == (cli.PIPE_CLOSED, ""), err[-2000:]
+    assert (code, err) == (clusterjob_cli.PIPE_CLOSED, ""), err[-2000:]
 
 
 def one_run(tmp_path: Path, status: str = "completed", **fields) -> RunDir:
@@ -112,15 +113,10 @@ def test_a_broken_pipe_that_is_not_the_output_stays_an_error(tmp_path, monkeypat
 
     monkeypatch.setattr(control, "cmd_status", broken)
     with pytest.raises(BrokenPipeError):
-        cli.main(["status", str(tmp_path)])
+        clusterjob_cli.main(["status", str(tmp_path)])
 
 
 # ----------------------------------------------------------------------------- one line for every bad flag
-
-
-def cli_run(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=tmp_path, env=base_env(),
-                          capture_output=True, text=True, timeout=120)
 
 
 def one_line(done: subprocess.CompletedProcess, *says: str) -> None:
@@ -133,25 +129,25 @@ def one_line(done: subprocess.CompletedProcess, *says: str) -> None:
 
 def test_every_bad_flag_is_one_line_naming_the_flag_the_value_and_the_choices(tmp_path):
     spec = str(write_spec(tmp_path))
-    one_line(cli_run(tmp_path, "submit", spec, "--executor", "nope"),
+    one_line(cli(tmp_path, "submit", spec, "--executor", "nope"),
              "--executor 'nope'", "choose one of: auto, slurm, local")
-    one_line(cli_run(tmp_path, "sbatch", spec, "--style", "mpi"), "--style 'mpi'", "srun, torchrun")
-    one_line(cli_run(tmp_path, "report", "results", "--format", "xml"), "--format: 'xml'", "md, csv, html, json")
-    one_line(cli_run(tmp_path, "report", "results", "--mode", "best"), "--mode", "best")
-    one_line(cli_run(tmp_path, "logs", "somerun", "--rank", "x"), "--rank", "'x'", "clusterjob logs --help")
-    one_line(cli_run(tmp_path, "report", "results", "--watch", "--interval", "soon"), "--interval", "'soon'")
-    one_line(cli_run(tmp_path, "status", "--colour"), "--colour")
-    one_line(cli_run(tmp_path, "frobnicate"), "'frobnicate'", "submit")
-    one_line(cli_run(tmp_path), "COMMAND")
-    one_line(cli_run(tmp_path, "submit"), "spec", "clusterjob submit --help")
+    one_line(cli(tmp_path, "sbatch", spec, "--style", "mpi"), "--style 'mpi'", "srun, torchrun")
+    one_line(cli(tmp_path, "report", "results", "--format", "xml"), "--format: 'xml'", "md, csv, html, json")
+    one_line(cli(tmp_path, "report", "results", "--mode", "best"), "--mode", "best")
+    one_line(cli(tmp_path, "logs", "somerun", "--rank", "x"), "--rank", "'x'", "clusterjob logs --help")
+    one_line(cli(tmp_path, "report", "results", "--watch", "--interval", "soon"), "--interval", "'soon'")
+    one_line(cli(tmp_path, "status", "--colour"), "--colour")
+    one_line(cli(tmp_path, "frobnicate"), "'frobnicate'", "submit")
+    one_line(cli(tmp_path), "COMMAND")
+    one_line(cli(tmp_path, "submit"), "spec", "clusterjob submit --help")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]  # nothing written
 
 
 def test_the_help_lists_the_choices_the_commands_check():
-    submit = cli_run(Path("."), "submit", "--help").stdout
+    submit = cli(Path("."), "submit", "--help").stdout
     assert f"--executor {'|'.join(['auto', *executor.listed_names()])}" in submit
     assert sorted(executor.listed_names()) == sorted(executor.names())  # listed without import = registered
-    style = cli_run(Path("."), "sbatch", "--help").stdout
+    style = cli(Path("."), "sbatch", "--help").stdout
     assert f"--style {'|'.join(sbatch.STYLES)}" in style
 
 
@@ -159,8 +155,8 @@ def test_the_help_lists_the_choices_the_commands_check():
 def test_status_and_report_say_a_folder_without_runs_the_same_way(tmp_path, where):
     (tmp_path / "empty").mkdir()
     (tmp_path / "afile").write_text("not a folder\n")
-    status, report = cli_run(tmp_path, "status", where), cli_run(tmp_path, "report", where)
-    watch = cli_run(tmp_path, "report", where, "--watch")
+    status, report = cli(tmp_path, "status", where), cli(tmp_path, "report", where)
+    watch = cli(tmp_path, "report", where, "--watch")
     one_line(status, where)
     assert status.stderr == report.stderr == watch.stderr
     word = "no runs under empty: " if where == "empty" else f"no such results folder: {where}; "

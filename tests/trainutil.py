@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import yaml
+from clirun import base_env
 
-from clusterjob.core.env import clean_environ
 from clusterjob.launch.supervisor import free_port  # noqa: F401  (re-exported for the tests)
 from clusterjob.runner import checkpoint
-
-REPO = Path(__file__).resolve().parents[1]
 
 # Seconds on 2 cores: synthetic data, an MLP (no BN, no dropout), no AMP, no lr scaling; on
 # CPU, said twice: gpus_per_node 0 (the runner hides the GPUs) and no GPU in base_env().
@@ -40,15 +37,6 @@ def write_spec(folder: Path, name: str = "t", **sections) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def base_env() -> dict:
-    """The environment of a launch by hand: this one without any job layout, on CPU even
-    on a machine with GPUs (a test that means a GPU sets CUDA_VISIBLE_DEVICES itself)."""
-    env = clean_environ(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
 
 
 def worker_cmd(spec: Path, run_dir: Path) -> list[str]:

@@ -588,7 +588,85 @@ def _leaks(name: str) -> bool:
     """True for a variable that describes the current job or launch, not the user's setup."""
     if name in _KEPT_NAMES:
         return False
+    return _launcher_variable(name)
+
+
+def _launcher_variable(name: str) -> bool:
     return name in _LEAKING_NAMES or name.startswith(_LEAKING_PREFIXES)
+
+
+# --- the spec's env: what every rank gets, and what stays out of files ----------------------
+
+HIDDEN = "***"  # a secret's value wherever a spec is written; at a start it is taken from the environment
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX: what a shell can export
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# Read once by the dynamic loader, the C library or the interpreter as the process starts:
+# the runner sets env inside an interpreter that is already running, too late for these.
+_AT_START_PREFIXES = ("LD_", "PYTHON", "MALLOC_")
+_AT_START_NAMES = frozenset({"GLIBC_TUNABLES"})
+_GPU_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES"})
+
+
+def is_secret(name: str) -> bool:
+    """Whether a variable's value is kept out of every file and printout: its name holds
+    KEY, TOKEN, SECRET, PASSWORD (PASSWD) or CREDENTIAL, in any case (WANDB_API_KEY, HF_TOKEN)."""
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)
+
+
+def refused(name: str) -> Optional[str]:
+    """Why a spec's ``env`` may not set variable ``name`` (the words after ``env.NAME: ``),
+    or None: the launcher's own variables, the GPU rule's, and those a process reads only
+    as it starts."""
+    if name in _GPU_VARIABLES:
+        return (f"{name} follows the spec's GPU rule (Slurm's allocation, the local supervisor's split, none "
+                "under resources.gpus_per_node: 0); leave it out of env and set resources.gpus_per_node")
+    if _launcher_variable(name) or name.startswith("CLUSTERJOB_"):
+        return (f"{name} is the launcher's: Slurm, torchrun, the local supervisor or clusterjob sets it for each "
+                "rank; leave it out of env")
+    if name in _AT_START_NAMES or name.startswith(_AT_START_PREFIXES):
+        return (f"{name} is read as a process starts, before the runner sets env, so it would not reach the "
+                "ranks; export it in the shell you submit from (local ranks and Slurm jobs inherit that "
+                "environment), or on Slurm in resources.setup")
+    return None
+
+
+def shown_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A spec's env as every file and printout holds it: each secret's value as ``***``."""
+    return {name: HIDDEN if is_secret(name) else value for name, value in env.items()}
+
+
+def apply_env(env: Mapping[str, str], environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """Give this task the spec's env (every rank, at every start, before torch and the code
+    load); a ``***`` value (a secret, kept out of the run's spec.yaml) is the
+    environment's own, which must have it."""
+    target = os.environ if environ is None else environ
+    for name, value in env.items():
+        if value == HIDDEN:
+            _require_hidden(name, target)
+        else:
+            target[name] = value
+
+
+def hand_down_secrets(env: Mapping[str, str], environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """At submit or resume: put the spec's secret values into this process's environment,
+    which the local supervisor and sbatch pass to the ranks (the run's spec.yaml holds
+    ``***`` for them); a ``***`` value must be there already (another shell's resume)."""
+    target = os.environ if environ is None else environ
+    for name, value in env.items():
+        if value == HIDDEN:
+            _require_hidden(name, target)
+        elif is_secret(name):
+            target[name] = value
+
+
+def _require_hidden(name: str, environ: Mapping[str, str]) -> None:
+    if name not in environ:
+        raise EnvError(
+            f"env.{name}: {name} is not set in this environment, and the spec holds {HIDDEN} for it (a secret's "
+            f"value never goes into a file); export {name} in the shell that runs `clusterjob submit` or "
+            "`clusterjob resume` (a Slurm job keeps it across requeues)"
+        )
 
 
 def describe(env: DistEnv) -> str:

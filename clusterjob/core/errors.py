@@ -73,7 +73,7 @@ def key_text(key: Any) -> str:
     return key if plain else brief(key)
 
 
-def shown(value: Any) -> str:
+def with_type(value: Any) -> str:
     """``brief(value)`` with its type: "'x' (str)"."""
     return f"{brief(value)} ({type(value).__name__})"
 

@@ -31,8 +31,17 @@ from typing import Any, Iterable, Optional, Protocol, Sequence
 import numpy as np
 
 from clusterjob.core import units
-from clusterjob.core.files import lines_from_end, named_write_errors, open_regular
-from clusterjob.core.rundir import METRICS_FILE, is_number, loads, read_text, shown, write_atomic
+from clusterjob.core.files import (
+    is_number,
+    lines_from_end,
+    loads,
+    named_write_errors,
+    open_regular,
+    read_text,
+    shown,
+    write_atomic,
+)
+from clusterjob.core.rundir import METRICS_FILE
 
 
 def read_epochs(path: Path) -> list[dict]:

@@ -133,6 +133,14 @@ def terminate(ref: ProcessRef, sig: int = signal.SIGTERM) -> Optional[Mismatch]:
             os.close(fd)
 
 
+def ended(code: int) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it, as
+    subprocess and torchrun give it): "exited with code 3", "was killed by SIGKILL"."""
+    if code >= 0:
+        return f"exited with code {code}"
+    return f"was killed by {signal.Signals(-code).name if -code in signal.valid_signals() else f'signal {-code}'}"
+
+
 def _send(fd: Optional[int], pid: int, sig: int) -> None:
     if fd is None:
         os.kill(pid, sig)

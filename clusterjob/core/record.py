@@ -141,6 +141,7 @@ class RunRecord:
     warnings: list = field(default_factory=list)  # what a finished run found wrong, one line each
     error: Optional[RunError] = None
     entrypoint: Optional[dict] = None  # what ran, its resolved args, params, snapshot
+    env: Optional[dict] = None  # the spec's env as its spec.yaml holds it: a secret's value is ***
     code_dir: Optional[str] = None  # the snapshot the code ran from
     snapshot_of: Optional[str] = None  # the folder the snapshot was taken of
     log_dir: Optional[str] = None  # submitit's folder of the job's logs
@@ -435,7 +436,8 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         after=_text_list_field(raw, "after", problems, "a list of run folders"),
         attempts=_attempts_field(raw, problems), sessions=_sessions_field(raw, problems),
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
-        entrypoint=_mapping_field(raw, "entrypoint", problems)), problems
+        entrypoint=_mapping_field(raw, "entrypoint", problems),
+        env=_mapping_field(raw, "env", problems, "a mapping of variables")), problems
 
 
 @dataclass(frozen=True)

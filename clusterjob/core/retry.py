@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core.record import Attempt, RunError
-from clusterjob.core.rundir import RunDir, RunRecord, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import Attempt, RunError, RunRecord
+from clusterjob.core.rundir import RunDir
 
 MAX_BACKOFF_S = 3600.0  # no wait between two attempts is longer
 BAD_INPUT_EXIT = 2  # a rank's exit status for bad input (clusterjob.run)

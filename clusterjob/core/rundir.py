@@ -23,24 +23,8 @@ from typing import Any, Optional
 
 from clusterjob.core import claim, record, sweep
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import (  # noqa: F401  (re-exported: where callers have always found them)
-    atomic_open,
-    batched,
-    is_number,
-    loads,
-    now_iso,
-    read_text,
-    shown,
-    write_atomic,
-    write_new,
-)
-from clusterjob.core.record import (  # noqa: F401  (re-exported, as above)
-    INFO_FILE,
-    MAX_INFO_BYTES,
-    RunError,
-    RunRecord,
-    is_job_id,
-)
+from clusterjob.core.files import batched, loads, now_iso, read_text, write_atomic, write_new
+from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -106,10 +90,6 @@ class RunDir:
         """The run's record with every problem found; never raises."""
         return record.read_record(self.path)
 
-    def read_info(self) -> dict:
-        """run.json as JSON holds it ({} when absent): its exact layout, for tests."""
-        return record.read_raw(self.info_file)[0]
-
     def update(self, reopen: bool = False, **fields: Any) -> RunRecord:
         """Set record ``fields`` in run.json atomically (see clusterjob.core.record.update)."""
         return record.update(self.path, reopen=reopen, **fields)
@@ -152,7 +132,8 @@ def sweep_of(run_id: str, name: str) -> Optional[str]:
 
 def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, executor: Optional[str] = None,
               **fields: Any) -> list[RunDir]:
-    """One run folder per sweep point ``(index, resolved spec YAML, params)``, ids sharing
+    """One run folder per sweep point ``(index, resolved spec YAML, params[, its own
+    run.json fields])``, ids sharing
     this submission's stamp; ``fields`` (and ``executor``) go into each run.json. First
     the submission's sweep record (clusterjob.core.sweep) and, with ``claim_as``, the
     sweep's claim for this process, so that no other command finds a run unclaimed
@@ -167,10 +148,11 @@ def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = Non
             if claim_as is not None:
                 claim.take_sweep(parent, stamp, claim_as)
             sweep.create(parent, stamp, name, len(points), executor or "")
-            for index, spec_yaml, params in points:
+            for index, spec_yaml, params, *own in points:
                 run = RunDir(parent / sweep.run_name(stamp, index, len(points)))
                 made.append(run)  # before it is made: a half-made folder goes too
-                _write_run(run, spec_yaml, params, **({"executor": executor} if executor else {}), **fields)
+                _write_run(run, spec_yaml, params, **({"executor": executor} if executor else {}), **fields,
+                           **(own[0] if own else {}))
     except BaseException as err:
         claim.release_sweep(parent, stamp)
         for run in made:

@@ -9,6 +9,7 @@ never will complete. Reads only: the state of a dependency is what ``status`` sh
 
 from __future__ import annotations
 
+import contextvars
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -35,7 +36,9 @@ def resolve(texts: Sequence[str]) -> list[RunDir]:
     return list(found.values())
 
 
-_ASKING: list[bool] = []  # whether states() is running: a dependency's own dependencies are not refreshed
+# True while states() asks the executors: a dependency's own dependencies are then taken
+# as recorded, not asked after in turn (a re-entry flag).
+_ASKING_EXECUTORS: contextvars.ContextVar[bool] = contextvars.ContextVar("asking_executors", default=False)
 
 
 def states(paths: Sequence["str | Path"]) -> list[Dependency]:
@@ -43,13 +46,13 @@ def states(paths: Sequence["str | Path"]) -> list[Dependency]:
     question (a dependency's executor asking after its own dependencies) the runs are
     taken as recorded, so that even run.json files naming each other end the question."""
     runs = [RunDir(Path(path)) for path in paths]
-    if _ASKING:
+    if _ASKING_EXECUTORS.get():
         return [_dependency(run, RunView(*run.read_checked())) for run in runs]
-    _ASKING.append(True)
+    asking = _ASKING_EXECUTORS.set(True)
     try:
         return [_dependency(run, view) for run, view in zip(runs, executor.views(runs))]
     finally:
-        _ASKING.pop()
+        _ASKING_EXECUTORS.reset(asking)
 
 
 def _dependency(run: RunDir, view: RunView) -> Dependency:

@@ -2,8 +2,8 @@
 
 run.json is the run's own record. Where it still says pending/running, the run's
 executor says what became of it (clusterjob.launch.executor: a Slurm job's queue and
-accounting, a local run's processes). ``status`` and ``logs`` write nothing;
-``refresh(..., write_back=True)`` (``submit --wait``) records what it learnt. No torch
+accounting, a local run's processes: ``executor.views``). ``status`` and ``logs`` write
+nothing; ``submit --wait`` records what its executor learnt (``write_back``). No torch
 import here.
 """
 
@@ -22,19 +22,17 @@ from typing import Iterator, Optional
 
 from clusterjob.core import claim, sweep, units
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
-from clusterjob.core.files import open_regular
+from clusterjob.core.files import open_regular, read_text
+from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
-    MAX_INFO_BYTES,
     STATUSES,
     UNKNOWN,
     RunDir,
-    RunRecord,
     find_runs,
     first_error,
     natural_key,
     no_runs,
-    read_text,
 )
 from clusterjob.launch import chain, executor
 from clusterjob.launch.executor import BEING_SUBMITTED, RunView
@@ -43,17 +41,6 @@ _MAX_STDERR_WARNINGS = 20
 CANCEL_WAIT_S = 60.0  # cancel waits this long for the ranks (a plain script is killed after its grace)
 _MAX_RUN_WARNINGS = 5  # of one run's, under the status table
 MAX_MESSAGE_LINES = 8  # of one error message, in status and the `submit --wait` summary
-
-
-def refresh(runs: list[RunDir], write_back: bool = False) -> list[dict]:
-    """``views`` as mappings (what ``status_table`` shows)."""
-    return [view.to_dict() for view in views(runs, write_back)]
-
-
-def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
-    """Each run's run.json (type-checked, with its problems), refreshed by its executor
-    (clusterjob.launch.executor.views); written back only with ``write_back``."""
-    return executor.views(runs, write_back)
 
 
 def still_running(run: RunDir, view: RunView) -> Optional[str]:
@@ -78,73 +65,75 @@ def _shown(text: object) -> str:
     return escape(str(text))
 
 
-def _state(info: dict) -> str:
-    state = _shown(info["status"] or "unknown")
-    if info["cancel_requested_at"] and info["status"] not in FINAL_STATUSES:
+def _state(view: RunView) -> str:
+    status = view.record.status
+    state = _shown(status or "unknown")
+    if view.record.cancel_requested_at and status not in FINAL_STATUSES:
         return f"{state} (cancel requested)"
-    if info.get("note"):
-        return f"{state} ({info['note']})"
-    if info.get("queue_state") and info["status"] in ("pending", "running", "preempted", "timeout"):
-        return f"{state} ({_shown(info['queue_state']).lower()})"
+    if view.note:
+        return f"{state} ({view.note})"
+    if view.queue_state and status in ("pending", "running", "preempted", "timeout"):
+        return f"{state} ({_shown(view.queue_state).lower()})"
     return state
 
 
-def status_table(runs: list[RunDir], infos: list[dict]) -> str:
+def status_table(runs: list[RunDir], found: list[RunView]) -> str:
     """One row per run; the built-in trainer's runs show their epoch and val_acc, runs of
     your own code (when listed) the step and latest value of their first metric. Then
     what each pending run waits for, each failed run's error and each run's warnings."""
-    own = any(info["entrypoint"] is not None for info in infos)
+    own = any(view.record.entrypoint is not None for view in found)
     rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
-    for run, info in zip(runs, infos):
-        rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(info), *_progress(run, info, own),
-                     _shown(info["job"]["id"]) if info["job"] else "-", _restarts(info)))
+    for run, view in zip(runs, found):
+        job = view.record.job
+        rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(view), *_progress(run, view.record, own),
+                     _shown(job.id) if job else "-", _restarts(view.record)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once
-    for run, info in zip(runs, infos):
-        if info["status"] == "pending" and info["after"]:
-            if tuple(info["after"]) not in waits:
-                waits[tuple(info["after"])] = chain.states(info["after"])
-            deps = waits[tuple(info["after"])]
+    for run, info in zip(runs, (view.record for view in found)):
+        if info.status == "pending" and info.after:
+            if tuple(info.after) not in waits:
+                waits[tuple(info.after)] = chain.states(info.after)
+            deps = waits[tuple(info.after)]
             if not chain.all_done(deps):
                 lines.append(f"{_shown(run.run_id)}: {_shown(chain.waiting_line(deps))}")
-        if info["status"] == "failed" and info["error"]:
-            lines.append(_error_lines(run, info["error"]))
-        lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info["warnings"][:_MAX_RUN_WARNINGS]]
+        if info.status == "failed" and info.error:
+            lines.append(_error_lines(run, info.error))
+        lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info.warnings[:_MAX_RUN_WARNINGS]]
     return "\n".join(lines)
 
 
-def _restarts(info: dict) -> str:
+def _restarts(info: RunRecord) -> str:
     """"requeued 2x, retried 1x": preemption's requeues and the retries after a failure of the machine."""
-    said = [f"{word} {info[key]}x" for key, word in (("requeues", "requeued"), ("retries", "retried")) if info[key]]
+    said = [f"{word} {count}x" for count, word in ((info.requeues, "requeued"), (info.retries, "retried")) if count]
     return ", ".join(said)
 
 
-def _progress(run: RunDir, info: dict, own: bool) -> tuple[str, str]:
+def _progress(run: RunDir, info: RunRecord, own: bool) -> tuple[str, str]:
     """(epoch or step, metric) cells: the trainer's epoch and val_acc ("val_acc 95.00%"
     beside runs of your own code), your code's step and the metric the report ranks by
     (``metrics.own_latest``: one choice for both)."""
-    if info["entrypoint"] is not None:
+    if info.entrypoint is not None:
         from clusterjob.core import metrics  # numpy with it: only where runs of your own code are listed
 
-        found = metrics.own_latest(run.path, info["entrypoint"])
+        found = metrics.own_latest(run.path, info.entrypoint)
         return (found.at, _shown(found.shown)) if found else ("-", "-")
-    final = info["final"] or {}
+    final = info.final or {}
     epoch = f"{final['epoch']:g}" if "epoch" in final else "-"
     acc = f"{'val_acc ' if own else ''}{units.quantity('val_acc', final['val_acc'])}" if "val_acc" in final else "-"
     return epoch, acc
 
 
-def _error_lines(run: RunDir, error: dict) -> str:
+def _error_lines(run: RunDir, error: RunError) -> str:
     """The run's error (its message line by line), then its traceback's last frame and
     source line, and the exception line unless it repeats the message; none of the
     traceback for bad input, whose message says it all (the key, the value, the fix)."""
-    said = message_lines(error["message"])
-    lines = [f"{_shown(run.run_id)}: failed{on_rank(error['rank'])}: {said[0]}", *("    " + s for s in said[1:])]
-    excerpt = traceback_excerpt(error["traceback"] or "")
+    said = message_lines(error.message)
+    lines = [f"{_shown(run.run_id)}: failed{on_rank(error.rank)}: {said[0]}", *("    " + s for s in said[1:])]
+    excerpt = traceback_excerpt(error.traceback or "")
     if excerpt and is_bad_input(excerpt[-1]):
         excerpt = []
-    said_first = _exception_said((error["message"] or "").strip().split("\n", 1)[0])
+    said_first = _exception_said((error.message or "").strip().split("\n", 1)[0])
     lines += ["    " + _shown(line) for line in excerpt if _exception_said(line) != said_first]
     return "\n".join(lines)
 
@@ -201,7 +190,7 @@ def cmd_status(folder: str, listed: bool = False, only: Optional[str] = None) ->
     if not runs:
         return 0
     if listed or len(runs) <= LISTED:
-        print(status_table(runs, [view.to_dict() for view in found]))
+        print(status_table(runs, found))
     else:
         print(_unlisted(target, runs, found, only))
     return 0
@@ -341,7 +330,7 @@ def _unlisted(target: Target, runs: list[RunDir], found: list[RunView], only: Op
     """Under the summary of a folder too large to list: how to list it, and the first
     failed runs' errors."""
     failed = [(run, view) for run, view in zip(runs, found) if view.record.status == "failed"]
-    lines = [_error_lines(run, view.to_dict()["error"]) for run, view in failed[:3] if view.record.error]
+    lines = [_error_lines(run, view.record.error) for run, view in failed[:3] if view.record.error]
     if len(failed) > 3:
         lines.append(f"... and {len(failed) - 3} more failed: `clusterjob status {target.label} --only failed --runs`")
     narrowed = f" --only {only}" if only else ""
@@ -415,8 +404,8 @@ def _no_logs(run: RunDir, rank: int) -> BadInput:
     if rank < 0 or (world is not None and rank >= world):
         ranks = f"its {world} rank(s) are 0..{world - 1}" if world else "ranks count from 0"
         return BadInput(f"--rank {rank}: {run.path} has no rank {rank}: {ranks}")
-    (view,) = views([run])
-    state = _state(view.to_dict())
+    (view,) = executor.views([run])
+    state = _state(view)
     if world is None:
         never = "it never started" if view.record.status in FINAL_STATUSES else "its ranks have not started yet"
         return BadInput(f"no logs for rank {rank} of {run.path}: the run is {state} and {never}")
@@ -505,7 +494,7 @@ def _ended(run: RunDir) -> bool:
     """Whether the run will write no more: a final status, or stopped with nothing to
     start it again (a local run, a Slurm job no longer queued), or what settles its end
     gone (a local supervisor). Written nowhere: the view of ``status``."""
-    (view,) = views([run])
+    (view,) = executor.views([run])
     status = view.record.status
     if status in FINAL_STATUSES or view.orphaned:
         return True
@@ -579,8 +568,8 @@ def cmd_cancel(run_text: str, only: Optional[str] = None) -> int:
         lines = cancel(run)
     for line in lines:
         print(line)
-    (view,) = views([run])  # the run as status shows it: cancelled, or "pending (cancel requested)" until it is
-    print(f"{run.path}: {_state(view.to_dict())}")
+    (view,) = executor.views([run])  # as status shows it: cancelled, or "pending (cancel requested)" until it is
+    print(f"{run.path}: {_state(view)}")
     return 0
 
 

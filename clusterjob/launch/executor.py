@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import claim, plugins, procs, sweep
 from clusterjob.core.errors import BadInput
-from clusterjob.core.record import Job
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunError, RunRecord, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import Job, RunError, RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir
 from clusterjob.launch import executors
 
 if TYPE_CHECKING:  # the spec's module (and YAML) is not needed to list or read runs
@@ -60,11 +61,6 @@ class RunView:
     queue_state: Optional[str] = None
     unanswered: Optional[str] = None
     orphaned: bool = False
-
-    def to_dict(self) -> dict:
-        """The view as one mapping: the record's fields, problems, and note or queue_state when set."""
-        extra = {key: value for key, value in (("note", self.note), ("queue_state", self.queue_state)) if value}
-        return {**self.record.to_dict(), "problems": self.problems, **extra}
 
 
 @dataclass(frozen=True)
@@ -295,9 +291,10 @@ def records(folders: Sequence) -> list[RunRecord]:
     return [view.record for view in views([RunDir(Path(folder)) for folder in folders])]
 
 
-def learnt(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
-    """The view with what the executor learnt (a job's or the processes' end); written
-    with ``write_back``, unless the run recorded its own end meanwhile (its word wins)."""
+def apply_found(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
+    """The view with ``fields``, what the executor found (a job's or the processes' end);
+    written to run.json with ``write_back``, unless the run recorded its own end meanwhile
+    (its word wins)."""
     if not write_back:
         return replace(view, record=replace(view.record, **fields))
     now = run.read()
@@ -316,7 +313,7 @@ def unhanded(run: RunDir, view: RunView, write_back: bool) -> RunView:
     fields = {"status": "failed", "finished_at": now_iso(), "error": RunError(
         None, "its submission ended before it handed the run over (the submit or resume was killed, or its "
               f"machine went down): no job or process has it; `clusterjob resume {run.path}` starts it")}
-    return learnt(run, view, fields, write_back)
+    return apply_found(run, view, fields, write_back)
 
 
 BEING_SUBMITTED = "being submitted"

@@ -29,7 +29,9 @@ from typing import Iterator, Optional
 
 from clusterjob.core import sweep
 from clusterjob.core.errors import BadInput, Failure, escape
-from clusterjob.core.rundir import RunDir, RunError, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunError
+from clusterjob.core.rundir import RunDir
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -55,7 +55,7 @@ def sbatch_options(spec: Spec, points: int = 1) -> dict[str, Optional[str]]:
         "account": slurm.account,
         "qos": slurm.qos,
         "constraint": slurm.constraint,
-        "array": slurm_array(points, slurm.array_parallelism) if points > 1 else None,
+        "array": slurm_array(points, r.array_parallelism) if points > 1 else None,
     }
 
 
@@ -85,7 +85,6 @@ def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[st
         "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]},
                                   **after_options(after_jobs)},
     }
-    parallelism = SlurmOptions.of(spec).array_parallelism
-    if parallelism:
-        params["array_parallelism"] = parallelism
+    if r.array_parallelism:
+        params["array_parallelism"] = r.array_parallelism
     return params

@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput
 from clusterjob.launch.resources import sbatch_options
-from clusterjob.spec.schema import Spec, expand_sweep, load_spec
+from clusterjob.spec import envvars
+from clusterjob.spec.schema import Spec, expand_sweep, holds_text, load_spec
+from clusterjob.spec.yamlfile import override_value
 
 STYLES = {"srun": "ddp_srun.sbatch", "torchrun": "ddp_torchrun.sbatch"}
 ARGS_MARKER = "# @clusterjob-args"
@@ -175,9 +178,29 @@ def _render_setup(lines: list[str], setup: Sequence[str]) -> list[str]:
 
 def _render_args(lines: list[str], spec_path: str, overrides: Sequence[str]) -> list[str]:
     index = _marker(lines, ARGS_MARKER)
-    words = [spec_path] + [w for item in overrides for w in ("--set", item)]
+    words = [spec_path] + [w for item in overrides for w in ("--set", without_secrets(item))]
     command = "set -- " + " ".join(shlex.quote(w) for w in words) + ' "$@"'
     return lines[:index] + [command] + lines[index + 1:]
+
+
+def without_secrets(override: str) -> str:
+    """A ``--set`` as a script (a file) may hold it: a secret's value (``env.HF_TOKEN=...``,
+    or inside ``env={...}``) as ``***``, which the job takes from the environment sbatch
+    passes on; a note on stderr says to export it there."""
+    key, _, text = override.partition("=")
+    if key.startswith("env.") and envmod.is_secret(key[len("env."):]):
+        hidden = [key[len("env."):]]
+        override = f"{key}={envmod.HIDDEN}"
+    elif key == "env":
+        given = envvars.checked_env(override_value(key, text, holds_text(key)))  # load_spec took it already
+        hidden = [name for name, value in given.items() if envmod.is_secret(name) and value != envmod.HIDDEN]
+        override = f"env={json.dumps(envmod.shown_env(given))}" if hidden else override
+    else:
+        return override
+    for name in hidden:
+        print(f"note: env.{name} is written {envmod.HIDDEN} in the script (a secret never goes into a file); "
+              f"export {name} in the shell that runs sbatch: the job takes it from there", file=sys.stderr)
+    return override
 
 
 def _marker(lines: Sequence[str], marker: str) -> int:

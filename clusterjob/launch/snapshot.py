@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from clusterjob.core.errors import BadInput, Failure
-from clusterjob.core.rundir import RunDir, write_atomic
+from clusterjob.core.files import write_atomic
+from clusterjob.core.rundir import RunDir
 from clusterjob.launch import gitignore
 from clusterjob.spec.schema import EntrypointSpec, Spec, SweepPoint, dump_spec
 

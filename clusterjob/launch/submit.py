@@ -17,20 +17,16 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from clusterjob.core import claim, metrics, sweep, units
+from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import batched
-from clusterjob.core.rundir import RunDir, RunRecord, make_runs
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
 from clusterjob.launch.progress import LiveLine
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, dump_spec, expand_sweep, load_spec
-
-
-def choose_executor(requested: str) -> Executor:
-    """The executor ``--executor`` names (``auto``: the first available); one that is not
-    available is bad input."""
-    return executor.choose(requested)
 
 
 def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
@@ -41,19 +37,21 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     points = expand_sweep(spec)
     check_paths(spec)
     deps = dependencies(spec, chain.resolve(after))
-    chosen = _dry_run_executor(executor_name) if dry_run else choose_executor(executor_name)
+    chosen = _dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
     chosen.check(spec, len(points), preflight=preflight and not dry_run, after=deps)
     if dry_run:
         for line in chosen.preview(spec, len(points), deps):
             print(line)
         return 0
     snap = _snapshot_plan(spec)
+    envmod.hand_down_secrets(spec.env)  # spec.yaml holds *** for them: the ranks inherit them from here
     waits = {"after": [str(dep.run.path) for dep in deps]} if deps else {}
     # One batch: every file of every run is written once and none is synced alone; the
     # batch syncs before a job can read them, and once at its end (clusterjob.core.files)
     with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
-                                     [(p.index, dump_spec(p.spec), p.run_params) for p in points],
+                                     [(p.index, dump_spec(p.spec), p.run_params,
+                                       {"env": envmod.shown_env(p.spec.env)}) for p in points],
                                      claim_as="clusterjob submit", executor=chosen.name,
                                      **_origin(), **waits))  # resume's executor, if the start fails
         if snap is not None:
@@ -69,7 +67,7 @@ def _dry_run_executor(requested: str) -> Executor:
     """The executor a dry run shows: a named one even where it cannot run (a dry run
     sends nothing, so it needs no cluster), with a note on stderr of what went unchecked."""
     if requested == "auto":
-        return choose_executor(requested)
+        return executor.choose(requested)
     chosen = executor.get(requested)
     why = chosen.unavailable()
     if why is not None:
@@ -91,7 +89,7 @@ def dependencies(spec: Spec, runs: Sequence[RunDir]) -> list[Dependency]:
 def cluster_preflight(spec: Spec, points: int) -> int:
     """``validate --cluster``: the Slurm cluster's answers, one line per check; exit 2
     when any failed."""
-    checks = choose_executor("slurm").checks(spec, points)
+    checks = executor.choose("slurm").checks(spec, points)
     for check in checks:
         print(check.line())
     failed = sum(not c.ok for c in checks)
@@ -214,6 +212,7 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     spec = load_spec(run.spec_file)
     check_paths(spec)
+    envmod.hand_down_secrets(spec.env)  # the secrets of its spec.yaml (***) must be in this shell's environment
     owner = _executor_of(run)
     deps = dependencies(spec, [RunDir(Path(path)) for path in run.read().after])
     owner.check(spec, 1, preflight=False, after=deps)
@@ -264,13 +263,13 @@ def _resume_group(runs: list[RunDir], wait: bool) -> tuple[Spec, list[RunDir], E
     owner.check(spec, len(runs), preflight=False, after=deps)
     where = sweep.member(runs[0].path)
     with batched(), _group_claimed(runs, where), Window(runs=runs) as window:
-        found = control.views(runs)  # again, now that no other command can start them
+        found = executor.views(runs)  # again, now that no other command can start them
         runs = [run for run, view in zip(runs, found) if view.record.status != "completed"
                 and control.still_running(run, view) is None and claim.busy(run.path) is None]
         window.hold(runs)
         if not runs:
             return spec, [], owner
-        for run, view in zip(runs, control.views(runs)):
+        for run, view in zip(runs, executor.views(runs)):
             _reopen(run, view.record, owner)
         name = sweep.sweep_id(runs[0].path.parent.name, where.stamp) if where else str(runs[0].path)
         print(f"resuming {len(runs)} run(s) of {name} ({owner.name})")
@@ -318,13 +317,13 @@ def _executor_of(run: RunDir) -> Executor:
     if owner is None:
         raise BadInput(f"{run.path}: its run.json names executor {run.read().executor!r}, which this clusterjob "
                        "does not have; submit the spec again")
-    return choose_executor(owner.name)
+    return executor.choose(owner.name)
 
 
 def _check_resumable(run: RunDir) -> None:
     """Bad input unless the run stopped: completed, or still running (its job in the
     queue, a process of it alive), it is refused. Reads only."""
-    (view,) = control.views([run])
+    (view,) = executor.views([run])
     status = view.record.status
     if status == "completed":
         raise BadInput(f"{run.path} is completed; there is nothing to resume")

@@ -3,22 +3,30 @@ faults end in: "Failures"): ``tasks_per_node`` ranks of ``python -m clusterjob.r
 this machine (gloo on CPU, one per GPU with CUDA), the same run folders as on Slurm,
 per-rank logs in ``<run>/logs/``.
 
-A supervisor runs the runs one after another: ``submit --wait`` itself, else a detached
-``python -m clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...`` (so closing the
-terminal ends nothing). It owns its ranks:
+A supervisor runs its runs (``submit --wait`` itself, else a detached ``python -m
+clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...``, so closing the terminal ends
+nothing) side by side, in their order, one per slot (clusterjob.launch.slots): up to
+``resources.array_parallelism`` at once (null: as many as fit), never more than have
+GPUs of their own (each run's CUDA_VISIBLE_DEVICES is its own GPUs), each with its share
+of the cores (its ranks' CPU affinity and OMP_NUM_THREADS). Each run is one
+``SupervisedRun``, which the supervisor's loop ticks every ``POLL_S``; it holds the run's
+claim from its first tick to its end, and alone decides its run's end. It owns its ranks:
 
 - each rank has its own process group, so a Ctrl-C in the terminal reaches the supervisor
   only, and the kernel sends each rank SIGTERM when the supervisor dies (even by kill -9):
   no rank outlives it;
-- on SIGINT, SIGTERM or SIGHUP the supervisor says ``stopping N ranks`` and sends its
-  ranks SIGTERM: the built-in trainer (and code that asks ``should_stop()``) checkpoints
-  at its next step boundary, a plain script is stopped and killed after
-  ``entrypoint.stop_grace_s``; a second Ctrl-C, or ``STOP_GRACE_S``, kills them all.
-  Once no rank is alive the run is ``cancelled`` (``resume`` continues it from its
-  checkpoint), and so are the runs not started yet; the same after ``clusterjob cancel``
-  (read from run.json at each tick: the supervisor stops the ranks it started, also
-  those that had not recorded themselves yet when the cancel looked, and it alone
-  marks the run cancelled once they all exited);
+- on SIGINT (Ctrl-C) the supervisor says ``stopping N ranks`` and sends every rank of
+  every running run SIGINT, as torchrun does: a plain script gets ``KeyboardInterrupt``
+  (one that catches it and tests its best model goes on to its end, its metrics taken);
+  on SIGTERM or SIGHUP it sends them SIGTERM (a plain script gets ``StopRequested``).
+  The built-in trainer (and code that asks ``should_stop()``) checkpoints at its next
+  step boundary either way; a plain script still alive ``entrypoint.stop_grace_s``
+  later is killed; a second Ctrl-C, or ``STOP_GRACE_S``, kills them all. Once no rank
+  is alive the run is ``cancelled``, also when the script exited 0 (``resume``
+  continues it), and so are the runs not started yet; the same after ``clusterjob
+  cancel`` (read from run.json at each tick: the supervisor stops the ranks it started
+  with SIGTERM, also those that had not recorded themselves yet when the cancel looked,
+  and it alone marks the run cancelled once they all exited);
 - every rank is polled at each tick: when one exits non-zero or is killed, the others
   are stopped within seconds (SIGTERM, SIGKILL after ``GRACE_S``), and the run fails or
   is retried naming that rank and how it ended; a rank killed by a signal nobody here
@@ -26,7 +34,8 @@ terminal ends nothing). It owns its ranks:
 - a run that waits for other runs (run.json's ``after``, from ``submit --after``) starts
   once they completed, and is failed ("dependency failed") once one never will;
 - a failure that points at the machine (clusterjob.core.retry) starts the run again
-  from its last checkpoint after a back-off, up to ``resources.max_retries`` times.
+  from its last checkpoint after a back-off, up to ``resources.max_retries`` times (the
+  run keeps its slot meanwhile).
 """
 
 from __future__ import annotations
@@ -39,23 +48,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from clusterjob.core import claim, procs, retry
 from clusterjob.core import env as envmod
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    RunDir,
-    RunError,
-    RunRecord,
-    first_error,
-    mark_failed,
-    now_iso,
-    rank_errors,
-    tail_lines,
-)
-from clusterjob.launch import chain
-from clusterjob.spec.schema import load_spec
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunError, RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, mark_failed, rank_errors, tail_lines
+from clusterjob.launch import chain, slots
+from clusterjob.launch.slots import WHOLE, Slot
+from clusterjob.spec.schema import ResourcesSpec, load_spec
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
@@ -70,52 +72,68 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_environ(base: dict, rank: int, world: int, port: int) -> dict:
-    """The child environment: the caller's, minus any launcher/Slurm variables, plus ranks."""
+def rank_environ(base: dict, rank: int, world: int, port: int, slot: Slot = WHOLE) -> dict:
+    """The child environment: the caller's, minus any launcher/Slurm variables, plus ranks
+    and what the run's slot gives it (its GPUs, its threads)."""
     env = envmod.DistEnv(source="torchrun", rank=rank, local_rank=rank, world_size=world,
                          local_world_size=world, node_rank=0, num_nodes=1, master_addr="127.0.0.1",
                          master_port=port, hosts=("127.0.0.1",))
     child = envmod.clean_environ(base)
     envmod.export(env, child)
+    child.update(slot.environ(child))
     child["PYTHONUNBUFFERED"] = "1"
     child[envmod.SUPERVISED_VAR] = "1"  # the ranks leave the run's end to us (cancelled, failed...)
     return child
 
 
-def _die_with(parent: int) -> Callable[[], None]:
+def _die_with(parent: int, slot: Slot) -> Callable[[], None]:
     """In the child before exec: SIGTERM when ``parent`` dies (PR_SET_PDEATHSIG); if it
-    died already, between fork and here, at once."""
+    died already, between fork and here, at once. It runs on its slot's cores."""
     def arm() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
+        slot.pin()
     return arm
 
 
-def start_ranks(run: RunDir, world: int) -> list[subprocess.Popen]:
-    """Start the run's ranks, each recorded in ``logs/rankN.proc.json`` at once (the rank
-    records itself again once it runs): a ``cancel`` finds every rank of this start
-    from its first instant, never only the records of an earlier start."""
+def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE) -> list[subprocess.Popen]:
+    """Start the run's ranks in ``slot``, each recorded in ``logs/rankN.proc.json`` at once
+    (the rank records itself again once it runs): a ``cancel`` finds every rank of this
+    start from its first instant, never only the records of an earlier start."""
     run.logs.mkdir(parents=True, exist_ok=True)
     port, ranks, parent = free_port(), [], os.getpid()
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
             ranks.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(run.spec_file)],
-                                          env=rank_environ(dict(os.environ), rank, world, port),
+                                          env=rank_environ(dict(os.environ), rank, world, port, slot),
                                           stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, preexec_fn=_die_with(parent)))
+                                          start_new_session=True, preexec_fn=_die_with(parent, slot)))
         if (ref := procs.current(ranks[-1].pid)) is not None:
             procs.save(run.proc_file(rank), ref)
     return ranks
 
 
-class Supervisor:
-    """Runs run folders one after another with ``world`` local ranks each."""
+def slots_for(resources: ResourcesSpec, runs: int) -> list[Slot]:
+    """The slots of ``runs`` runs of these resources on this machine (clusterjob.launch.slots)."""
+    return slots.here(runs, resources.tasks_per_node, resources.cpus_per_task, resources.gpus_per_node,
+                      resources.array_parallelism, os.environ)
 
-    def __init__(self, world: int, on_tick: Callable[[RunDir], None] = lambda run: None):
-        self.world, self.on_tick = world, on_tick
+
+class Supervisor:
+    """Runs run folders with ``world`` local ranks each, one per slot at a time (one slot:
+    one after another). ``on_tick`` is called for each run whose ranks run at every tick,
+    ``on_end`` once a run is final."""
+
+    def __init__(self, world: int, on_tick: Callable[[RunDir], None] = lambda run: None,
+                 on_end: Callable[[RunDir, RunRecord], None] = lambda run, info: None,
+                 slots: Sequence[Slot] = (WHOLE,)):
+        self.world, self.on_tick, self.on_end = world, on_tick, on_end
+        self.slots = list(slots) or [WHOLE]
         self.stop_signal: Optional[int] = None  # the signal that asked us to stop
         self.requests = 0  # a second Ctrl-C does not wait for the checkpoint
+        self.ticks = 0
+        self._asked: dict[tuple, tuple[int, list]] = {}  # the dependencies' states, asked once a tick
 
     def install(self) -> "Supervisor":
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -127,131 +145,232 @@ class Supervisor:
         self.requests += 1
 
     def run_all(self, runs: list[RunDir]) -> list[RunRecord]:
-        """Each run's final run.json; after a stop request the rest are cancelled."""
-        infos = []
-        for run in runs:
-            if self.stop_signal is not None:
-                infos.append(run.update(status="cancelled", finished_at=now_iso()))
-            elif (info := run.read()).status == "cancelled":  # `clusterjob cancel` before its turn
-                infos.append(info)
+        """Each run's final run.json, in the order of ``runs``. They start in that order,
+        each once a slot is free and the runs it waits for completed; after a stop
+        request the runs not started yet are cancelled."""
+        supervised = [SupervisedRun(self, run) for run in runs]
+        for one in supervised:
+            one.begin()
+        free, said = list(self.slots), False
+        while unfinished := [one for one in supervised if one.record is None]:
+            if self.stop_signal is not None and not said:
+                said = _say_stopping(unfinished)
+            for one in unfinished:
+                if one.wants_slot() and free:
+                    one.start(free.pop(0))
+                one.tick()
+                if one.record is not None:
+                    free = sorted([*free, *([one.slot] if one.slot else [])], key=lambda slot: slot.index)
+                    self.on_end(one.run, one.record)
+            self.ticks += 1
+            if any(one.record is None for one in supervised):
+                time.sleep(POLL_S)
+        return [one.record for one in supervised if one.record is not None]
+
+    def rank_signal(self) -> int:
+        """What the ranks get for the stop request: SIGINT after Ctrl-C (as torchrun passes
+        it on: a plain script sees KeyboardInterrupt), else SIGTERM."""
+        return signal.SIGINT if self.stop_signal == signal.SIGINT else signal.SIGTERM
+
+    def dependencies(self, after: list) -> list:
+        """The states of the runs ``after`` names (clusterjob.launch.chain), asked once a
+        tick: the runs of a sweep wait for the same runs."""
+        key = tuple(after)
+        tick, deps = self._asked.get(key, (-1, []))
+        if tick != self.ticks:
+            deps = chain.states(after)
+            self._asked[key] = (self.ticks, deps)
+        return deps
+
+
+class SupervisedRun:
+    """One run of a supervisor, from ``begin`` to its final record (``record``): it waits
+    for the runs of its ``after``, then for a slot, runs its ranks (a session), settles
+    how they ended, and after a failure of the machine waits out the back-off and starts
+    them again in the same slot. The claim of the run is held from ``begin`` to the end
+    (no resume starts it meanwhile; it dies with this process)."""
+
+    QUEUED, WAITING, RUNNING, PAUSED = "queued", "waiting", "running", "paused"
+
+    def __init__(self, boss: Supervisor, run: RunDir):
+        self.boss, self.run = boss, run
+        self.state: Optional[str] = None  # None before ``begin``
+        self.record: Optional[RunRecord] = None
+        self.slot: Optional[Slot] = None
+        self.ranks: list[subprocess.Popen] = []
+        self.sent: dict[int, int] = {}  # rank -> the last signal we sent it
+        self.kill_at: Optional[float] = None
+        self.until = 0.0  # the next look at the dependencies, or the end of the back-off
+        self.pause, self.said = DEPENDENCY_POLL_S, False
+
+    def wants_slot(self) -> bool:
+        return self.state == self.QUEUED
+
+    def begin(self) -> None:
+        """Take the run's claim (this process holds it already, handed over by submit or
+        the local executor: it now says the supervisor runs it)."""
+        claim.take(self.run.path, claim.SUPERVISOR)
+        self.state = self.WAITING if self.run.read().after else self.QUEUED
+
+    def tick(self) -> None:
+        """One look at the run, every POLL_S; a queued run's turn is the loop's to give."""
+        if self.state == self.WAITING:
+            self._await_dependencies()
+        elif self.state == self.QUEUED:
+            self._cancelled_before_its_turn()
+        elif self.state == self.RUNNING:
+            self._watch_ranks()
+        elif self.state == self.PAUSED:
+            self._await_retry()
+
+    def start(self, slot: Slot) -> None:
+        """Its turn, in ``slot``: the ranks start unless it was stopped or cancelled first."""
+        self.slot = slot
+        if not self._cancelled_before_its_turn():
+            self._start_session()
+
+    def _start_session(self) -> None:
+        assert self.slot is not None  # a session runs in a slot
+        self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot), {}, None
+        self.state = self.RUNNING
+
+    def _end(self, record: RunRecord) -> None:
+        self.record = record
+        claim.release(self.run.path)
+
+    def _cancelled_before_its_turn(self) -> bool:
+        """A stop request, or a cancel (run.json, read at its turn), ends a run not started."""
+        if self.boss.stop_signal is not None:
+            self._end(self.run.update(status="cancelled", finished_at=now_iso()))
+        elif self.state == self.QUEUED and self.slot is not None:
+            info = self.run.read()
+            if info.status == "cancelled":  # `clusterjob cancel` before its turn
+                self._end(info)
             elif info.cancel_requested_at is not None:
-                infos.append(run.update(status="cancelled", finished_at=now_iso()))
-            else:
-                infos.append(self.run_one(run))
-        return infos
+                self._end(self.run.update(status="cancelled", finished_at=now_iso()))
+        return self.record is not None
 
-    def run_one(self, run: RunDir) -> RunRecord:
-        """Run one run folder to its end, holding its claim the whole time (clusterjob.core.claim:
-        no resume starts it meanwhile, and the claim dies with this process); its final run.json.
-        It starts once the runs it waits for completed; a failure of the machine starts
-        it again from its last checkpoint, up to ``resources.max_retries`` times."""
-        with claim.claimed(run.path, claim.SUPERVISOR):
-            info = self._await_dependencies(run)
-            while info is None:
-                ended, cause = self._session(run)
-                info = ended if cause is None else self._retry(run, cause)
-            return info
+    def _await_dependencies(self) -> None:
+        """Until every run of its ``after`` completed (asked every DEPENDENCY_POLL_S, backing
+        off to DEPENDENCY_POLL_MAX_S): failed ("dependency failed") when one never will,
+        cancelled by a stop or a cancel meanwhile (read every tick)."""
+        if self._stopped_meanwhile() or time.monotonic() < self.until:
+            return
+        deps = self.boss.dependencies(self.run.read().after)
+        reason = chain.failed(deps)
+        if reason is not None:
+            print(f"{self.run.path}: {reason}", flush=True)
+            self._end(self.run.update(status="failed", finished_at=now_iso(), error=RunError(None, reason, "",
+                                                                                             now_iso())))
+        elif chain.all_done(deps):
+            self.state = self.QUEUED
+        else:
+            if not self.said:
+                print(f"{self.run.path}: {chain.waiting_line(deps)}", flush=True)
+                self.said = True
+            self.until = time.monotonic() + self.pause
+            self.pause = min(DEPENDENCY_POLL_MAX_S, self.pause * 1.5)
 
-    def _session(self, run: RunDir) -> tuple[RunRecord, Optional[str]]:
-        """One start of the run's ranks until they all exited: the run's record, and why
-        the machine failed it (None: it did not)."""
-        ranks = start_ranks(run, self.world)
-        sent: dict[int, int] = {}  # rank -> the last signal we sent it
-        self._wait(run, ranks, sent)
-        codes = [p.returncode for p in ranks]
-        info = self._settle(run, codes, sent)
-        if info.status != "failed" or self.stop_signal is not None:
-            return info, None
-        killed = _killed(run, [(rank, code) for rank, code in enumerate(codes) if code != 0], sent)
-        return info, retry.machine_cause(killed and killed[1], rank_errors(run), codes)
+    def _stopped_meanwhile(self) -> bool:
+        """While it waits (dependencies, a back-off): a stop signal or a cancel ends it cancelled."""
+        info = self.run.read()
+        if self.boss.stop_signal is not None or info.cancel_requested_at is not None or info.status == "cancelled":
+            self._end(self.run.update(status="cancelled", finished_at=now_iso()))
+        return self.record is not None
 
-    def _retry(self, run: RunDir, cause: str) -> Optional[RunRecord]:
-        """After a failure of the machine: None once the run is reopened for a retry and
-        its back-off passed; else its final record (no retry left, or stopped meanwhile)."""
-        resources = load_spec(run.spec_file).resources
-        decision = retry.decide(run, cause, resources.max_retries, resources.retry_backoff_s,
+    def _watch_ranks(self) -> None:
+        """Every rank is polled: a rank waiting in a collective must not hide a sibling that
+        died (it would wait for it until ``dist.timeout_s``). When one fails (exits
+        non-zero or is killed) the others are stopped; all on a stop request or a
+        ``clusterjob cancel`` of the run. A rank that exits 0 finished its part: the
+        others run on to their own end (docs/design.md, "Failures")."""
+        alive = [p for p in self.ranks if p.poll() is None]
+        if not alive:
+            self._session_ended()
+            return
+        self.boss.on_tick(self.run)
+        failed = any(p.returncode not in (None, 0) for p in self.ranks)
+        stopped = self.boss.stop_signal is not None
+        if self.kill_at is None and (failed or stopped or _cancel_asked(self.run)):
+            if not (failed or stopped):
+                _say_cancel(len(alive))
+            _signal(self.ranks, signal.SIGTERM if failed else self.boss.rank_signal(), self.sent)
+            self.kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
+        if self.kill_at is not None and (time.monotonic() > self.kill_at or self.boss.requests > 1):
+            _signal(self.ranks, signal.SIGKILL, self.sent)
+
+    def _session_ended(self) -> None:
+        """Every rank exited: the run's record, or a retry when the machine failed it."""
+        codes = [p.returncode for p in self.ranks]
+        info = _settle(self.run, codes, self.sent, self.boss.stop_signal is not None)
+        if info.status != "failed" or self.boss.stop_signal is not None:
+            self._end(info)
+            return
+        killed = _killed(self.run, [(rank, code) for rank, code in enumerate(codes) if code != 0], self.sent)
+        cause = retry.machine_cause(killed and killed[1], rank_errors(self.run), codes)
+        if cause is None:
+            self._end(info)
+        else:
+            self._retry(cause)
+
+    def _retry(self, cause: str) -> None:
+        """After a failure of the machine: the run is reopened for a retry and waits out
+        its back-off in its slot; else its final record (no retry left)."""
+        resources = load_spec(self.run.spec_file).resources
+        decision = retry.decide(self.run, cause, resources.max_retries, resources.retry_backoff_s,
                                 hosts=[socket.gethostname()])
         if decision is None:
-            return run.read()
-        print(f"{run.path}: {decision.line}", flush=True)
-        return decision.record if decision.number is None else self._pause(run, decision.wait_s)
+            self._end(self.run.read())
+            return
+        print(f"{self.run.path}: {decision.line}", flush=True)
+        if decision.number is None:
+            self._end(decision.record)
+        else:
+            self.state, self.until = self.PAUSED, time.monotonic() + decision.wait_s
 
-    def _await_dependencies(self, run: RunDir) -> Optional[RunRecord]:
-        """None once every run this one waits for (run.json's ``after``) completed; else
-        its final record: failed ("dependency failed") when one of them never will, or
-        cancelled by a stop meanwhile."""
-        after = run.read().after
-        pause, said = DEPENDENCY_POLL_S, False
-        while after:
-            deps = chain.states(after)
-            reason = chain.failed(deps)
-            if reason is not None:
-                print(f"{run.path}: {reason}", flush=True)
-                return run.update(status="failed", finished_at=now_iso(), error=RunError(None, reason, "", now_iso()))
-            if chain.all_done(deps):
-                break
-            if not said:
-                print(f"{run.path}: {chain.waiting_line(deps)}", flush=True)
-                said = True
-            if (stopped := self._pause(run, pause)) is not None:
-                return stopped
-            pause = min(DEPENDENCY_POLL_MAX_S, pause * 1.5)
-        return None
+    def _await_retry(self) -> None:
+        if not self._stopped_meanwhile() and time.monotonic() >= self.until:
+            self._start_session()
 
-    def _pause(self, run: RunDir, seconds: float) -> Optional[RunRecord]:
-        """Wait ``seconds`` for the run; its cancelled record when a stop signal or a
-        cancel came meanwhile, else None."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            info = run.read()
-            if self.stop_signal is not None or info.cancel_requested_at is not None or info.status == "cancelled":
-                return run.update(status="cancelled", finished_at=now_iso())
-            time.sleep(POLL_S)
-        return None
-
-    def _wait(self, run: RunDir, ranks: list[subprocess.Popen], sent: dict) -> None:
-        """Until every rank exited: stop the others when one fails (exits non-zero or is
-        killed), all on a stop request or a ``clusterjob cancel`` of the run. Every rank
-        is polled at every tick: a rank waiting in a collective must not hide a sibling
-        that died (it would wait for it until ``dist.timeout_s``). A rank that exits 0
-        finished its part: the others run on to their own end (docs/design.md, "Failures")."""
-        kill_at: Optional[float] = None
-        while alive := [p for p in ranks if p.poll() is None]:
-            self.on_tick(run)
-            failed = any(p.returncode not in (None, 0) for p in ranks)
-            if kill_at is None and (failed or self.stop_signal is not None or _cancel_asked(run)):
-                if not failed:
-                    _say_stopping(len(alive), cancel=self.stop_signal is None)
-                _signal(ranks, signal.SIGTERM, sent)
-                kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
-            if kill_at is not None and (time.monotonic() > kill_at or self.requests > 1):
-                _signal(ranks, signal.SIGKILL, sent)
-            time.sleep(POLL_S)
-
-    def _settle(self, run: RunDir, codes: list[int], sent: dict) -> RunRecord:
-        """The run's final state from the ranks' exit codes and what they recorded."""
-        info = run.read()
-        status = info.status
-        if self.stop_signal is not None or info.cancel_requested_at is not None:
-            # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it);
-            # an end the run recorded first (or a cancel that marked it) stands
-            return info if status in FINAL_STATUSES else run.update(status="cancelled", finished_at=now_iso())
-        bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
-        if not bad:
-            if status in ("pending", "running"):
-                return run.update(status="failed", finished_at=now_iso(), error=RunError(
-                    None, "the ranks exited without finishing the run"))
-            return info
-        return _record_failure(run, bad, sent)
+    def alive(self) -> int:
+        """How many of its ranks are alive."""
+        return sum(p.poll() is None for p in self.ranks) if self.state == self.RUNNING else 0
 
 
-def _say_stopping(alive: int, cancel: bool = False) -> None:
-    """One line as the ranks are asked to stop (a plain script is killed after its
-    grace period; the built-in trainer checkpoints first)."""
-    noun = "rank" if alive == 1 else "ranks"
-    why = "cancel requested: " if cancel else ""
-    how = "" if cancel else " (Ctrl-C again to kill them now)"
-    print(f"\n{why}stopping {alive} {noun}{how}", file=sys.stderr, flush=True)
+def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunRecord:
+    """The run's final state from the ranks' exit codes and what they recorded
+    (``stopped``: the supervisor got a stop signal)."""
+    info = run.read()
+    status = info.status
+    if stopped or info.cancel_requested_at is not None:
+        # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it),
+        # also when the code caught it and exited 0; an end the run recorded first (or a
+        # cancel that marked it) stands
+        return info if status in FINAL_STATUSES else run.update(status="cancelled", finished_at=now_iso())
+    bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
+    if not bad:
+        if status in ("pending", "running"):
+            return run.update(status="failed", finished_at=now_iso(), error=RunError(
+                None, "the ranks exited without finishing the run"))
+        return info
+    return _record_failure(run, bad, sent)
+
+
+def _say_stopping(running: list) -> bool:
+    """One line as the ranks of every running run are asked to stop (a plain script is
+    killed after its grace period; the built-in trainer checkpoints first); True once said."""
+    alive = sum(one.alive() for one in running)
+    if alive:
+        runs = sum(one.alive() > 0 for one in running)
+        noun = "rank" if alive == 1 else "ranks"
+        print(f"\nstopping {alive} {noun}{f' of {runs} runs' if runs > 1 else ''} (Ctrl-C again to kill them now)",
+              file=sys.stderr, flush=True)
+    return True
+
+
+def _say_cancel(alive: int) -> None:
+    """One line as ``clusterjob cancel`` stops a run's ranks."""
+    print(f"\ncancel requested: stopping {alive} {'rank' if alive == 1 else 'ranks'}", file=sys.stderr, flush=True)
 
 
 def _cancel_asked(run: RunDir) -> bool:
@@ -272,15 +391,8 @@ def _killed(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> Optional[tup
     sent, without a traceback; None when there is none."""
     for rank, code in bad:
         if code < 0 and rank not in sent and not run.error_file(rank).exists():
-            return rank, f"rank {rank} {_ended(code)}"
+            return rank, f"rank {rank} {procs.ended(code)}"
     return None
-
-
-def _ended(code: int) -> str:
-    """How a rank ended, from its exit status: "exited with code 3", "was killed by SIGKILL"."""
-    if code >= 0:
-        return f"exited with code {code}"
-    return f"was killed by {signal.Signals(-code).name if -code in signal.valid_signals() else f'signal {-code}'}"
 
 
 def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunRecord:
@@ -292,7 +404,7 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
         return mark_failed(run, "")
     if killed is None:
         first, code = next(((rank, code) for rank, code in bad if rank not in sent), bad[0])
-        killed = first, f"rank {first} {_ended(code)}"
+        killed = first, f"rank {first} {procs.ended(code)}"
     rank, said = killed
     return run.update(status="failed", finished_at=now_iso(), error=RunError(
         rank, f"{said} (no traceback)", "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
@@ -301,14 +413,15 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
 def main(argv: list[str]) -> int:
     """``python -m clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...``: CLAIM_FDS are the
     descriptors of the runs' claims that the local executor handed over (-1: none), in
-    run order."""
+    run order. The runs (one submission's) share their first run's resources."""
     world, fds, paths = int(argv[0]), [int(fd) for fd in argv[1].split(",")], argv[2:]
     for fd, path in zip(fds, paths):
         if fd >= 0:
             claim.adopt(fd, path, claim.SUPERVISOR)
-    supervisor = Supervisor(world).install()
-    for path, info in zip(paths, supervisor.run_all([RunDir(Path(p)) for p in paths])):
-        print(f"{path}: {info.status}", flush=True)
+    runs = [RunDir(Path(p)) for p in paths]
+    supervisor = Supervisor(world, on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True),
+                            slots=slots_for(load_spec(runs[0].spec_file).resources, len(runs))).install()
+    supervisor.run_all(runs)
     return 0
 
 

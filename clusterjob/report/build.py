@@ -42,7 +42,7 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import atomic_open
+from clusterjob.core.files import atomic_open
 from clusterjob.report import cost, htmlpage, plots, termtable
 from clusterjob.report.cells import (
     error_lines,
@@ -62,7 +62,7 @@ from clusterjob.report.stats import (
     Report,
     build_report,
     check_mode,
-    plain,
+    json_value,
     run_metrics,
     status_counts,
     status_line,
@@ -146,7 +146,7 @@ def _csv(report: Report, runs: bool) -> str:
 def _records(frame: pd.DataFrame) -> list:
     """Rows as dicts of JSON-ready values."""
     columns = list(frame.columns)
-    return [{c: plain(v) for c, v in zip(columns, row)} for row in frame.itertuples(index=False)]
+    return [{c: json_value(v) for c, v in zip(columns, row)} for row in frame.itertuples(index=False)]
 
 
 def _described(experiment: Experiment) -> dict:

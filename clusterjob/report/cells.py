@@ -12,13 +12,13 @@ import pandas as pd
 
 from clusterjob.core import units
 from clusterjob.core.errors import escape
-from clusterjob.report.stats import COMPLETE, PARTIAL, UNFINISHED, Experiment, plain, run_metrics
+from clusterjob.report.stats import COMPLETE, PARTIAL, UNFINISHED, Experiment, json_value, run_metrics
 from clusterjob.report.termtable import Column
 
 
-def key_text(value: Any) -> str:
+def group_value(value: Any) -> str:
     """A group key value: 0.1, sgd, 3; "-" when the run has none."""
-    value = plain(value)
+    value = json_value(value)
     if value is None:
         return "-"
     return escape(f"{value:g}" if isinstance(value, float) else str(value))
@@ -69,7 +69,7 @@ def _key_columns(frame: pd.DataFrame, keys: list) -> list:
     """Display columns of the key values."""
     columns = []
     for key in keys:
-        cells = [key_text(v) for v in frame[key]]
+        cells = [group_value(v) for v in frame[key]]
         numeric = pd.api.types.is_numeric_dtype(frame[key])
         columns.append(Column(escape(key), _key_header(key, keys), cells, cells, right=numeric, key=True))
     return columns

@@ -21,7 +21,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from clusterjob.core.rundir import MAX_INFO_BYTES, SPEC_FILE, read_text
+from clusterjob.core.files import read_text
+from clusterjob.core.record import MAX_INFO_BYTES
+from clusterjob.core.rundir import SPEC_FILE
 
 MAX_VALUES = 5000  # values read from one spec.yaml at most (a spec has about 80)
 MAX_DEPTH = 16  # mappings nested deeper are left out

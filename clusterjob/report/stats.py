@@ -88,7 +88,7 @@ class Experiment:
         if self.groups.empty or self.groups["state"].iloc[0] not in (COMPLETE, PARTIAL) \
                 or pd.isna(self.groups[f"{self.primary.name}_mean"].iloc[0]):
             return None
-        return {key: plain(self.groups[key].iloc[0]) for key in self.keys}
+        return {key: json_value(self.groups[key].iloc[0]) for key in self.keys}
 
     @property
     def lead(self) -> Optional["Lead"]:
@@ -141,7 +141,7 @@ class Report:
         self.results.save_cache()
 
 
-def plain(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """A numpy/pandas scalar as a JSON-ready Python value (NaN/NA, and the infinities
     JSON has no word for, as None)."""
     if value is None or (not isinstance(value, (str, list, dict)) and pd.isna(value)):

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from clusterjob.core.rundir import STATUSES, UNKNOWN, is_number
+from clusterjob.core.files import is_number
+from clusterjob.core.rundir import STATUSES, UNKNOWN
 from clusterjob.report.reading import Results
 
 # Metrics whose last value the runs table carries under the same name

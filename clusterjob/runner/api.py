@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from clusterjob.core.errors import EnvError, brief, shown
+from clusterjob.core.errors import EnvError, brief, with_type
 
 PARAMS_VAR = "CLUSTERJOB_PARAMS"
 AFTER_VAR = "CLUSTERJOB_AFTER"
@@ -70,7 +70,7 @@ def after() -> list[Path]:
     value = _from_environment(AFTER_VAR, list, '["results/prep/20260101-120000"]') or []
     for index, item in enumerate(value):
         if not isinstance(item, str) or not item:
-            raise EnvError(f"{AFTER_VAR}[{index}]: {shown(item)} is not a folder path; it lists the folders of "
+            raise EnvError(f"{AFTER_VAR}[{index}]: {with_type(item)} is not a folder path; it lists the folders of "
                            "the runs this one waited for (clusterjob sets it), e.g. [\"results/prep/<run>\"]")
     return [Path(item) for item in value]
 

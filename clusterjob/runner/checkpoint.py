@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from clusterjob.core.rundir import atomic_open
+from clusterjob.core.files import atomic_open
 
 # epoch-0003.pt, epoch-0003-000120.pt (the built-in trainer); step-000001200.pt (your own code)
 _NAME = re.compile(r"(?:epoch-(\d+)(?:-(\d+))?|step-(\d+))\.pt")

@@ -173,15 +173,6 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
-def min_int(value: int) -> int:
-    """The smallest of the ranks' ``value``. All ranks must call this."""
-    if not initialized():
-        return value
-    box = torch.tensor([value], dtype=torch.int64, device=device())
-    tdist.all_reduce(box, op=tdist.ReduceOp.MIN)
-    return int(box.item())
-
-
 def all_gather_object(obj: Any) -> list:
     """Every rank's ``obj`` (picklable), in rank order. All ranks must call this."""
     if not initialized():
@@ -189,15 +180,6 @@ def all_gather_object(obj: Any) -> list:
     out: list = [None] * world_size()
     tdist.all_gather_object(out, obj)  # torch stages the bytes on the group's device
     return out
-
-
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank. All ranks must call this."""
-    if not initialized():
-        return obj
-    box = [obj]
-    tdist.broadcast_object_list(box, src=src, device=device())
-    return box[0]
 
 
 # ----------------------------------------------------------------------------- before the group

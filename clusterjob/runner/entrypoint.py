@@ -16,10 +16,13 @@ multi-tenant, so the code's own ``init_process_group()`` (env://) shares it.
 
 Stopping (runner.preempt): code that asks ``clusterjob.should_stop()`` checkpoints at
 its next step boundary and calls ``clusterjob.requeue()``. A plain script, which never
-asks, is stopped as torchrun would stop it: SIGTERM, SIGUSR2, ``cancel`` and Ctrl-C
-raise StopRequested in it, and ``entrypoint.stop_grace_s`` later the process is killed.
-Rank 0 records the stop either way; on Slurm a USR2 requeues the job, and the script
-starts again with the same args (it resumes from its own checkpoints if it keeps any).
+asks, is stopped as torchrun would stop it: Ctrl-C (SIGINT) raises KeyboardInterrupt in
+it, SIGTERM, SIGUSR2 and ``cancel`` raise StopRequested, and ``entrypoint.stop_grace_s``
+later the process is killed. Rank 0 records the stop either way, also when the script
+caught it and ended by itself (it printed its test loss after Ctrl-C: those metrics are
+taken, and the run still ends as the stop says, not completed); on Slurm a USR2 requeues
+the job, and the script starts again with the same args (it resumes from its own
+checkpoints if it keeps any).
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from typing import Any, Callable, Iterator, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import metrics
-from clusterjob.core.rundir import RunDir, RunRecord, now_iso, shown
+from clusterjob.core.files import now_iso, shown
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir
 from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
@@ -90,6 +95,10 @@ def _run_and_record(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSign
         if not stop.requested:
             raise
         return stopping.record()  # asked to stop: whatever it ended with (a peer's closed socket) is the stop
+    if stop.requested:  # it caught the stop (KeyboardInterrupt) and ended by itself: still the stop
+        if writer is not None:
+            writer.close("stopped")
+        return stopping.record()
     if writer is not None:  # rank 0
         returned = _returned(writer, result)
         writer.close("completed")  # the loggers hold every record before the run says completed
@@ -119,12 +128,12 @@ def _plain_while_running(stop: StopSignal, session: api.Session, grace_s: float)
     """While the code runs, a stop signal stops it unless it asks should_stop() (see
     runner.preempt); a stop asked before it started stops it at once."""
     stop.grace_s = grace_s
-    stop.plain = lambda: not session.polled
+    stop.is_plain_script = lambda: not session.polled
     try:
         stop.raise_if_plain()
         yield
     finally:
-        stop.plain = lambda: False
+        stop.is_plain_script = lambda: False
 
 
 def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:

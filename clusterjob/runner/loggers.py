@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Protocol
 
 from clusterjob.core.files import is_number, loads
-from clusterjob.core.rundir import RunDir, RunRecord, sweep_of
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir, sweep_of
 from clusterjob.spec.schema import MlflowSpec, Spec, WandbSpec, dump_spec, spec_to_dict
 
 MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}  # any other end (a stop) is KILLED

@@ -36,7 +36,7 @@ STEP_KEYS = ("step", "epoch", "iter", "iteration")  # in the order a row's step 
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 
 
-def warn(text: str) -> None:
+def warn_metrics_file(text: str) -> None:
     print(f"clusterjob: warning: entrypoint.metrics_file: {text}", file=sys.stderr, flush=True)
 
 
@@ -81,7 +81,7 @@ class Follower:
         self._stop.set()
         self._thread.join(timeout=JOIN_S)
         if self._thread.is_alive():
-            warn(f"reading {self.pattern} took over {JOIN_S:g} s; its last rows may be missing")
+            warn_metrics_file(f"reading {self.pattern} took over {JOIN_S:g} s; its last rows may be missing")
         elif self.error is None:
             self._poll_safely(final=True)
         if self.error is not None and kind is None:  # the code's own exception comes first

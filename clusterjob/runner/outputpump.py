@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import regex
 
 from clusterjob.core import metrics
-from clusterjob.core.rundir import shown
+from clusterjob.core.files import shown
 
 MAX_MATCHED_LINE = 4096  # bytes of an output line the metric regexes look at; longer lines are only copied
 MATCH_BUDGET_S = 0.5  # time one regex may take on one line before it is disabled
@@ -46,7 +46,7 @@ _NEWLINE = re.compile(rb"[\r\n]")
 _warn_to: list[Optional[int]] = [None]  # the rank's own stderr while the pump holds fd 2
 
 
-def warn(text: str) -> None:
+def warn_metrics(text: str) -> None:
     line = f"clusterjob: warning: entrypoint.metrics: {text}\n"
     try:
         if _warn_to[0] is None:
@@ -113,7 +113,7 @@ class Matcher:
         try:
             self.patterns[name] = regex.compile(rx)
         except Exception as err:  # the spec checked it with re: a rare difference of engines
-            warn(f"{shown(name)}: this regex is not supported ({type(err).__name__}: {err}); it is not matched")
+            warn_metrics(f"{shown(name)}: this regex is not supported ({type(err).__name__}: {err}); it is not matched")
 
     def match(self, raw: bytes) -> None:
         line = raw.decode(errors="replace")
@@ -134,7 +134,7 @@ class Matcher:
     def _disable(self, name: str) -> None:
         """A regex that backtracks badly would stall the output and hold the run: off it goes."""
         del self.patterns[name]
-        warn(f"{shown(name)}: the regex took over {MATCH_BUDGET_S:g} s on one line (it backtracks badly); "
+        warn_metrics(f"{shown(name)}: the regex took over {MATCH_BUDGET_S:g} s on one line (it backtracks badly); "
              "disabled it, the run goes on without this metric")
 
 
@@ -239,7 +239,7 @@ class _Pump:
         self.thread.join(timeout=budget)
         if self.thread.is_alive():
             matcher.open = False
-            warn("the output pump did not finish; the rest of the output may be missing from the log")
+            warn_metrics("the output pump did not finish; the rest of the output may be missing from the log")
             return
         for fd in (self.saved, self.wake_read, self.wake_write):
             os.close(fd)
@@ -252,7 +252,7 @@ class _Pump:
                 _write_all(self.saved, chunk)
             except OSError as err:
                 self.copying = False
-                warn(f"could not write the output to its log ({err.strerror or err}); "
+                warn_metrics(f"could not write the output to its log ({err.strerror or err}); "
                      "the rest of this stream is not logged, metrics are still matched")
 
     def idle(self) -> bool:

@@ -1,20 +1,25 @@
-"""The one owner of the stop signals: SIGUSR2 and SIGTERM.
+"""The one owner of the stop signals: SIGUSR2, SIGTERM and SIGINT.
 
 SIGUSR2 is Slurm's warning before the time limit (``--signal=USR2@delay``, as submitit and
 the sbatch templates ask) or a preemption notice: the run checkpoints and requeues itself.
 SIGTERM is Slurm ending the job (preemption, ``scontrol requeue``, ``scancel``), the local
-supervisor stopping its ranks (Ctrl-C, ``clusterjob cancel``, its own death): the run
-checkpoints if it can before the SIGKILL that follows, and leaves the requeue to Slurm.
+supervisor stopping its ranks (``clusterjob cancel``, SIGTERM or SIGHUP to it, its own
+death): the run checkpoints if it can before the SIGKILL that follows, and leaves the
+requeue to Slurm. SIGINT is Ctrl-C, which the local supervisor passes on to its ranks as
+SIGINT, as torchrun does: the user's stop, never requeued (the run ends cancelled).
 
 Code that cooperates (the built-in trainer; your code once it asked
 ``clusterjob.should_stop()``) only sees a flag: it asks ``agreed()`` at its step
 boundaries (a collective, so all ranks stop at the same step) and checkpoints. A plain
-script never asks, so it is stopped as torchrun would stop it: ``StopRequested`` is
-raised in its main thread (its ``finally`` blocks run; ``except Exception`` does not
-swallow it), and if it is still alive ``grace_s`` later the process is killed. The
-kill is armed by a thread woken through the signal wakeup fd, so it comes even while
-the main thread is stuck in C code (a collective waiting for a dead peer) and never
-gets to run the Python handler. NCCL takes SIGUSR1 for itself, so USR1 is never used.
+script never asks, so it is stopped as torchrun would stop it: SIGINT raises
+``KeyboardInterrupt`` in its main thread, as in any Python program (a script that
+catches it to test its best model, as pytorch/examples' word_language_model does, goes
+on to its own end), and the other stops raise ``StopRequested`` (its ``finally`` blocks
+run; ``except Exception`` does not swallow it); if it is still alive ``grace_s`` later
+the process is killed. The kill is armed by a thread woken through the signal wakeup
+fd, so it comes even while the main thread is stuck in C code (a collective waiting for
+a dead peer) and never gets to run the Python handler. NCCL takes SIGUSR1 for itself,
+so USR1 is never used.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Callable, Optional
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import dist
 
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+CTRL_C = "SIGINT"  # the stop that a plain script sees as KeyboardInterrupt
 CANCEL_POLL_S = 1.0  # how often rank 0 of a plain script reads run.json for a cancel
 
 
@@ -42,19 +48,19 @@ class StopRequested(BaseException):
 
 
 class StopSignal:
-    """The stop flag of this process: set by SIGUSR2/SIGTERM, or on rank 0 when
+    """The stop flag of this process: set by SIGUSR2/SIGTERM/SIGINT, or on rank 0 when
     ``clusterjob cancel`` asked the run to stop (a run started by hand, or ranks on
     other hosts, have no process that cancel could signal; they read run.json)."""
 
     def __init__(self) -> None:
         self.received_at: Optional[float] = None
-        self.signal: Optional[str] = None  # "SIGUSR2", "SIGTERM", or "cancel"
+        self.signal: Optional[str] = None  # "SIGUSR2", "SIGTERM", "SIGINT", or "cancel"
         self._run: Optional[RunDir] = None
         # Called on SIGTERM (rank 0 of the user's own code): records the stop at once,
         # as the code may never get back to the runner before Slurm's SIGKILL.
         self.on_term: Optional[Callable[[], None]] = None
         # True while a plain script runs (your code that never asked should_stop()).
-        self.plain: Callable[[], bool] = lambda: False
+        self.is_plain_script: Callable[[], bool] = lambda: False
         self.grace_s = 10.0
         self.before_kill: Callable[[], object] = lambda: None  # rank 0 records the stop
         self._raised = False
@@ -85,7 +91,7 @@ class StopSignal:
         self._said = name
         self.signal = self.signal if self.signal == "cancel" else name
         # os.write, not print: a handler that prints while the main thread prints raises
-        what = "stopping the script" if self.plain() else "checkpointing at the next step boundary"
+        what = "stopping the script" if self.is_plain_script() else "checkpointing at the next step boundary"
         if not said:
             os.write(1, f"received {name}: {what}\n".encode())
         if first and signum == signal.SIGTERM and self.on_term is not None:
@@ -93,11 +99,14 @@ class StopSignal:
         self.raise_if_plain()
 
     def raise_if_plain(self) -> None:
-        """In a plain script's main thread, once a stop was asked: raise StopRequested
-        (once: a second signal must not cut the script's clean-up short)."""
-        if self.requested and self.plain() and not self._raised:
+        """In a plain script's main thread, once a stop was asked: raise KeyboardInterrupt
+        after Ctrl-C, else StopRequested (once: a second signal must not cut the script's
+        clean-up short)."""
+        if self.requested and self.is_plain_script() and not self._raised:
             self._raised = True
             self._arm_kill()
+            if self.signal == CTRL_C:
+                raise KeyboardInterrupt
             raise StopRequested(self.signal)
 
     def _wakeups(self, read: int) -> None:
@@ -106,7 +115,7 @@ class StopSignal:
         stops = {int(sig) for sig in STOP_SIGNALS}
         while True:
             got = os.read(read, 64)
-            if any(byte in stops for byte in got) and self.plain():
+            if any(byte in stops for byte in got) and self.is_plain_script():
                 self._arm_kill()
 
     def _arm_kill(self) -> None:
@@ -130,7 +139,7 @@ class StopSignal:
         """Rank 0: a cancel written to run.json stops a plain script too (it never asks)."""
         while not self._cancelled():
             time.sleep(CANCEL_POLL_S)
-        if self.plain() and self.received_at is None:
+        if self.is_plain_script() and self.received_at is None:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in the main thread; the kill is armed
 
     def _cancelled(self) -> bool:
@@ -155,11 +164,11 @@ class StopSignal:
 def _forget_in_child() -> None:
     """A forked child (a DataLoader worker) keeps neither the handler nor the wakeup fd:
     a SIGTERM that ends the worker must not read as this rank's stop, and the worker
-    dies of it as it would without clusterjob."""
+    dies of it (or gets its KeyboardInterrupt) as it would without clusterjob."""
     try:
         signal.set_wakeup_fd(-1)
         for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     except ValueError:  # forked from a thread other than the main one: nothing was set there
         pass
 

@@ -14,10 +14,10 @@ from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
 from clusterjob.core import procs, retry, slurmctl, units
-from clusterjob.core.files import is_number
+from clusterjob.core.files import is_number, now_iso
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.record import SLURM, Job, RunRecord, Session
-from clusterjob.core.rundir import RunDir, RunError, mark_failed, now_iso, rank_errors, record_error
+from clusterjob.core.record import SLURM, Job, RunError, RunRecord, Session
+from clusterjob.core.rundir import RunDir, mark_failed, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 
 HOLD_POLL_S = 0.5  # how often a rank waiting out a back-off looks for a stop signal
@@ -38,13 +38,13 @@ def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, second
                  in_slurm: bool = True) -> StopOutcome:
     """The decision after every rank checkpointed on a stop signal.
 
-    ``signal``: "SIGUSR2", "SIGTERM", "cancel" or None (a debug stop); ``requeues``: how often the
-    run was requeued already; ``seconds_left``: before the job's time limit (None:
-    unknown or unlimited). Near the limit the stop is a timeout, else a preemption. USR2
-    asks the run to requeue itself; after SIGTERM Slurm requeues or ends the job itself,
-    and outside Slurm there is nothing to requeue.
+    ``signal``: "SIGUSR2", "SIGTERM", "SIGINT", "cancel" or None (a debug stop); ``requeues``:
+    how often the run was requeued already; ``seconds_left``: before the job's time limit
+    (None: unknown or unlimited). Near the limit the stop is a timeout, else a preemption.
+    USR2 asks the run to requeue itself; after SIGTERM Slurm requeues or ends the job
+    itself, and outside Slurm there is nothing to requeue.
     """
-    if signal == "cancel":  # `clusterjob cancel`: stays cancelled, never requeued
+    if signal in ("cancel", "SIGINT"):  # `clusterjob cancel`, Ctrl-C: the user's stop, never requeued
         return StopOutcome("cancelled", requeue=False)
     near_limit = signal is not None and seconds_left is not None and seconds_left <= TIMEOUT_MARGIN_S
     status = "timeout" if near_limit else "preempted"
@@ -71,7 +71,7 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
     the state the run ends in, as status does."""
     job = envmod.slurm_job()
     info = run.read()
-    if signal == "SIGTERM" and job is None and _supervisor_alive(info):
+    if signal in ("SIGTERM", "SIGINT") and job is None and _supervisor_alive(info):
         return _stopped_by_supervisor(run, info)
     cancelled = signal == "cancel" or info.cancel_requested_at is not None  # cancel asks before its SIGTERM
     outcome = outcome_now("cancel" if cancelled else signal, info.requeues or 0, max_requeues)
@@ -94,7 +94,8 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
 
 def _supervisor_alive(info: RunRecord) -> bool:
     """Whether this rank's local supervisor (run.json's ``launcher``, verified) is alive:
-    then its SIGTERM is its own stop of the ranks, and it records how the run ended."""
+    then its SIGTERM (or the SIGINT of a Ctrl-C) is its own stop of the ranks, and it
+    records how the run ended."""
     return envmod.supervised() and info.launcher is not None and procs.check(info.launcher) is None
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
-DatasetName = Literal["cifar10", "mnist", "synthetic"]
+DatasetName = Literal["cifar10", "mnist", "synthetic"]  # DATASETS' keys, in order (tests/spec/test_spec.py)
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,6 @@ DATASETS: dict[str, Dataset] = {
     "synthetic": Dataset("synthetic", (3, 32, 32), 10, 10_000, 2_000, (0.5, 0.5, 0.5), (0.22, 0.22, 0.22),
                          in_memory=True, made=True),
 }
-NAMES: tuple[str, ...] = get_args(DatasetName)  # the catalog's keys, in order (a test holds them equal)
 
 FILED: tuple[str, ...] = tuple(name for name, d in DATASETS.items() if not d.made)  # the ones read from files
 

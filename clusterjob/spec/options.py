@@ -1,7 +1,7 @@
 """The spec keys an executor declares for itself (docs/design.md, "Executors and scripts"),
 as torchx's schedulers declare their run options: the Slurm executor's partition, account,
-qos, constraint, array_parallelism and max_requeues, and those of executors of other
-packages.
+qos, constraint and max_requeues, and those of executors of other packages (a key every
+executor honours, such as array_parallelism, is resources' own).
 
 A spec writes them under ``resources``, beside clusterjob's own keys, where they always
 were (``resources.partition``). Each executor's keys are one frozen ``ExecutorOptions``
@@ -55,7 +55,6 @@ class SlurmOptions(ExecutorOptions):
     account: Optional[str] = opt(None, "Slurm account", pattern=_SLURM_WORD)
     qos: Optional[str] = opt(None, "Slurm QOS", pattern=_SLURM_WORD)
     constraint: Optional[str] = opt(None, "Slurm node features, e.g. a100|h100", pattern=_CONSTRAINT)
-    array_parallelism: Optional[int] = opt(None, "at most this many array tasks at once (sbatch %N)", ge=1)
     max_requeues: int = opt(3, "requeues after preemption or time limit before giving up", ge=0)
 
 

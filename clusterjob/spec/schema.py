@@ -26,7 +26,9 @@ from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin
 
 import yaml
 
-from clusterjob.core.errors import SpecError, brief, key_text, shown
+from clusterjob.core import env as envmod
+from clusterjob.core.errors import SpecError, brief, key_text, with_type
+from clusterjob.spec import envvars
 from clusterjob.spec import options as executoropts
 from clusterjob.spec.catalog import DATASETS, DatasetName
 from clusterjob.spec.fields import (
@@ -178,6 +180,9 @@ class ResourcesSpec(Section):
     retry_backoff_s: float = opt(30.0, "the wait before the first retry, doubled for each further one (the local "
                                        "supervisor; on Slurm at least Slurm's own delay of a requeued job)", ge=0,
                                  lt=86400)
+    array_parallelism: Optional[int] = opt(None, "at most this many runs of a sweep at once: a Slurm array's %N, the "
+                                                 "local supervisor's runs side by side (null: Slurm's limits; "
+                                                 "locally as many as fit)", ge=1)
     options: tuple[ExecutorOptions, ...] = field(default_factory=lambda: tuple(o() for o in executoropts.BUILT_IN),
                                                  metadata={HOLDS_OPTIONS: True})
 
@@ -289,7 +294,7 @@ def _check_metric_regex(name: Any, regex: Any) -> None:
         raise SpecError(where, "step is each metric's position (the k-th match, or the regex's (?P<step>...) "
                                "group); name the metric otherwise")
     if not isinstance(regex, str):
-        raise SpecError(where, f"expected a regex (a string), got {shown(regex)}")
+        raise SpecError(where, f"expected a regex (a string), got {with_type(regex)}")
     check_text(where, regex)
     _check_groups(where, regex, _compiled(where, regex))
 
@@ -382,10 +387,22 @@ class MlflowSpec(Section):
     """MLflow: one MLflow run per run, named after the run id."""
 
     tracking_uri: Optional[str] = opt(None, "where MLflow keeps runs: file:./mlruns (relative to the folder `submit` "
-                                            "ran in), http://host:5000, databricks; null: MLFLOW_TRACKING_URI, "
-                                            "else MLflow's default")
+                                            "ran in), http://host:5000, sqlite:////abs/mlflow.db (the full mlflow "
+                                            "package), databricks; null: MLFLOW_TRACKING_URI, else file:./mlruns")
     experiment: Optional[str] = opt(None, "the MLflow experiment, shared by a sweep's runs; null: the spec's name",
                                     max_len=MAX_NAME_LENGTH)
+
+    def check(self) -> None:
+        uri = self.tracking_uri or ""
+        scheme = uri.split(":", 1)[0].split("+", 1)[0] if ":" in uri else ""
+        if scheme in _DATABASE_STORES and not all(_package_installed(name) for name in ("sqlalchemy", "alembic")):
+            raise SpecError("tracking_uri", f"{brief(uri)} is a database store, which MLflow opens only with the full "
+                                            "mlflow package (SQLAlchemy and alembic; mlflow-skinny has neither): pip "
+                                            "install mlflow, or use file:./mlruns (the default) or an MLflow server "
+                                            "(http://host:5000)")
+
+
+_DATABASE_STORES = ("sqlite", "postgresql", "mysql", "mssql")  # MLflow's SQLAlchemy stores
 
 
 @dataclass(frozen=True)
@@ -440,6 +457,9 @@ class Spec(Section):
     train: TrainSpec = opt(TrainSpec)
     dist: DistSpec = opt(DistSpec)
     resources: ResourcesSpec = opt(ResourcesSpec)
+    env: dict = opt({}, "environment variables of every rank, NAME: value (text; numbers and true/false become "
+                        "their text); a secret's value (KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL in the name) is "
+                        "written *** and taken from the environment of the submitting shell")
     checkpoint: CheckpointSpec = opt(CheckpointSpec)
     sweep: dict = opt({}, "dotted key -> list of values; the grid of all lists, one run per point")
     output: OutputSpec = opt(OutputSpec)
@@ -459,6 +479,8 @@ class Spec(Section):
             raise SpecError("name", f"{self.name!r} starts with '.', which hides its results folder; "
                             "start it with a letter or digit")
         _check_sweep(self.sweep, self.entrypoint is not None)
+        object.__setattr__(self, "env", envvars.checked_env(self.env))
+        object.__setattr__(self, "sweep", _sweep_as_text(self.sweep))
         _check_params(self)
         if self.entrypoint is None:
             _check_full_batches(self)
@@ -481,6 +503,8 @@ def _check_sweep(sweep: dict, own_code: bool = False) -> None:
         if isinstance(key, str) and key.startswith("params."):
             if not re.fullmatch(_IDENT, key[len("params."):]):
                 raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
+        elif isinstance(key, str) and key.startswith("env."):
+            envvars.check_sweepable(where, key[len("env."):])
         elif not (isinstance(key, str) and _is_key(key)):
             raise SpecError(where, f"{brief(key)} is not a spec key{did_you_mean(key, leaves)}")
         if key in ("name", "sweep") or key.startswith(("resources.", "output.", "entrypoint.", "logging.")):
@@ -496,6 +520,13 @@ def _check_sweep(sweep: dict, own_code: bool = False) -> None:
             raise SpecError(where, f"[] gives no runs; give at least one value to try, "
                                    f"e.g. {key}: [{json.dumps(example)}]")
     _check_sweep_size(sweep)
+
+
+def _sweep_as_text(sweep: dict) -> dict:
+    """The sweep with the values of each swept variable (``env.NAME``) as the text the
+    variable gets, so that run.json's params and the report hold what the ranks saw."""
+    return {key: [envvars.env_text(f"sweep.{key}", key[len("env."):], v) for v in values]
+            if key.startswith("env.") else values for key, values in sweep.items()}
 
 
 def _trainer_key_message(key: str) -> str:
@@ -536,7 +567,7 @@ def _check_plain(key: str, value: Any) -> None:
         for index, inner in enumerate(value):
             _check_plain(f"{key}[{index}]", inner)
     elif value is not None and not isinstance(value, (str, int, float, bool)):
-        raise SpecError(key, f"{shown(value)} is not plain data; use text, numbers, true/false or lists")
+        raise SpecError(key, f"{with_type(value)} is not plain data; use text, numbers, true/false or lists")
     else:
         check_kind(key, value, {})
 
@@ -668,7 +699,7 @@ def spec_from_dict(raw: Any) -> Spec:
 
 def _build(cls: type, raw: Any, path: str) -> Any:
     if not isinstance(raw, dict):
-        raise SpecError(path, f"expected a mapping of keys, got {shown(raw)}")
+        raise SpecError(path, f"expected a mapping of keys, got {with_type(raw)}")
     typed = hints(cls)
     kwargs = _executor_options(cls, raw, path)
     for f in key_fields(cls):
@@ -775,7 +806,7 @@ def _type_word(hint: Any) -> str:
 
 
 def _type_error(key: str, value: Any, expected: str) -> Any:
-    raise SpecError(key, f"expected {expected}, got {shown(value)}")
+    raise SpecError(key, f"expected {expected}, got {with_type(value)}")
 
 
 def _join(path: str, key: str) -> str:
@@ -784,8 +815,9 @@ def _join(path: str, key: str) -> str:
 
 def spec_to_dict(spec: Any) -> Any:
     """Plain data (dicts, lists, scalars) for a spec or section; ``spec_from_dict`` inverts it."""
-    if isinstance(spec, Spec):
-        return {f.name: spec_to_dict(getattr(spec, f.name)) for f in key_fields(Spec) if _written(spec, f.name)}
+    if isinstance(spec, Spec):  # a secret's value never leaves the process: *** wherever a spec is written
+        return {f.name: envmod.shown_env(spec.env) if f.name == "env" else spec_to_dict(getattr(spec, f.name))
+                for f in key_fields(Spec) if _written(spec, f.name)}
     if is_dataclass(spec):
         own = {f.name: spec_to_dict(getattr(spec, f.name)) for f in key_fields(type(spec))}
         held = spec.options if isinstance(spec, ResourcesSpec) else ()
@@ -824,7 +856,7 @@ def holds_text(key: str) -> bool:
     words), or a metric's regex (``entrypoint.metrics.NAME``). ``--set`` keeps such a
     value as typed where YAML would read it as something else (yamlfile.override_value)."""
     *sections, name = key.split(".")
-    if sections == ["entrypoint", "metrics"]:
+    if sections in (["entrypoint", "metrics"], ["env"]):
         return True
     cls: Optional[type] = Spec
     for section in sections:
@@ -907,8 +939,8 @@ def _with_values(section: Any, values: dict, path: str) -> Any:
         else:
             changes[head] = _convert(typed[head], value, _join(path, head))
     for head, inner in nested.items():
-        if isinstance(section, Spec) and head == "params":  # a free mapping, not a section
-            changes[head] = {**section.params, **inner}
+        if isinstance(section, Spec) and head in ("params", "env"):  # a free mapping, not a section
+            changes[head] = {**getattr(section, head), **inner}
             continue
         changes[head] = _with_values(getattr(section, head), inner, _join(path, head))
     try:

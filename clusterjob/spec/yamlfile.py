@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, cast
 
 import yaml
 
-from clusterjob.core.errors import SpecError, brief, key_text, shown
+from clusterjob.core.errors import SpecError, brief, key_text, with_type
 
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few hundred bytes; this is 1 MiB
 MAX_YAML_VALUES = 30_000  # values after alias expansion (a 10,000-value sweep list fits)
@@ -185,7 +185,7 @@ def read_spec_file(path: str | Path) -> dict:
         raise SpecError("", f"spec file {str(path)!r} is empty; a spec is a YAML mapping with at least "
                             "name: (see jobs/quickstart.yaml)")
     if not isinstance(raw, dict):
-        raise SpecError("", f"{str(path)!r}: a spec is a YAML mapping (name:, data:, train: ...), got {shown(raw)}")
+        raise SpecError("", f"{str(path)!r}: a spec is a YAML mapping (name:, data:, train: ...), got {with_type(raw)}")
     return raw
 
 
@@ -289,7 +289,7 @@ def _set_path(raw: dict, key: str, value: Any) -> None:
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise SpecError(key_text(key), f"--set cannot go below {part!r}, which holds {shown(child)}")
+            raise SpecError(key_text(key), f"--set cannot go below {part!r}, which holds {with_type(child)}")
         node = child
     node[parts[-1]] = value
 

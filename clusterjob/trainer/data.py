@@ -1,7 +1,7 @@
 """Datasets and distributed DataLoaders for the built-in trainer: the torchvision path.
 
 ``build_datasets`` gives the train and validation splits of ``data.dataset`` as NCHW float
-tensors (normalized); ``build_loaders`` shards them over ranks with ``DistributedSampler``.
+tensors (normalized); ``build_torchvision_loaders`` shards them over ranks with ``DistributedSampler``.
 This path serves ``data.loader: torchvision`` and datasets that do not fit in memory; the
 ones that do take the tensor pipeline by default (``clusterjob.trainer.pipeline``), which uses the
 same sample order.
@@ -325,7 +325,7 @@ def worker_count(num_workers: int | str, cpus_per_task: int) -> int:
     return min(max(cpus_per_task - 1, 0), MAX_AUTO_WORKERS) if num_workers == "auto" else int(num_workers)
 
 
-def build_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: int, seed: int,
+def build_torchvision_loaders(ds: Datasets, data, batch_size: int, rank: int, world_size: int, seed: int,
                   pin_memory: bool, cpus_per_task: int = 1) -> Loaders:
     """Sharded loaders for this rank. ``data`` is the DataSpec, ``batch_size`` per process;
     ``cpus_per_task`` resolves ``data.num_workers: auto``. ``pin_memory``: batches come in
@@ -357,7 +357,7 @@ def set_epoch(loaders: Loaders, epoch: int, skip_batches: int = 0) -> None:
     sampler = loaders.train_sampler
     sampler.set_epoch(epoch)
     batch_size = loaders.train_loader.batch_size
-    assert batch_size is not None  # build_loaders gives each loader one
+    assert batch_size is not None  # build_torchvision_loaders gives each loader one
     sampler.skip = skip_batches * batch_size
     loaders.train_loader.generator.manual_seed(loader_seed(sampler.seed, sampler.rank, epoch))
 

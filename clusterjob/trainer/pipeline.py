@@ -2,7 +2,7 @@
 
 The default (``data.loader: auto``) for the datasets whose splits fit in memory, the ones
 marked ``in_memory`` in ``clusterjob.spec.catalog`` (cifar10, mnist, synthetic). The
-torchvision DataLoader path (``clusterjob.trainer.data.build_loaders``) stays for
+torchvision DataLoader path (``clusterjob.trainer.data.build_torchvision_loaders``) stays for
 ``data.loader: torchvision`` and for datasets that do not fit in memory.
 
 Each split is read once as uint8 NCHW (CIFAR-10 and MNIST through torchvision's dataset
@@ -152,19 +152,6 @@ def gather_windows(padded: torch.Tensor, starts: torch.Tensor, mirror: torch.Ten
     return padded.gather(2, where[:, None, :].expand(-1, padded.shape[1], -1))
 
 
-def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = PAD) -> torch.Tensor:
-    """Per-sample random crop and horizontal flip of a batch, as one gather.
-
-    ``images`` (B, C, H, W); ``offsets`` (B, 2) integers in [0, 2 * pad]: the top-left corner
-    of sample b's window in its zero-padded image (torchvision's RandomCrop(padding=pad));
-    ``flips`` (B,) bool: mirror sample b's window left-right (RandomHorizontalFlip)."""
-    h, w = images.shape[2:]
-    padded = to_layout(F.pad(images, (pad, pad, pad, pad)), channels_last=False)
-    out = gather_windows(padded, window_starts(offsets, w, pad), flips.long(), window_index(h, w, pad, images.device),
-                         channels_last=False)
-    return as_images(out, h, w, channels_last=False)
-
-
 class Normalizer:
     """uint8 images to float32, normalized with the dataset's statistics.
 
@@ -257,11 +244,11 @@ class TensorLoaders:
         self.train_loader.set_epoch(epoch, skip_batches)
 
 
-def build_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: int, seed: int,
+def build_tensor_loaders(td: TensorData, data, batch_size: int, rank: int, world_size: int, seed: int,
                   device: str, memory_format: torch.memory_format = torch.contiguous_format) -> TensorLoaders:
     """Sharded loaders for this rank, the splits moved to ``device``. ``data`` is the
     DataSpec (drop_last, augment), ``batch_size`` per process; sharding, padding and
-    drop_last as ``clusterjob.trainer.data.build_loaders`` has them. Batches come in
+    drop_last as ``clusterjob.trainer.data.build_torchvision_loaders`` has them. Batches come in
     ``memory_format``, the model's (``train.memory_format_for``)."""
     train, val = td.train.to(device), td.val.to(device)
     # ignore: the stubs want a Dataset, but the sampler only takes its len(); a range has one

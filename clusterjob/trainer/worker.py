@@ -21,7 +21,7 @@ from clusterjob.runner import checkpoint, dist, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec
 from clusterjob.trainer import device, pipeline
-from clusterjob.trainer.data import build_datasets, build_loaders, downloads, val_valid_count
+from clusterjob.trainer.data import build_datasets, build_torchvision_loaders, downloads, val_valid_count
 from clusterjob.trainer.device import DevicePlan
 from clusterjob.trainer.models import build_model
 from clusterjob.trainer.optim import current_lrs
@@ -82,9 +82,9 @@ def make_loaders(spec: Spec, env: DistEnv, plan: DevicePlan, data: Any) -> Any:
     """This rank's loaders for ``data`` (from ``load_data``); both kinds have
     ``train_loader``, ``val_loader`` and ``set_epoch(epoch, skip_batches)``."""
     if isinstance(data, pipeline.TensorData):
-        return pipeline.build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size,
+        return pipeline.build_tensor_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size,
                                       spec.train.seed, plan.device, memory_format_for(spec, plan))
-    return build_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size, spec.train.seed,
+    return build_torchvision_loaders(data, spec.data, spec.train.batch_size, env.rank, env.world_size, spec.train.seed,
                          plan.pin_memory, spec.resources.cpus_per_task)
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import cli
 
 from clusterjob.core import claim
 from clusterjob.core.rundir import RunDir, create_run
@@ -109,7 +110,7 @@ def test_concurrent_updates_of_different_fields_lose_none(run):
     writers = [subprocess.Popen([sys.executable, "-c", UPDATER, str(run.path), field], env=env)
                for field in ("final", "versions", "entrypoint")]
     assert [w.wait(timeout=120) for w in writers] == [0, 0, 0]
-    info = run.read_info()
+    info = json.loads(run.info_file.read_text())
     assert info["final"] == info["versions"] == info["entrypoint"] == {"i": 149}
     assert json.loads(run.info_file.read_text())["status"] == "pending"
 
@@ -122,10 +123,8 @@ def test_status_logs_and_report_make_no_lock_files(tmp_path):
     (run / "metrics.jsonl").write_text('{"epoch": 1, "val_acc": 0.5}\n')
     (run / "logs" / "rank0.out").write_text("epoch 1\n")
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     for argv in (("status", "results"), ("logs", str(run)), ("report", "results")):
-        done = subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        done = cli(tmp_path, *argv, env=os.environ, timeout=120)
         assert done.returncode == 0, done.stderr
     after = sorted(p.name for p in tmp_path.rglob("*") if not p.name.startswith(".clusterjob-cache"))
     assert after == before  # the report's own cache aside

@@ -618,3 +618,41 @@ def test_env_module_does_not_import_torch():
     code = "import sys, clusterjob.core.env; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+# --- the spec's env at a start (apply_env) and at submit or resume (hand_down_secrets) -------
+
+
+def test_apply_env_sets_each_value_and_takes_a_hidden_one_from_the_environment():
+    environ = {"HF_TOKEN": "real", "NCCL_DEBUG": "WARN"}
+    envmod.apply_env({"NCCL_DEBUG": "INFO", "HF_TOKEN": "***", "MY_EMPTY": ""}, environ)
+    assert environ == {"HF_TOKEN": "real", "NCCL_DEBUG": "INFO", "MY_EMPTY": ""}  # the spec wins over the shell
+
+
+@pytest.mark.parametrize("apply", [envmod.apply_env, envmod.hand_down_secrets])
+def test_a_hidden_value_missing_from_the_environment_is_one_line_naming_it(apply):
+    environ = {"PATH": "/bin"}
+    with pytest.raises(EnvError) as caught:
+        apply({"NCCL_DEBUG": "INFO", "WANDB_API_KEY": "***"}, environ)
+    message = str(caught.value)
+    assert message.startswith("env.WANDB_API_KEY: WANDB_API_KEY is not set in this environment") and "\n" not in message
+    assert "export WANDB_API_KEY" in message and "clusterjob resume" in message
+    assert isinstance(caught.value, BadInput)  # exit 2
+
+
+def test_hand_down_secrets_puts_only_the_secrets_into_the_submitting_environment():
+    environ = {"HF_TOKEN": "old", "PATH": "/bin"}
+    envmod.hand_down_secrets({"HF_TOKEN": "new", "WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "PATH": "/x"}, environ)
+    # NCCL_DEBUG and PATH reach the ranks through spec.yaml; the submitting process keeps its own
+    assert environ == {"HF_TOKEN": "new", "WANDB_API_KEY": "k", "PATH": "/bin"}
+
+
+def test_shown_env_hides_secret_values_only():
+    assert envmod.shown_env({"HF_TOKEN": "t", "my_api_key": "k", "NCCL_DEBUG": "INFO"}) == {
+        "HF_TOKEN": "***", "my_api_key": "***", "NCCL_DEBUG": "INFO"}
+
+
+@pytest.mark.parametrize("name", sorted(envmod._LEAKING_NAMES) + ["SLURM_CONF", "SLURM_PROCID", "CLUSTERJOB_X",
+                                                                  "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "LD_PRELOAD"])
+def test_every_variable_the_launcher_sets_or_scrubs_is_refused_in_a_spec(name):
+    assert envmod.refused(name) is not None

@@ -55,8 +55,8 @@ def test_the_record_is_frozen():
 
 
 # The same run as this version writes it: its job (none) under ``job``, with the key of
-# earlier versions, slurm_job_id, kept beside it.
-NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None}
+# earlier versions, slurm_job_id, kept beside it; and its spec's env (none recorded).
+NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None}
 
 
 def test_an_old_run_json_reads_into_the_record_unchanged(tmp_path):
@@ -73,7 +73,7 @@ def test_every_field_written_reads_back_equal(tmp_path):
     values = {name: getattr(want, name) for name in record.FIELDS}
     written = run.update(**values)
     assert written == want and run.read() == want
-    assert run.read_info() == NEW_RUN_JSON  # the JSON layout of before, and the job
+    assert json.loads(run.info_file.read_text()) == NEW_RUN_JSON  # the JSON layout of before, and the job
 
 
 @pytest.mark.parametrize("raw, job", [

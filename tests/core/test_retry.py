@@ -71,7 +71,7 @@ def test_each_attempt_is_recorded_and_a_retry_reopens_the_run(tmp_path):
     run.update(status="failed", error=RunError(0, "again"))
     last = retry.record_attempt(run, "rank 0 was killed by SIGKILL", None, hosts=["vm"])
     assert last.status == "failed" and last.retries == 1 and [a.retry for a in last.attempts] == [1, None]
-    assert run.read_info()["attempts"][1] == {"at": last.attempts[1].at, "hosts": ["vm"],
+    assert json.loads(run.info_file.read_text())["attempts"][1] == {"at": last.attempts[1].at, "hosts": ["vm"],
                                                "why": "rank 0 was killed by SIGKILL", "retry": None, "job": None}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from clirun import cli
 from owncode import Project
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def running_code(run: Path, before: int) -> bool:
 def cancel_and_check(own: Project, run: Path, sampler: Sampler) -> str:
     """Cancel the run; once it is final, check that it is cancelled, that no rank of any
     start lives, and that it was never ``cancelled`` while one did."""
-    done = own.cli("cancel", str(run), timeout=120)
+    done = cli(own.folder, "cancel", str(run), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     if f"{run}: cancelled" in done.stdout:  # cancel says so only once it is true
         assert not ranks_alive(run), done.stdout
@@ -93,7 +94,7 @@ def test_a_cancel_right_after_resume_ends_the_new_ranks_and_tells_the_truth(tmp_
     own = Project(tmp_path, "loop")
     spec = own.spec(LOOP)
     spec.write_text(spec.read_text().replace("tasks_per_node: 1", "tasks_per_node: 2"))
-    done = own.cli("submit", "loop.yaml", "--executor", "local")
+    done = cli(own.folder, "submit", "loop.yaml", "--executor", "local")
     assert done.returncode == 0, done.stdout + done.stderr
     run = own.run
     wait_for(lambda: running_code(run, 2), 120, "the first start's code")
@@ -111,7 +112,7 @@ def test_a_cancel_right_after_resume_ends_the_new_ranks_and_tells_the_truth(tmp_
     for moment, ready in moments.items():
         lines = (run / "logs" / "rank0.out").read_text().count("iter ")
         sampler = Sampler(run)
-        resumed = own.cli("resume", str(run))
+        resumed = cli(own.folder, "resume", str(run))
         sampler.start()
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
         wait_for(lambda ready=ready, lines=lines: ready(lines), 120, moment)

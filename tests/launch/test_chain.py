@@ -5,14 +5,12 @@ failed one fails it ("dependency failed"); what can never work is refused at sub
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import cli
 
 from clusterjob.core import claim
 from clusterjob.core.errors import BadInput
@@ -37,11 +35,6 @@ def project(folder: Path, name: str, script: str, args=(), **extra) -> Path:
             "resources": {"cpus_per_task": 1}, "output": {"root": str(folder / "results")}, **extra}
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(spec))
     return folder / f"{name}.yaml"
-
-
-def cli(folder: Path, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=base_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def runs(folder: Path, name: str) -> list[Path]:

@@ -4,6 +4,7 @@ array chunking, truncated checkpoints (Slurm commands faked, files real)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,11 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from clirun import cli
+from trainutil import run_info
 
 from clusterjob.core import procs, slurmctl
 from clusterjob.core.record import Job
 from clusterjob.core.rundir import RunDir, create_run
-from clusterjob.launch import control, resources
+from clusterjob.launch import control, executor, resources
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.runner import checkpoint
 from clusterjob.spec.schema import dump_spec, expand_sweep, spec_from_dict
@@ -39,13 +42,13 @@ def fake_slurm(monkeypatch):
 def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="running", job=Job("slurm", "77"), executor="slurm")
     before = run.info_file.read_bytes()
-    (info,) = control.refresh([run])
-    assert info["status"] == "failed" and "no accounting record" in info["error"]["message"]
+    (view,) = executor.views([run])
+    assert view.record.status == "failed" and "no accounting record" in view.record.error.message
     assert run.info_file.read_bytes() == before  # status shows it, writes nothing
-    (info,) = control.refresh([run], write_back=True)
-    written = run.read_info()
+    (view,) = executor.views([run], write_back=True)
+    written = run_info(run.path)
     assert written["status"] == "failed" and "no accounting record" in written["error"]["message"]
-    assert info["status"] == "failed" and written["finished_at"] is not None
+    assert view.record.status == "failed" and written["finished_at"] is not None
 
 
 def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatch):
@@ -57,9 +60,9 @@ def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatc
 
     monkeypatch.setattr(slurmctl, "queue_states", queue_while_the_run_ends)
     monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {"78": "COMPLETED"})
-    (info,) = control.refresh([run], write_back=True)
-    assert info["status"] == "completed" and run.read_info()["status"] == "completed"
-    assert run.read_info()["error"] is None
+    (view,) = executor.views([run], write_back=True)
+    assert view.record.status == "completed" and run_info(run.path)["status"] == "completed"
+    assert run_info(run.path)["error"] is None
 
 
 def test_queue_and_accounting_states(tmp_path, fake_slurm):
@@ -69,16 +72,16 @@ def test_queue_and_accounting_states(tmp_path, fake_slurm):
     done = make_run(tmp_path, "d", status="completed", job=Job("slurm", "8"), executor="slurm")
     fake_slurm.queue = {"5_1": "PENDING"}
     fake_slurm.sacct = {"6": "CANCELLED", "7": "TIMEOUT", "8": "FAILED"}
-    infos = control.refresh([queued, cancelled, timed_out, done])
-    assert [i["status"] for i in infos] == ["preempted", "cancelled", "timeout", "completed"]
-    table = control.status_table([queued, cancelled, timed_out, done], infos)
+    found = executor.views([queued, cancelled, timed_out, done])
+    assert [view.record.status for view in found] == ["preempted", "cancelled", "timeout", "completed"]
+    table = control.status_table([queued, cancelled, timed_out, done], found)
     assert "preempted (pending)" in table and "exp/d" in table
 
 
 def test_status_shows_the_failing_rank_and_traceback(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="failed", error={"rank": 1, "message": "RuntimeError: boom",
                                                      "traceback": "Traceback...\n  line\nRuntimeError: boom"})
-    text = control.status_table([run], control.refresh([run]))
+    text = control.status_table([run], executor.views([run]))
     assert "failed on rank 1: RuntimeError: boom" in text and text.count("RuntimeError: boom") == 1  # not twice
 
 
@@ -87,12 +90,12 @@ def test_status_shows_your_codes_first_metric_beside_the_trainers_epoch(tmp_path
     own = make_run(tmp_path, "b", status="running", entrypoint={"script": "t.py", "metrics": ["loss", "acc"]},
                    warnings=["entrypoint.metrics.acc: never matched", "\x1b[2Jsecond"])
     own.metrics_file.write_text('{"step": 7, "loss": 0.25}\n{"step": 2, "acc": 0.5}\n')
-    lines = control.status_table([trainer, own], control.refresh([trainer, own])).splitlines()
+    lines = control.status_table([trainer, own], executor.views([trainer, own])).splitlines()
     assert lines[0].split() == ["RUN", "STATUS", "EPOCH/STEP", "METRIC", "JOB"]
     assert lines[1].split() == ["exp/a", "completed", "3", "val_acc", "90.00%", "-"]
     assert lines[2].split() == ["exp/b", "running", "7", "loss", "0.25", "-"]
     assert lines[3:] == ["b: warning: entrypoint.metrics.acc: never matched", "b: warning: \\x1b[2Jsecond"]
-    alone = control.status_table([trainer], control.refresh([trainer])).splitlines()
+    alone = control.status_table([trainer], executor.views([trainer])).splitlines()
     assert alone[0].split()[2:4] == ["EPOCH", "VAL_ACC"] and alone[1].split()[2:4] == ["3", "90.00%"]
 
 
@@ -123,7 +126,7 @@ clusterjob.trainer.train.DivergedError: the loss is not finite
 ])
 def test_status_shows_the_last_frame_its_source_and_the_exception(tmp_path, fake_slurm, traceback, excerpt):
     run = make_run(tmp_path, status="failed", error={"rank": 0, "message": "E: m", "traceback": traceback})
-    lines = control.status_table([run], control.refresh([run])).splitlines()
+    lines = control.status_table([run], executor.views([run])).splitlines()
     at = next(i for i, line in enumerate(lines) if "failed on rank 0: E: m" in line)
     assert lines[at + 1:] == ["    " + line for line in excerpt]  # no caret line, not mid-traceback
 
@@ -134,9 +137,9 @@ def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
     monkeypatch.setattr(slurmctl, "queue_states", lambda jobs: {})  # the job left the queue
     run = make_run(tmp_path, status="running", job=Job("slurm", "9"), executor="slurm")
     assert control.cancel(run) == ["cancelled Slurm job 9"] and calls == ["9"]
-    assert run.read_info()["status"] == "cancelled"
+    assert run_info(run.path)["status"] == "cancelled"
     run.update(status="completed", final={"epoch": 3})  # a dying task's late write
-    assert run.read_info()["status"] == "cancelled" and run.read_info()["final"] == {"epoch": 3}
+    assert run_info(run.path)["status"] == "cancelled" and run_info(run.path)["final"] == {"epoch": 3}
     with pytest.raises(Exception, match="already cancelled"):
         control.cancel(run)
 
@@ -151,9 +154,9 @@ def test_requeue_cap_fails_the_run_instead_of_requeueing(tmp_path, monkeypatch):
     monkeypatch.setattr(slurmctl, "time_left_s", lambda job: 3000)
     run = make_run(tmp_path, status="running", requeues=0)
     assert runrecord.record_stop(run, 1, "SIGUSR2").requeue
-    assert run.read_info()["status"] == "preempted" and run.read_info()["requeues"] == 1 and requeued == ["40"]
+    assert run_info(run.path)["status"] == "preempted" and run_info(run.path)["requeues"] == 1 and requeued == ["40"]
     runrecord.record_stop(run, 1, "SIGUSR2")
-    info = run.read_info()
+    info = run_info(run.path)
     assert info["status"] == "failed" and "max_requeues=1 reached" in info["error"]["message"]
     assert "clusterjob resume" in info["error"]["message"]
     assert requeued == ["40"]
@@ -235,7 +238,7 @@ def test_finalize_names_a_killed_task(tmp_path):
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([str(run.path)]))
     assert slurm_launch.finalize(str(runs_file), "0", "137") == 1  # the job fails: a job waiting with afterok never starts
-    error = run.read_info()["error"]
+    error = run_info(run.path)["error"]
     assert error["rank"] == 3 and error["message"].startswith("task 3 on node2: Killed")
 
 
@@ -276,8 +279,8 @@ def test_status_without_an_answer_shows_the_recorded_state_and_writes_nothing(tm
     out, err = capsys.readouterr()
     assert "running (Slurm unreachable)" in out and "squeue did not answer" in err
     assert run.info_file.read_bytes() == before
-    (info,) = control.refresh([run], write_back=True)  # submit --wait: nothing learnt, nothing written
-    assert info["status"] == "running" and run.info_file.read_bytes() == before
+    (view,) = executor.views([run], write_back=True)  # submit --wait: nothing learnt, nothing written
+    assert view.record.status == "running" and run.info_file.read_bytes() == before
     with pytest.raises(RuntimeError, match="scancel 41 failed"):  # cancel still tries: the run is not final
         slurm_shims.answer("scancel", exit_code=1)
         control.cancel(run)
@@ -288,8 +291,7 @@ def test_status_through_the_cli_with_squeue_failing(tmp_path, slurm_shims):
     slurm_shims.answer("sacct", exit_code=1)
     run = make_run(tmp_path, status="running", job=Job("slurm", "42"), executor="slurm")
     before = run.info_file.read_bytes()
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "status", "exp"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "status", "exp", env=os.environ, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "exp/r1  running (Slurm unreachable)" in done.stdout
     assert run.info_file.read_bytes() == before
@@ -308,10 +310,10 @@ def test_a_local_run_whose_supervisor_is_gone_while_a_rank_lives_on(tmp_path, fa
         run = make_run(tmp_path, status="running", executor="local", launcher=_ended_ref().to_dict())
         run.proc_file(0).write_text(json.dumps(procs.current(rank.pid).to_dict()))
         before = run.info_file.read_bytes()
-        (info,) = control.refresh([run])
-        assert info["status"] == "running" and info["note"] == "supervisor gone"
-        assert "running (supervisor gone)" in control.status_table([run], [info])
-        assert control.still_running(run, control.views([run])[0]) == f"its processes are alive: rank 0 pid {rank.pid}"
+        (view,) = executor.views([run])
+        assert view.record.status == "running" and view.note == "supervisor gone"
+        assert "running (supervisor gone)" in control.status_table([run], [view])
+        assert control.still_running(run, executor.views([run])[0]) == f"its processes are alive: rank 0 pid {rank.pid}"
         assert run.info_file.read_bytes() == before
     finally:
         rank.kill()
@@ -322,15 +324,15 @@ def test_a_local_run_whose_every_process_ended_is_failed(tmp_path, fake_slurm):
     run = make_run(tmp_path, status="running", executor="local", launcher=supervisor.to_dict())
     run.proc_file(0).write_text(json.dumps(rank.to_dict()))
     before = run.info_file.read_bytes()
-    (info,) = control.refresh([run])
-    assert info["status"] == "failed" and run.info_file.read_bytes() == before  # status shows it, writes nothing
-    assert info["error"]["message"].startswith(
+    (view,) = executor.views([run])
+    assert view.record.status == "failed" and run.info_file.read_bytes() == before  # status shows it, writes nothing
+    assert view.record.error.message.startswith(
         f"every process of the run ended before it recorded its end (supervisor pid {supervisor.pid} ")
-    assert f"rank 0 pid {rank.pid} " in info["error"]["message"]
-    assert control.still_running(run, control.views([run])[0]) is None
-    (info,) = control.refresh([run], write_back=True)
-    assert info["status"] == "failed" and run.read_info()["status"] == "failed"
-    assert "every process of the run ended" in run.read_info()["error"]["message"]
+    assert f"rank 0 pid {rank.pid} " in view.record.error.message
+    assert control.still_running(run, executor.views([run])[0]) is None
+    (view,) = executor.views([run], write_back=True)
+    assert view.record.status == "failed" and run_info(run.path)["status"] == "failed"
+    assert "every process of the run ended" in run_info(run.path)["error"]["message"]
 
 
 def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
@@ -338,11 +340,11 @@ def test_a_pending_run_counts_its_supervisor_only(tmp_path, fake_slurm):
     for its new supervisor is not failed for them."""
     run = make_run(tmp_path, status="pending", executor="local")
     run.proc_file(0).write_text(json.dumps(_ended_ref().to_dict()))
-    assert control.refresh([run])[0]["status"] == "pending"
+    assert executor.views([run])[0].record.status == "pending"
     run.update(launcher=_ended_ref())
-    assert control.refresh([run])[0]["status"] == "failed"
+    assert executor.views([run])[0].record.status == "failed"
     run.update(status="preempted")  # stopped: its ranks recorded it, whatever became of them
-    assert control.refresh([run])[0]["status"] == "preempted"
+    assert executor.views([run])[0].record.status == "preempted"
 
 
 def old_job_id(run: RunDir, value) -> RunDir:
@@ -358,15 +360,15 @@ def test_status_of_mistyped_fields_names_them(tmp_path, fake_slurm):
             make_run(tmp_path, "b", status="failed", error="boom", final=[1, 2], launcher="x",
                      executor="local"),
             make_run(tmp_path, "c", status=5, final={"epoch": 2, "val_acc": "high"}, hosts="n1")]
-    infos = control.refresh(runs)
-    problems = [p for info in infos for p in info["problems"]]
+    found = executor.views(runs)
+    problems = [p for view in found for p in view.problems]
     assert "run.json: final is 'epoch 3' (str), not a mapping of metrics; ignored" in problems
     assert "run.json: requeues is '3' (str), not a whole number; ignored" in problems
     assert "run.json: slurm_job_id is ['7'] (a list), not a Slurm job id such as 123 or 123_4; ignored" in problems
     assert any(p.startswith("run.json: error is 'boom'") for p in problems)
     assert any(p.startswith("run.json: final.val_acc is 'high'") for p in problems)
     assert len(problems) == 9  # and launcher, status, final (a list), hosts
-    lines = control.status_table(runs, infos).splitlines()
+    lines = control.status_table(runs, found).splitlines()
     assert lines[1].split() == ["exp/a", "running", "-", "-", "-"]
     assert lines[2].split() == ["exp/b", "failed", "-", "-", "-"]
     assert lines[3].split() == ["exp/c", "unknown", "2", "-", "-"]
@@ -390,7 +392,7 @@ def test_cancel_signals_only_processes_it_verified(tmp_path, monkeypatch):
         assert lines[2].startswith("rank 2: it runs on node9") and "its rank 0 reads the cancel" in lines[2]
         assert ours.wait(timeout=10) == -15 and unrelated.poll() is None
         # rank 2 may still live elsewhere: the run is not cancelled before its rank 0 says so
-        assert run.read_info()["status"] == "running" and run.read_info()["cancel_requested_at"]
+        assert run_info(run.path)["status"] == "running" and run_info(run.path)["cancel_requested_at"]
     finally:
         unrelated.kill()
         ours.kill()

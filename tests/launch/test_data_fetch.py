@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import base_env, cli
 from datafiles import cifar_checksums, write_cifar, write_mnist
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused
 
@@ -28,11 +29,6 @@ def offline_env(**extra: str) -> dict:
     return env
 
 
-def cli(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=tmp_path, env=env or offline_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def digests(root: Path) -> dict:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -41,7 +37,7 @@ def digests(root: Path) -> dict:
 @pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
 def test_offline_the_fetch_fails_in_one_line_that_says_where_to_run_it(tmp_path, dataset):
     root = tmp_path / "my data"
-    done = cli(tmp_path, "data", "fetch", dataset, "--root", str(root))
+    done = cli(tmp_path, "data", "fetch", dataset, "--root", str(root), env=offline_env())
     assert done.returncode == 1, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()[-1:]
     assert line.startswith(f"clusterjob: error: downloading {dataset} into {str(root)!r} failed: ")
@@ -54,7 +50,7 @@ def test_offline_the_fetch_fails_in_one_line_that_says_where_to_run_it(tmp_path,
 def test_mnist_files_already_there_are_found_and_nothing_is_downloaded(tmp_path):
     root = write_mnist(tmp_path / "data", n_train=64, n_test=32)
     before = digests(root)
-    done = cli(tmp_path, "data", "fetch", "mnist", "--root", "data")
+    done = cli(tmp_path, "data", "fetch", "mnist", "--root", "data", env=offline_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout == f"mnist: already in {root / 'MNIST' / 'raw'}/; nothing downloaded\n"
     assert digests(root) == before
@@ -82,9 +78,9 @@ def test_the_data_command_starts_without_torch_and_refuses_bad_input(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe, "data", "fetch", "--help"], env=base_env(),
                           capture_output=True, text=True)
     assert done.returncode == 0 and "{cifar10,mnist}" in done.stdout, done.stderr
-    unknown = cli(tmp_path, "data", "fetch", "imagenet")
+    unknown = cli(tmp_path, "data", "fetch", "imagenet", env=offline_env())
     assert unknown.returncode == 2 and "invalid choice: 'imagenet' (choose from 'cifar10', 'mnist')" in unknown.stderr
-    bad_root = cli(tmp_path, "data", "fetch", "mnist", "--root", "a\nb")
+    bad_root = cli(tmp_path, "data", "fetch", "mnist", "--root", "a\nb", env=offline_env())
     assert bad_root.returncode == 2 and bad_root.stderr.startswith("clusterjob: error: --root: ")
     assert len(bad_root.stderr.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
 
@@ -94,16 +90,16 @@ def test_an_offline_run_names_the_fetch_command_in_one_line(tmp_path, download):
     root = tmp_path / "data"
     spec = write_spec(tmp_path, "offline", data={"dataset": "mnist", "root": str(root), "download": download},
                       resources={"tasks_per_node": 1})
-    submitted = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=240)
+    submitted = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=240, env=offline_env())
     assert submitted.returncode == 1, submitted.stdout + submitted.stderr
     fetch = f"run `clusterjob data fetch mnist --root {root}`"
     (run,) = [p for p in (tmp_path / "results" / "offline").iterdir() if not p.name.startswith(".")]
     message = json.loads((run / "run.json").read_text())["error"]["message"]
     assert fetch in message and "\n" not in message
     assert ("once where there is (e.g. on the login node" if download else "where there is internet") in message
-    status = cli(tmp_path, "status", str(tmp_path / "results")).stdout.splitlines()
+    status = cli(tmp_path, "status", str(tmp_path / "results"), env=offline_env()).stdout.splitlines()
     error = [line for line in status if line.startswith(f"{run.name}: ")]
     assert error == [f"{run.name}: failed on rank 0: BadInput: {message[len('BadInput: '):]}"]  # once, no traceback
     assert status[-1] == error[0]
     write_mnist(root, n_train=64, n_test=32)  # what the fetch would leave
-    assert cli(tmp_path, "data", "fetch", "mnist", "--root", str(root)).returncode == 0
+    assert cli(tmp_path, "data", "fetch", "mnist", "--root", str(root), env=offline_env()).returncode == 0

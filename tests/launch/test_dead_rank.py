@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 from owncode import Project
-from slurmcluster import cli, submit, task_pid, wait_for
+from slurmcluster import submit, task_pid, wait_for
 
 from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
@@ -67,7 +68,7 @@ def died_at(run: Path, session: int = 0) -> float:
 ])
 def test_a_dead_rank_fails_the_run_within_seconds_naming_it(tmp_path, how, retries, said):
     own = project(tmp_path, how, max_retries=retries)
-    done = own.cli("submit", "dead.yaml", "--executor", "local", "--wait", timeout=TIMEOUT_S / 4)
+    done = cli(own.folder, "submit", "dead.yaml", "--executor", "local", "--wait", timeout=TIMEOUT_S / 4)
     info = own.info()
     assert done.returncode == 1, done.stdout + done.stderr
     assert info["status"] == "failed" and info["error"]["rank"] == 1
@@ -78,7 +79,7 @@ def test_a_dead_rank_fails_the_run_within_seconds_naming_it(tmp_path, how, retri
 
 def test_the_retry_after_a_killed_rank_starts_within_seconds(tmp_path):
     own = project(tmp_path, "kill", max_retries=1, retry_backoff_s=0.5)
-    done = own.cli("submit", "dead.yaml", "--executor", "local", "--wait", timeout=TIMEOUT_S / 4)
+    done = cli(own.folder, "submit", "dead.yaml", "--executor", "local", "--wait", timeout=TIMEOUT_S / 4)
     info = own.info()
     assert done.returncode == 0, done.stdout + done.stderr
     assert (info["status"], info["retries"]) == ("completed", 1)
@@ -138,7 +139,7 @@ def test_a_rank_killed_in_a_slurm_job_ends_the_job_within_seconds(slurm_cluster,
     killed = time.time()
     wait_for(lambda: not _queued(slurm_cluster, job), SOON_S + 15, "the job to leave the queue")
     took = time.time() - killed
-    shown = cli(slurm_cluster, tmp_path, "status", "results")
+    shown = cli(tmp_path, "status", "results", env=slurm_cluster.env())
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "failed" and info["error"]["rank"] == 1, info
     assert info["error"]["message"].startswith("task 1 on node2: Killed"), info["error"]

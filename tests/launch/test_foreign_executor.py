@@ -12,11 +12,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
+from clirun import REPO, cli
 
-REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = "[clusterjob.executors]\ntoy = toyexec:ToyExecutor\n"
 
 
@@ -33,11 +34,11 @@ def toy_site(tmp_path) -> Path:
     return site
 
 
-def cli(folder: Path, site, *args: str, module: str = "clusterjob") -> subprocess.CompletedProcess:
-    path = os.pathsep.join([str(REPO)] + ([str(site)] if site else []))
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SLURM")}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=folder, env={**env, "PYTHONPATH": path},
-                          capture_output=True, text=True, timeout=120)
+def env(site: Optional[Path]) -> dict:
+    """No Slurm, and the toy's package on the path when ``site`` holds it (a process of its
+    own then: clirun)."""
+    return {**{key: value for key, value in os.environ.items() if not key.startswith("SLURM")},
+            "PYTHONPATH": os.pathsep.join([str(REPO)] + ([str(site)] if site else []))}
 
 
 def write_spec(folder: Path, **resources) -> Path:
@@ -50,10 +51,10 @@ def write_spec(folder: Path, **resources) -> Path:
 
 def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp_path, toy_site):
     write_spec(tmp_path, toy_slots=2)
-    preview = cli(tmp_path, toy_site, "submit", "toyrun.yaml", "--executor", "toy", "--dry-run")
+    preview = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", "--dry-run", env=env(toy_site))
     assert (preview.returncode, preview.stdout) == (0, "toy: 2 run(s) into 2 slot(s)\n"), preview.stderr
-    assert cli(tmp_path, toy_site, "validate", "toyrun.yaml").returncode == 0
-    done = cli(tmp_path, toy_site, "submit", "toyrun.yaml", "--executor", "toy")
+    assert cli(tmp_path, "validate", "toyrun.yaml", env=env(toy_site)).returncode == 0
+    done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", env=env(toy_site))
     assert done.returncode == 0, done.stderr
     runs = sorted(p for p in (tmp_path / "results" / "toyrun").iterdir() if not p.name.startswith("."))
     assert [line for line in done.stdout.splitlines() if line.startswith("toy:")] == [
@@ -64,19 +65,19 @@ def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp
         assert (record["job"], record["slurm_job_id"]) == ({"executor": "toy", "id": f"toy-{index}"}, None)
         assert yaml.safe_load((run / "spec.yaml").read_text())["resources"]["toy_slots"] == 2  # the resolved spec
 
-    shown = cli(tmp_path, toy_site, "status", "results/toyrun")
+    shown = cli(tmp_path, "status", "results/toyrun", env=env(toy_site))
     assert shown.returncode == 0, shown.stderr
     rows = {line.split()[0]: line for line in shown.stdout.splitlines()[1:] if line}
     assert sorted(rows) == [f"toyrun/{run.name}" for run in runs], shown.stdout
     assert all("pending (in the toy queue (queued))" in row for row in rows.values()), shown.stdout
     assert [row.split()[-1] for row in rows.values()] == ["toy-0", "toy-1"]  # the JOB column: the toy's ids
 
-    gone = cli(tmp_path, toy_site, "cancel", str(runs[0]))
+    gone = cli(tmp_path, "cancel", str(runs[0]), env=env(toy_site))
     assert gone.returncode == 0, gone.stderr
     assert gone.stdout.splitlines() == ["taken out of the toy queue", f"{runs[0]}: cancelled"]
     assert json.loads((runs[0] / "run.json").read_text())["status"] == "cancelled"
-    again = {line.split()[0]: line for line in cli(tmp_path, toy_site, "status", "results/toyrun").stdout.splitlines()
-             if line.startswith("toyrun/")}
+    shown = cli(tmp_path, "status", "results/toyrun", env=env(toy_site))
+    again = {line.split()[0]: line for line in shown.stdout.splitlines() if line.startswith("toyrun/")}
     assert again[f"toyrun/{runs[0].name}"].split()[1] == "cancelled"
     assert "pending (in the toy queue (queued))" in again[f"toyrun/{runs[1].name}"]
 
@@ -89,14 +90,15 @@ def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp
 ])
 def test_the_toys_own_key_is_checked_in_one_line_and_nothing_is_written(tmp_path, toy_site, extra, message):
     write_spec(tmp_path)
-    done = cli(tmp_path, toy_site, "submit", "toyrun.yaml", "--executor", "toy", *extra)
+    done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", *extra, env=env(toy_site))
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"clusterjob: error: {message}\n")
     assert not (tmp_path / "results").exists()
 
 
 def test_a_task_reads_the_toys_key_too(tmp_path, toy_site):
     write_spec(tmp_path, toy_slots=0)
-    done = cli(tmp_path, toy_site, "toyrun.yaml", "--point", "0", module="clusterjob.run")
+    done = subprocess.run([sys.executable, "-m", "clusterjob.run", "toyrun.yaml", "--point", "0"], cwd=tmp_path,
+                          env=env(toy_site), capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, "clusterjob.run: error: resources.toy_slots: 0 is out of range; "
                                                  "it must be >= 1\n")
     assert not (tmp_path / "results").exists()
@@ -104,10 +106,10 @@ def test_a_task_reads_the_toys_key_too(tmp_path, toy_site):
 
 def test_without_its_package_the_toy_and_its_key_are_unknown(tmp_path):
     write_spec(tmp_path)
-    done = cli(tmp_path, None, "submit", "toyrun.yaml", "--executor", "toy", "--dry-run")
+    done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", "--dry-run", env=env(None))
     assert (done.returncode, done.stderr) == (2, "clusterjob: error: --executor 'toy': no such executor; choose one "
                                                  "of: auto, slurm, local\n")
-    done = cli(tmp_path, None, "validate", "toyrun.yaml", "--set", "resources.toy_slots=2")
+    done = cli(tmp_path, "validate", "toyrun.yaml", "--set", "resources.toy_slots=2", env=env(None))
     assert done.returncode == 2 and done.stderr.startswith("clusterjob: error: resources.toy_slots: unknown key;")
 
 
@@ -115,7 +117,7 @@ def test_an_entry_point_that_cannot_be_loaded_is_one_line_naming_its_package(tmp
     info = toy_site / "clusterjob_toy-0.1.dist-info" / "entry_points.txt"
     info.write_text(ENTRY_POINTS + "broken = nosuchmodule:Executor\n")
     write_spec(tmp_path, toy_slots=2)
-    done = cli(tmp_path, toy_site, "submit", "toyrun.yaml", "--executor", "broken", "--dry-run")
+    done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "broken", "--dry-run", env=env(toy_site))
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("clusterjob: error: executor 'broken': the entry point 'nosuchmodule:Executor' of "
                            "clusterjob.executors cannot be loaded (ModuleNotFoundError: No module named "

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 import yaml
-from trainutil import base_env, write_spec
+from clirun import base_env, cli
+from trainutil import write_spec
 
 from clusterjob.core.errors import BadInput
 from clusterjob.launch.executors import local
@@ -73,9 +74,8 @@ def test_submit_counts_the_gpus_only_for_a_gpu_spec(monkeypatch):
 
 def test_a_local_run_of_more_gpu_tasks_than_visible_gpus_exits_2_at_submit_and_starts_nothing(tmp_path):
     spec = write_spec(tmp_path, "gpus", resources={"tasks_per_node": 2, "gpus_per_node": 2})
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
-                          cwd=tmp_path, env={**base_env(), "CUDA_VISIBLE_DEVICES": "0"}, capture_output=True,
-                          text=True, timeout=120)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait",
+               env={**base_env(), "CUDA_VISIBLE_DEVICES": "0"}, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr == ("clusterjob: error: resources.tasks_per_node: 2 needs 2 GPUs here (one per task), but 1 "
                            "GPU is visible (CUDA_VISIBLE_DEVICES='0'); set resources.tasks_per_node: 1, or "

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import pty
 import subprocess
-import sys
 from pathlib import Path
 
-from trainutil import base_env, write_spec
+from clirun import base_env, cli, start
+from trainutil import write_spec
 
 EPOCHS = 3
 
@@ -19,10 +19,6 @@ EPOCHS = 3
 def spec(tmp_path: Path) -> Path:
     # 256 samples, batch 16, one process: 16 steps per epoch, a progress line every 4
     return write_spec(tmp_path, "live", train={"epochs": EPOCHS, "log_every": 4}, resources={"tasks_per_node": 1})
-
-
-def command(spec_path: Path) -> list[str]:
-    return [sys.executable, "-m", "clusterjob", "submit", str(spec_path), "--executor", "local", "--wait"]
 
 
 def logged(tmp_path: Path) -> list[str]:
@@ -55,8 +51,7 @@ def screen(raw: str) -> list[str]:
 
 
 def test_in_a_pipe_every_progress_line_and_every_epoch_line_is_printed(tmp_path):
-    done = subprocess.run(command(spec(tmp_path)), cwd=tmp_path, env=base_env(), capture_output=True, text=True,
-                          timeout=240)
+    done = cli(tmp_path, "submit", str(spec(tmp_path)), "--executor", "local", "--wait", timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     shown = done.stdout.splitlines()
     summary = next(i for i, line in enumerate(shown) if "  completed  " in line)
@@ -69,8 +64,8 @@ def test_in_a_pipe_every_progress_line_and_every_epoch_line_is_printed(tmp_path)
 def test_on_a_terminal_each_epoch_stays_on_screen_and_the_step_line_is_rewritten(tmp_path):
     parent, child = pty.openpty()
     env = {**base_env(), "COLUMNS": "200", "TERM": "xterm"}
-    proc = subprocess.Popen(command(spec(tmp_path)), cwd=tmp_path, env=env, stdout=child, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    proc = start(tmp_path, "submit", str(spec(tmp_path)), "--executor", "local", "--wait", env=env, stdout=child,
+                 stdin=subprocess.DEVNULL, text=False)
     os.close(child)
     raw = b""
     while True:

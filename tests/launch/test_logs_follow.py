@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import cli, start
 from owncode import Project
 
 pytestmark = pytest.mark.slow
@@ -25,7 +26,7 @@ print("to stderr", file=sys.stderr, flush=True)
 def started(own: Project, script: str) -> Path:
     """The run of ``script``, handed to a detached local supervisor, once its rank logs."""
     own.spec(script)
-    done = own.cli("submit", f"{own.name}.yaml", "--executor", "local")
+    done = cli(own.folder, "submit", f"{own.name}.yaml", "--executor", "local")
     assert done.returncode == 0, done.stderr
     deadline = time.time() + 60
     while not (own.run / "logs" / "rank0.out").exists() and time.time() < deadline:
@@ -40,7 +41,7 @@ def stamps(folder: Path) -> dict:
 def test_follow_prints_the_rank_as_it_writes_and_ends_with_the_run(tmp_path):
     own = Project(tmp_path, "follow")
     run = started(own, SLOW_PRINTS)
-    follow = own.cli("logs", str(run), "--follow", timeout=120)
+    follow = cli(own.folder, "logs", str(run), "--follow", timeout=120)
     assert follow.returncode == 0, follow.stderr
     out = follow.stdout
     assert [out.index(f"line {i}\n") for i in range(1, 7)] == sorted(out.index(f"line {i}\n") for i in range(1, 7))
@@ -50,7 +51,7 @@ def test_follow_prints_the_rank_as_it_writes_and_ends_with_the_run(tmp_path):
     while "completed" not in (run / "logs/supervisor.log").read_text() and time.time() < deadline:
         time.sleep(0.05)  # the supervisor's last word, after the run's
     before = stamps(run)
-    again = own.cli("logs", str(run), "-f", timeout=60)  # a finished run: all of it, at once
+    again = cli(own.folder, "logs", str(run), "-f", timeout=60)  # a finished run: all of it, at once
     assert again.returncode == 0 and "line 6" in again.stdout
     assert stamps(run) == before  # read-only
 
@@ -58,7 +59,7 @@ def test_follow_prints_the_rank_as_it_writes_and_ends_with_the_run(tmp_path):
 def test_ctrl_c_ends_follow_quietly(tmp_path):
     own = Project(tmp_path, "interrupt")
     run = started(own, "import time\nprint('started', flush=True)\ntime.sleep(60)\n")
-    follow = own.start("logs", str(run), "--follow")
+    follow = start(own.folder, "logs", str(run), "--follow")
     deadline = time.time() + 30
     while own.info()["status"] != "running" and time.time() < deadline:
         time.sleep(0.1)
@@ -67,4 +68,4 @@ def test_ctrl_c_ends_follow_quietly(tmp_path):
     out, err = follow.communicate(timeout=30)
     assert follow.returncode == 130 and err == "", err
     assert "started" in out
-    assert own.cli("cancel", str(run)).returncode == 0
+    assert cli(own.folder, "cancel", str(run)).returncode == 0

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import base_env, cli, start
 from owncode import Project
 from slurmcluster import wait_for
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 from clusterjob.core import procs, units
 
@@ -26,16 +25,6 @@ pytestmark = pytest.mark.slow
 LONG = dict(train={"epochs": 40, "batch_size": 8, "log_every": 2, "lr": 0.005},  # a small lr: no divergence mid-test
             data={"limit_train": 1024, "limit_val": 64},
             resources={"tasks_per_node": 1})
-
-
-def cli(cwd: Path, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=env or base_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def start(cwd: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def runs_of(tmp_path: Path, name: str) -> list[Path]:
@@ -126,7 +115,8 @@ def test_a_finished_run_s_logs_say_why_a_rank_has_none_and_end_in_the_report_s_u
 
 
 def test_cancel_and_status_agree_and_resume_says_where_it_starts(tmp_path):
-    spec = write_spec(tmp_path, "pair", **LONG, sweep={"train.epochs": [40, 1]})
+    one_at_a_time = {**LONG, "resources": {**LONG["resources"], "array_parallelism": 1}}  # the second waits its turn
+    spec = write_spec(tmp_path, "pair", **one_at_a_time, sweep={"train.epochs": [40, 1]})
     assert cli(tmp_path, "submit", str(spec), "--executor", "local").returncode == 0
     first, second = sorted(runs_of(tmp_path, "pair"), key=lambda r: -yaml.safe_load((r / "spec.yaml").read_text())[
         "train"]["epochs"])

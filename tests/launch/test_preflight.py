@@ -4,6 +4,7 @@ a partition and a QOS that have limits, through the CLI."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -11,9 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from slurmcluster import cli
+from clirun import cli
 
-from clusterjob.cli import main
 from clusterjob.launch import preflight
 from clusterjob.spec.schema import load_spec
 
@@ -130,12 +130,12 @@ def write(tmp_path: Path, name: str, **resources) -> Path:
 @pytest.mark.slurm
 def test_validate_cluster_against_a_partition_and_qos_with_limits(slurm_cluster, tmp_path, limited):
     part, qos = limited
-    good = cli(slurm_cluster, tmp_path, "validate", str(write(tmp_path, "good", partition=part, time_min=5)),
-               "--cluster")
+    good = cli(tmp_path, "validate", str(write(tmp_path, "good", partition=part, time_min=5)),
+               "--cluster", env=slurm_cluster.env())
     assert good.returncode == 0, good.stdout + good.stderr
     assert f"ok    partition: {part} (2 nodes, state UP)" in good.stdout and "sbatch --test-only: Job" in good.stdout
-    bad = cli(slurm_cluster, tmp_path, "validate", "--cluster",
-              str(write(tmp_path, "bad", partition=part, nodes=2, time_min=10, qos=qos)))
+    bad = cli(tmp_path, "validate", "--cluster",
+              str(write(tmp_path, "bad", partition=part, nodes=2, time_min=10, qos=qos)), env=slurm_cluster.env())
     assert bad.returncode == 2
     failed = [line for line in bad.stdout.splitlines() if line.startswith("FAIL")]
     assert [line.split(":")[0] for line in failed] == ["FAIL  nodes", "FAIL  time", "FAIL  qos",
@@ -148,11 +148,11 @@ def test_validate_cluster_against_a_partition_and_qos_with_limits(slurm_cluster,
 def test_submit_runs_the_preflight_first_and_queues_nothing_on_failure(slurm_cluster, tmp_path, limited):
     part, _ = limited
     spec = write(tmp_path, "refused", partition=part, nodes=2)
-    done = cli(slurm_cluster, tmp_path, "submit", str(spec), "--executor", "slurm")
+    done = cli(tmp_path, "submit", str(spec), "--executor", "slurm", env=slurm_cluster.env())
     assert done.returncode == 2 and "preflight check(s) failed" in done.stderr and "FAIL  nodes" in done.stderr
     assert not (tmp_path / "results").exists()  # nothing made, nothing queued
-    missing = cli(slurm_cluster, tmp_path, "submit", str(write(tmp_path, "nopart", partition="nosuchpart")),
-                  "--executor", "slurm")
+    missing = cli(tmp_path, "submit", str(write(tmp_path, "nopart", partition="nosuchpart")),
+                  "--executor", "slurm", env=slurm_cluster.env())
     assert missing.returncode == 2 and "'nosuchpart' does not exist" in missing.stderr
 
 
@@ -192,7 +192,7 @@ def hostile_spec(tmp_path: Path, **extra) -> Path:
 
 def test_the_golden_cluster_passes_every_check(tmp_path, slurm_shims):
     golden_cluster(slurm_shims)
-    done = slurm_shims.cli(tmp_path, "validate", str(hostile_spec(tmp_path)), "--cluster")
+    done = cli(tmp_path, "validate", str(hostile_spec(tmp_path)), "--cluster", env=slurm_shims.env(alone=True), errors="replace")
     assert done.returncode == 0 and "ok: 9 of 9 checks passed" in done.stderr, done.stdout + done.stderr
     assert "ok    partition: debug (3 nodes, state UP)" in done.stdout
 
@@ -231,15 +231,13 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("answers, resources, check, says", [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
-def test_validate_cluster_says_what_could_not_be_read_and_never_guesses(tmp_path, slurm_shims, capsys, answers,
-                                                                     resources, check, says):
-    """The CLI's own main() in this process (an exception would fail the test), for speed."""
+def test_validate_cluster_says_what_could_not_be_read_and_never_guesses(tmp_path, slurm_shims, answers, resources,
+                                                                     check, says):
     golden_cluster(slurm_shims, **answers)
     spec = hostile_spec(tmp_path)
     spec.write_text(spec.read_text().replace("cpus_per_task: 1", "cpus_per_task: 1\n" + "".join(
         f"  {key}: {value}\n" for key, value in resources.items())))
-    code = main(["validate", str(spec), "--cluster"])
-    done = SimpleNamespace(returncode=code, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
+    done = cli(tmp_path, "validate", str(spec), "--cluster", env=os.environ)  # in this process, for speed
     assert done.returncode == 2, done.stdout + done.stderr
     failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
     assert [line.split(":")[0] for line in failed] == [f"FAIL  {name}" for name in check.split()], done.stdout
@@ -260,24 +258,24 @@ SWEEP = {"sweep": {"train.seed": [0, 1]}}
 def test_a_sweep_where_the_cluster_takes_no_array_is_refused_in_one_line(tmp_path, slurm_shims, config, says):
     golden_cluster(slurm_shims, config=config + "MaxJobCount = 10000\n")  # the jobs check has what it reads
     spec = str(hostile_spec(tmp_path, **SWEEP))
-    checked = slurm_shims.cli(tmp_path, "validate", spec, "--cluster")
+    checked = cli(tmp_path, "validate", spec, "--cluster", env=slurm_shims.env(alone=True), errors="replace")
     (failed,) = [line for line in checked.stdout.splitlines() if line.startswith("FAIL")]
     assert checked.returncode == 2 and failed.startswith(f"FAIL  array: {says}; fix: submit each sweep point"), \
         checked.stdout + checked.stderr
     assert "sbatch --test-only" not in checked.stdout  # no script without the array's size
     for flags in (["--dry-run"], ["--no-preflight"], []):
-        done = slurm_shims.cli(tmp_path, "submit", spec, "--executor", "slurm", *flags)
+        done = cli(tmp_path, "submit", spec, "--executor", "slurm", *flags, env=slurm_shims.env(alone=True), errors="replace")
         lines = done.stderr.splitlines()
         assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == "", (flags, done.stderr)
         assert says in lines[0] and lines[-1].startswith("clusterjob: error: ") and len(lines) == (1 if flags else 2)
     assert not (tmp_path / "results").exists() and slurm_shims.calls("sbatch") == []
-    one = slurm_shims.cli(tmp_path, "submit", str(hostile_spec(tmp_path)), "--executor", "slurm", "--dry-run")
+    one = cli(tmp_path, "submit", str(hostile_spec(tmp_path)), "--executor", "slurm", "--dry-run", env=slurm_shims.env(alone=True), errors="replace")
     assert one.returncode == 0 and "#SBATCH" in one.stdout and "--array" not in one.stdout, one.stderr  # no array
 
 
 def test_submit_with_an_unreadable_partition_queues_nothing(tmp_path, slurm_shims):
     golden_cluster(slurm_shims, partition=PARTITION.replace("TotalNodes=3", "TotalNodes=N/A"))
-    done = slurm_shims.cli(tmp_path, "submit", str(hostile_spec(tmp_path)), "--executor", "slurm")
+    done = cli(tmp_path, "submit", str(hostile_spec(tmp_path)), "--executor", "slurm", env=slurm_shims.env(alone=True), errors="replace")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
         "FAIL  nodes: the cluster's answer could not be read: `scontrol show partition` gave TotalNodes='N/A'; "

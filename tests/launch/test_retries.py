@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import cli
 
 from clusterjob.core import slurmctl
 from clusterjob.core.record import Job
@@ -43,8 +42,7 @@ def project(folder: Path, script: str, **resources) -> Path:
 
 
 def submit(folder: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", "retry.yaml", "--executor", "local", "--wait",
-                           *extra], cwd=folder, env=base_env(), capture_output=True, text=True, timeout=240)
+    done = cli(folder, "submit", "retry.yaml", "--executor", "local", "--wait", *extra, timeout=240)
     (run,) = [p for p in (folder / "results" / "retry").iterdir() if not p.name.startswith(".")]
     return done, json.loads((run / "run.json").read_text())
 
@@ -58,8 +56,7 @@ def test_a_rank_killed_by_sigkill_is_retried_from_the_last_checkpoint(tmp_path):
     assert attempt["why"] == "rank 1 was killed by SIGKILL" and attempt["retry"] == 1 and attempt["hosts"]
     assert info["final"] == {"sessions": 2.0, "step": 1}
     assert "rank 1 was killed by SIGKILL; retry 1 of 2 from the last checkpoint in 0.5 s" in done.stdout
-    shown = subprocess.run([sys.executable, "-m", "clusterjob", "status", "results"], cwd=tmp_path, env=base_env(),
-                           capture_output=True, text=True).stdout
+    shown = cli(tmp_path, "status", "results").stdout
     assert "completed" in shown and "retried 1x" in shown
 
 

@@ -9,27 +9,23 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
+from clirun import cli
 from fakeslurm import FakeSlurm, fake_slurm_at
 
-REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 AS_NOBODY = os.geteuid() == 0 and shutil.which("setpriv") is not None
+AS_NOBODY_PREFIX = [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 
-def cli(cwd: Path, *argv: str, as_nobody: bool = False) -> subprocess.CompletedProcess:
-    """``python -m clusterjob ARGV`` with only the Slurm shims of ``cwd/bin`` on PATH (no
-    real Slurm command is reached); as user nobody when asked (root reads every file)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": str(cwd / "bin")}
-    prefix = [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if as_nobody else []
-    return subprocess.run([*prefix, sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, errors="replace", timeout=120)
+def only_fakes(cwd: Path) -> dict:
+    """The environment with only the Slurm shims of ``cwd/bin`` on PATH (no real Slurm
+    command is reached)."""
+    return {**os.environ, "PATH": str(cwd / "bin")}
 
 
 def snapshot(root: Path) -> dict:
@@ -108,7 +104,7 @@ def test_resume_and_cancel_refuse_a_run_json_they_cannot_read(folder: Path, comm
     run = make_run(folder)
     damage(run)
     before = snapshot(folder)
-    done = cli(folder, command, "results/exp/r1")
+    done = cli(folder, command, "results/exp/r1", env=only_fakes(folder), errors="replace", process=False)  # refused
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("clusterjob: error: results/exp/r1/run.json") and says in lines[0], lines
@@ -127,7 +123,8 @@ def test_a_run_folder_without_permission_is_one_line(folder: Path, command: str,
     run = make_run(folder, status="running")
     (run / target).chmod(0o000 if target != "." else 0o300)  # "." : the run folder cannot be listed
     before = snapshot(folder)
-    done = cli(folder, command, "results/exp/r1", as_nobody=AS_NOBODY)
+    done = cli(folder, command, "results/exp/r1", env=only_fakes(folder), prefix=AS_NOBODY_PREFIX if AS_NOBODY else (),
+               errors="replace", timeout=120)
     after = snapshot(folder)
     (run / target).chmod(0o755)
     lines = done.stderr.splitlines()
@@ -141,7 +138,7 @@ def test_status_and_logs_read_around_a_damaged_run_json(folder: Path, damage):
     damage(make_run(folder))
     before = snapshot(folder)
     for argv in (("status", "results"), ("logs", "results/exp/r1")):
-        done = cli(folder, *argv)
+        done = cli(folder, *argv, env=only_fakes(folder), errors="replace", timeout=120)
         assert done.returncode in (0, 2) and "Traceback" not in done.stderr, done.stderr[-2000:]
         assert done.returncode == 0 or len(done.stderr.splitlines()) == 1
     assert snapshot(folder) == before
@@ -163,7 +160,7 @@ def test_cancel_when_scancel_fails_says_slurm_is_unreachable_and_writes_nothing(
     elif body:
         slurm_bin.script("scancel", body)
     before = snapshot(folder)
-    done = cli(folder, "cancel", "results/exp/r1")
+    done = cli(folder, "cancel", "results/exp/r1", env=only_fakes(folder), errors="replace", timeout=120)
     lines = done.stderr.splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("clusterjob: error: scancel 41 failed: Slurm is unreachable"), lines

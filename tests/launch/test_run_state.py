@@ -8,29 +8,18 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, epochs_of, run_info, write_spec
+from clirun import cli, start
+from trainutil import epochs_of, run_info, write_spec
 
 from clusterjob.core import procs
 
 pytestmark = pytest.mark.slow
 
 FINAL = ("completed", "failed", "cancelled")
-
-
-def cli(cwd: Path, *argv: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=base_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def start_cli(cwd: Path, *argv: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -61,7 +50,7 @@ def test_three_resumes_at_once_start_the_run_once(tmp_path):
     first = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     run = only_run(tmp_path, "race")
     assert run_info(run)["status"] == "preempted", first.stdout + first.stderr
-    resumes = [start_cli(tmp_path, "resume", str(run)) for _ in range(3)]
+    resumes = [start(tmp_path, "resume", str(run)) for _ in range(3)]
     done = [(p.wait(timeout=120), *p.communicate()) for p in resumes]
     assert sorted(code for code, _, _ in done) == [0, 2, 2], done
     for code, out, err in done:

@@ -213,11 +213,12 @@ SETUP=${CLUSTERJOB_TEST_SETUP:-unset} USR2_IGNORED=$(( (0x$ignored >> 11) & 1 ))
 """
 
 
-def dry_run(tmp_path, style, shims, script_args=()):
+def dry_run(tmp_path, style, shims, script_args=(), srun=FAKE_SRUN):
     """Run a rendered script with stand-ins for srun/scontrol/python (``shims``: the
-    slurm_shims fixture): (srun line, python line, the environment python saw)."""
+    slurm_shims fixture): (srun line, python line, the environment python saw, the
+    teardown's python line)."""
     bin_dir = shims.folder
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("python", FAKE_PYTHON)):
+    for name, text in (("srun", srun), ("scontrol", FAKE_SCONTROL), ("python", FAKE_PYTHON)):
         shims.script(name, text, shell="/bin/bash")
     raw = {**CPU, "resources": {**CPU["resources"], "cpus_per_task": 3,
                                 "setup": ["export CLUSTERJOB_TEST_SETUP=done"]}}
@@ -230,25 +231,46 @@ def dry_run(tmp_path, style, shims, script_args=()):
            "SLURM_CPUS_PER_TASK": "3", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}
     subprocess.run([shutil.which("bash"), str(script), *script_args], env=env, check=True, cwd=tmp_path)
     lines = log.read_text().splitlines()  # srun's line may span several (bash -c '...')
-    return lines[0], next(line for line in lines if line.startswith("python ")), lines[-1]
+    teardown = [line for line in lines if line.startswith("python -m clusterjob.launch.teardown ")]
+    python = next((i for i, line in enumerate(lines) if line.startswith("python ") and line not in teardown), None)
+    if python is None:  # srun ran nothing
+        return lines[0], None, None, teardown
+    return lines[0], lines[python], lines[python + 1], teardown
 
 
 def test_dry_run_srun_style(tmp_path, slurm_shims):
-    srun, python, extra = dry_run(tmp_path, "srun", slurm_shims, ["--set", "train.seed=1"])
+    srun, python, extra, teardown = dry_run(tmp_path, "srun", slurm_shims, ["--set", "train.seed=1"])
     assert srun.startswith("srun --kill-on-bad-exit=1 ") and srun.endswith(
         f" {tmp_path / 'bin' / 'python'} -m clusterjob.run {SPEC_PATH} --set train.lr=0.2 --set train.seed=1")
     assert python == f"python -m clusterjob.run {SPEC_PATH} --set train.lr=0.2 --set train.seed=1"
     assert extra == "SRUN_CPUS_PER_TASK=3 SETUP=done USR2_IGNORED=0"
+    # after srun, with srun's status and the same arguments: the teardown that names a dead rank
+    assert teardown == [f"python -m clusterjob.launch.teardown 0 {SPEC_PATH} --set train.lr=0.2 --set train.seed=1"]
+
+
+@pytest.mark.parametrize("style", sorted(sbatch.STYLES))
+def test_a_failed_srun_reaches_the_teardown_with_its_status(style, tmp_path, slurm_shims):
+    srun = '{ printf srun; printf " %s" "$@"; echo; } >> "$FAKE_LOG"\nexit 137\n'  # a task was killed
+    *_, teardown = dry_run(tmp_path, style, slurm_shims, srun=srun)
+    assert teardown == [f"python -m clusterjob.launch.teardown 137 {SPEC_PATH} --set train.lr=0.2"]
+
+
+@pytest.mark.parametrize("style", sorted(sbatch.STYLES))
+def test_the_templates_mark_where_each_session_starts_in_the_logs(style):
+    """The teardown reads only this session's part of a log a requeued job appends to."""
+    text = sbatch.template_path(style).read_text()
+    assert text.count(f'echo "{resources.SESSION_MARK}" >&2') == {"srun": 1, "torchrun": 2}[style]
 
 
 def test_dry_run_torchrun_style(tmp_path, slurm_shims):
-    srun, python, extra = dry_run(tmp_path, "torchrun", slurm_shims)
+    srun, python, extra, teardown = dry_run(tmp_path, "torchrun", slurm_shims)
     assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6 ")
     port = master_port_for_job("4242")  # the same rule as every srun task's MASTER_PORT
     assert python == ("python -m torch.distributed.run --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d "
                       f"--rdzv_endpoint=node7:{port} --rdzv_id=4242 -m clusterjob.run {SPEC_PATH} "
                       "--set train.lr=0.2")
     assert extra.startswith("SRUN_CPUS_PER_TASK=unset SETUP=done") and extra.endswith("USR2_IGNORED=1")
+    assert teardown == [f"python -m clusterjob.launch.teardown 0 {SPEC_PATH} --set train.lr=0.2"]
 
 
 def test_dry_run_without_a_spec_is_a_usage_error(tmp_path):

@@ -4,11 +4,11 @@ with one line naming the file, what is wrong and the fix; no traceback, nothing 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, write_spec
+from clirun import base_env, cli
+from trainutil import write_spec
 
 from clusterjob.launch import sbatch
 
@@ -36,8 +36,7 @@ def sbatch_with(tmp_path: Path, content: "str | bytes", style: str = "srun") -> 
     target = folder / sbatch.STYLES[style]
     target.write_bytes(content if isinstance(content, bytes) else content.encode())
     env = {**base_env(), "CLUSTERJOB_SBATCH_DIR": str(folder)}
-    return subprocess.run([sys.executable, "-m", "clusterjob", "sbatch", str(write_spec(tmp_path)), "--style", style],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return cli(tmp_path, "sbatch", str(write_spec(tmp_path)), "--style", style, env=env, timeout=60)
 
 
 def refused(done: subprocess.CompletedProcess, tmp_path: Path, style: str, says: str) -> None:

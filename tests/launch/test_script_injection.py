@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import cli
 
 from clusterjob.launch import sbatch
 from clusterjob.launch.executors import slurm
@@ -72,11 +73,10 @@ def test_submit_dry_run_through_the_cli_prints_the_same_quoted_script(tmp_path, 
     spec.write_text(f"name: n\noutput: {{root: {shlex.quote(str(root))}}}\n")
     for name in ("sbatch", "sinfo", "scontrol"):  # "Slurm is reachable": the slurm path is taken
         slurm_shims.answer(name)
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "slurm",
-                           "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
-                          env=slurm_shims.env(), timeout=60)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "slurm", "--dry-run", env=slurm_shims.env(), timeout=60)
     assert done.returncode == 0, done.stderr
-    assert shlex.quote(str(root / "n" / ".slurm")) in done.stdout
+    # the folder reaches the script inside whole quoted arguments (the runs file each task reads)
+    assert shlex.quote(str(root / "n" / ".slurm" / "<stamp>.p<part>.runs.json")) in done.stdout
     assert not root.exists() and not (tmp_path / "CANARY").exists()  # a dry run writes nothing
 
 
@@ -100,5 +100,7 @@ def test_clusterjob_sbatch_passes_the_spec_path_as_one_argument(tmp_path, slurm_
                           env={"PATH": slurm_shims.path(), "CLUSTERJOB_PYTHON": str(bin_dir / "python"),
                                "SLURM_CPUS_PER_TASK": "1"}, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\0")[:-1] == ["-m", "clusterjob.run", spec_path, "--set", "train.lr=0.2"]
+    # the runner, then the teardown after srun: each gets the path as one argument
+    assert done.stdout.split("\0")[:-1] == ["-m", "clusterjob.run", spec_path, "--set", "train.lr=0.2",
+                                             "-m", "clusterjob.launch.teardown", "0", spec_path, "--set", "train.lr=0.2"]
     assert not (tmp_path / "CANARY").exists()

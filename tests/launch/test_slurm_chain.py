@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurmcluster import cli, submit
+from clirun import cli
+from slurmcluster import submit
 
 pytestmark = pytest.mark.slurm
 
@@ -73,8 +74,8 @@ def test_a_job_waits_for_every_task_of_an_array(slurm_cluster, tmp_path):
 
 def test_a_failed_dependency_fails_the_waiting_run_instead_of_leaving_it_pending(slurm_cluster, tmp_path):
     (first,) = submit(slurm_cluster, spec(tmp_path, "first", FAILING))
-    done = cli(slurm_cluster, tmp_path, "submit", str(spec(tmp_path, "second", READER)), "--executor", "slurm",
-               "--after", str(first), "--wait")
+    done = cli(tmp_path, "submit", str(spec(tmp_path, "second", READER)), "--executor", "slurm",
+               "--after", str(first), "--wait", env=slurm_cluster.env())
     assert done.returncode == 1, done.stdout + done.stderr
     (second,) = [p for p in (tmp_path / "results" / "second").iterdir() if not p.name.startswith(".")]
     assert info(second)["status"] == "failed"
@@ -84,6 +85,6 @@ def test_a_failed_dependency_fails_the_waiting_run_instead_of_leaving_it_pending
     sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", info(second)["slurm_job_id"]],
                            capture_output=True, text=True, env=slurm_cluster.env()).stdout.split()
     assert sacct[:1] == ["CANCELLED"]  # Slurm ended the job that could never start
-    again = cli(slurm_cluster, tmp_path, "submit", str(tmp_path / "second.yaml"), "--executor", "slurm",
-                "--after", str(first))
+    again = cli(tmp_path, "submit", str(tmp_path / "second.yaml"), "--executor", "slurm",
+                "--after", str(first), env=slurm_cluster.env())
     assert again.returncode == 2 and "is failed: ValueError: the first run broke" in again.stderr

@@ -8,7 +8,8 @@ import os
 import signal
 
 import pytest
-from slurmcluster import check_cost_against_sacct, cli, rank0_log, submit, task_pid, wait_for
+from clirun import cli
+from slurmcluster import check_cost_against_sacct, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
@@ -33,6 +34,6 @@ def test_a_rank_killed_with_sigkill_is_retried_from_the_last_checkpoint(slurm_cl
     assert (attempt["retry"], attempt["job"]) == (1, job)
     assert [r["epoch"] for r in epochs_of(run)] == [1, 2, 3]  # every epoch once
     assert "resuming" in rank0_log(run)  # from the checkpoint, not from epoch 1
-    shown = cli(slurm_cluster, tmp_path, "status", str(run)).stdout
+    shown = cli(tmp_path, "status", str(run), env=slurm_cluster.env()).stdout
     assert "completed" in shown and "retried 1x" in shown
     check_cost_against_sacct(slurm_cluster, run, job)  # the time from the epoch's checkpoint to the kill is lost

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurmcluster import check_cost_against_sacct, cli, rank0_log, submit, task_pid, wait_for
+from clirun import cli
+from slurmcluster import check_cost_against_sacct, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, final_state, max_abs_diff, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
@@ -30,7 +31,7 @@ LEAKS = {"SLURM_JOB_ID": "999", "SLURM_PROCID": "7", "SLURM_NTASKS": "9", "SLURM
 
 
 def status_of(cluster, run: Path) -> str:
-    out = cli(cluster, run, "status", str(run)).stdout.splitlines()
+    out = cli(run, "status", str(run), env=cluster.env()).stdout.splitlines()
     return out[1].split()[1]
 
 
@@ -50,19 +51,19 @@ def test_multi_node_submit_completes(slurm_cluster, baseline):
     assert info["master_port"] != 1 and info["slurm_job_id"] != "999"
     assert info["executor"] == "slurm" and info["slurm_job_id"]
     assert [r["epoch"] for r in epochs_of(baseline)] == [1, 2, 3]
-    logs = cli(slurm_cluster, baseline, "logs", str(baseline), "--rank", "3")
+    logs = cli(baseline, "logs", str(baseline), "--rank", "3", env=slurm_cluster.env())
     assert logs.returncode == 0 and "global_rank=3(4)" in logs.stdout and "==> " in logs.stdout
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(slurm_cluster, tmp_path):
     spec = write_spec(tmp_path, "dry", resources={"nodes": 2, "tasks_per_node": 2, "partition": "debug"})
-    done = cli(slurm_cluster, tmp_path, "submit", str(spec), "--executor", "slurm", "--dry-run")
+    done = cli(tmp_path, "submit", str(spec), "--executor", "slurm", "--dry-run", env=slurm_cluster.env())
     assert done.returncode == 0, done.stderr
     for flag in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --partition=debug",
                  "#SBATCH --requeue", "--kill-on-bad-exit=1", "export SRUN_CPUS_PER_TASK=1", "#SBATCH --signal=USR2@"):
         assert flag in done.stdout
     assert not (tmp_path / "results").exists()
-    auto = cli(slurm_cluster, tmp_path, "submit", str(spec), "--dry-run")  # --executor auto: sbatch works
+    auto = cli(tmp_path, "submit", str(spec), "--dry-run", env=slurm_cluster.env())  # --executor auto: sbatch works
     assert auto.returncode == 0 and "#SBATCH --nodes=2" in auto.stdout
 
 
@@ -136,7 +137,7 @@ def test_a_raising_rank_fails_the_job_fast_with_its_traceback(slurm_cluster, tmp
     error = run_info(run)["error"]
     assert error["rank"] == 1 and "debug.fail_at_epoch" in error["message"]
     assert "RuntimeError" in error["traceback"]
-    shown = cli(slurm_cluster, tmp_path, "status", str(run)).stdout
+    shown = cli(tmp_path, "status", str(run), env=slurm_cluster.env()).stdout
     assert "failed on rank 1" in shown and "debug.fail_at_epoch" in shown
 
 
@@ -154,7 +155,7 @@ def test_a_killed_task_fails_the_job_fast(slurm_cluster, tmp_path):
 
 def test_cancel_ends_a_running_job(slurm_cluster, tmp_path):
     run, job = _start(slurm_cluster, tmp_path, "cancel")
-    done = cli(slurm_cluster, tmp_path, "cancel", str(run))
+    done = cli(tmp_path, "cancel", str(run), env=slurm_cluster.env())
     assert done.returncode == 0, done.stderr
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
                                         env=slurm_cluster.env()).stdout.strip(), 60, "the job to leave the queue")

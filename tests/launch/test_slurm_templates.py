@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 
 from clusterjob.core.env import clean_environ
 from clusterjob.launch import sbatch
@@ -147,9 +148,8 @@ def test_templates_agree_with_each_other_and_the_submitit_run(runs, slurm_cluste
         assert state == "COMPLETED", f"job {job} ({way}) ended {state}\n{logs(workdir)}"
         losses[way] = json.loads((run_dir / "run.json").read_text())["final"]["val_loss"]
     spec_file = runs["srun"][3].parents[2] / "tiny.yaml"  # <base>/results/templates/slurm-<id>
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec_file), "--executor", "slurm",
-                           "--set", OVERRIDE, "--wait"], env=job_env(slurm_cluster), capture_output=True,
-                          text=True, timeout=WAIT_S)
+    done = cli(os.getcwd(), "submit", str(spec_file), "--executor", "slurm", "--set", OVERRIDE, "--wait",
+               env=job_env(slurm_cluster), timeout=WAIT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     (line,) = [line for line in done.stdout.splitlines() if "  completed  " in line]
     info = json.loads((Path(line.split(" -> ")[1]) / "run.json").read_text())
@@ -226,3 +226,54 @@ def test_a_job_id_used_before_never_reopens_that_run(slurm_cluster, tmp_path):
     assert not (old.parent / f"slurm-{job}-3").exists()  # the requeued start found its own folder
     said = "".join(path.read_text(errors="replace") for path in workdir.glob("*.0.out"))
     assert f"{old} is a run of another job with the same id; this job runs in {new}" in said
+
+
+@pytest.mark.parametrize("style", ["srun", "torchrun"])
+def test_a_rank_killed_in_a_template_job_is_named_in_status_within_seconds(slurm_cluster, tmp_path, style):
+    """The templates' teardown line: a SIGKILLed rank ends the job within seconds (srun
+    --kill-on-bad-exit; under torchrun its agent first), and the run records it as the
+    cause, as srun or torchrun reported it, instead of "left the queue without the run
+    recording its end"; the job fails (exit 1), so a job waiting for it never starts."""
+    raw = tiny_spec(tmp_path / "results")
+    raw["data"]["limit_train"] = 8192
+    raw["train"]["epochs"] = 50
+    raw["dist"]["timeout_s"] = 600  # what a rank waiting for the dead one would wait without the launcher
+    raw["resources"].update(nodes=1, tasks_per_node=2)
+    spec_file = tmp_path / "long.yaml"
+    spec_file.write_text(yaml.safe_dump(raw))
+    workdir = tmp_path / "job"
+    workdir.mkdir()
+    cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--job-name=cj-kill-{style}", "--nodelist=node1",
+           "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=1G", "--time=10", "--gres=none",
+           str(sbatch.template_path(style)), str(spec_file)]
+    res = subprocess.run(cmd, env=job_env(slurm_cluster), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = res.stdout.strip().split(";")[0]
+    run_dir = tmp_path / "results" / "templates" / f"slurm-{job}"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not ((run_dir / "logs" / "rank1.proc.json").exists() and (run_dir / "logs" / "rank0.out").exists()
+                   and "[progress]" in (run_dir / "logs" / "rank0.out").read_text()):
+            assert time.monotonic() < deadline and job_state(slurm_cluster, job) not in DONE, \
+                f"job {job} did not get to train\n{logs(workdir)}"
+            time.sleep(0.2)
+        rank1 = json.loads((run_dir / "logs" / "rank1.proc.json").read_text())["pid"]  # one PID namespace
+        os.kill(rank1, 9)
+        killed = time.monotonic()
+        while job_state(slurm_cluster, job) not in DONE and time.monotonic() - killed < 60:
+            time.sleep(0.2)
+        took = time.monotonic() - killed
+        state = job_state(slurm_cluster, job)
+    finally:
+        if job_state(slurm_cluster, job) not in DONE:
+            slurm_cluster.run("scancel", job, check=False)
+    shown = subprocess.run([sys.executable, "-m", "clusterjob", "status", str(tmp_path / "results")],
+                           env=job_env(slurm_cluster), capture_output=True, text=True, timeout=60)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert state == "FAILED" and took < 30, (state, took, logs(workdir))
+    said = {"srun": r"task 1 on node1: Killed \(ended by a signal, no traceback\)",
+            "torchrun": r"rank 1 on \S+ was killed by SIGKILL \(no traceback\)"}[style]
+    assert info["status"] == "failed" and info["error"]["rank"] == 1, (info, logs(workdir))
+    assert re.fullmatch(said, info["error"]["message"]), info["error"]
+    assert f"failed on rank 1: {info['error']['message'].split(' (')[0]}" in shown.stdout, shown.stdout
+    assert "without the run recording its end" not in shown.stdout

@@ -10,24 +10,23 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli, start
 
-REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
 SCRIPT = "import clusterjob\nclusterjob.log(step=1, version=1.0)\n"
 
 
 def env() -> dict:
-    """No job layout, no GPU, this checkout first on the path."""
+    """No job layout, no GPU (clirun puts this checkout first on the path)."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     out = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_")) and k not in drop}
-    return {**out, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    return {**out, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def write_spec(folder: Path, root: Path, **entrypoint) -> Path:
@@ -39,9 +38,8 @@ def write_spec(folder: Path, root: Path, **entrypoint) -> Path:
 
 
 def submit(folder: Path, *extra: str, wait: bool = True, prefix: tuple = (), **kwargs) -> subprocess.CompletedProcess:
-    argv = [*prefix, sys.executable, "-m", "clusterjob", "submit", "snap.yaml", "--executor", "local",
-            *(["--wait"] if wait else []), *extra]
-    return subprocess.run(argv, cwd=folder, env=env(), capture_output=True, text=True, timeout=300, **kwargs)
+    return cli(folder, "submit", "snap.yaml", "--executor", "local", *(["--wait"] if wait else []), *extra, env=env(),
+               prefix=prefix, **kwargs)
 
 
 def files_below(folder: Path) -> set:
@@ -195,9 +193,7 @@ def test_a_stop_signal_while_the_snapshot_copies_leaves_no_run(tmp_path, sig):
     for index in range(10_000):  # about a second of copying: the signal lands in it
         write(tmp_path / f"pkg{index // 100}" / f"m{index % 100}.py", "x = 1\n")
     write_spec(tmp_path, tmp_path / "results")
-    argv = [sys.executable, "-m", "clusterjob", "submit", "snap.yaml", "--executor", "local"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = start(tmp_path, "submit", "snap.yaml", "--executor", "local", env=env())
     deadline = time.monotonic() + 60
     while not list((tmp_path / "results").glob("snap/*/code")) and proc.poll() is None:
         assert time.monotonic() < deadline, "the snapshot never started"

@@ -5,24 +5,14 @@ sweep with the sweep's runs of its value."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from clirun import cli
 
-REPO = Path(__file__).resolve().parents[2]
 # Prints a loss the metric regex reads ("loss: 0.6" holds ": ", which YAML would take for a mapping).
 SCRIPT = "import clusterjob\nprint(f\"loss: {0.5 + clusterjob.params['lr']}\", flush=True)\n"
 LOSS = "entrypoint.metrics.loss=loss: ([0-9.]+)"
-
-
-def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}, "PYTHONPATH": str(REPO),
-           "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def write_spec(folder: Path, name: str, **extra) -> Path:

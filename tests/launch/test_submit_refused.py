@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 from fakeslurm import fake_slurm_at
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write_spec(folder: Path, **extra) -> Path:
@@ -30,10 +28,7 @@ def write_spec(folder: Path, **extra) -> Path:
 
 def submit(folder: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
     # --no-preflight: what sbatch itself says is under test here (the preflight has its own tests)
-    return subprocess.run([sys.executable, "-m", "clusterjob", "submit", "refused.yaml", "--executor", "slurm",
-                           "--no-preflight",
-                           *extra], cwd=folder, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=300)
+    return cli(folder, "submit", "refused.yaml", "--executor", "slurm", "--no-preflight", *extra, env=env)
 
 
 @pytest.mark.slurm
@@ -91,15 +86,12 @@ def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shim
     assert str(runs[2]) in line
     # what status shows: the submitted runs pending in their array (the fake squeue lists nothing, sacct neither:
     # they left the queue unaccounted, so failed), the refused one failed: none pending without a job
-    shown = subprocess.run([sys.executable, "-m", "clusterjob", "status", str(runs[0].parent), "--runs"],
-                           cwd=tmp_path, env={**shims, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                           timeout=120)
+    shown = cli(tmp_path, "status", str(runs[0].parent), "--runs", env=shims, timeout=120)
     assert [row.split()[-1] for row in shown.stdout.splitlines()[2:5]] == ["4242_0", "4242_1", "-"], shown.stdout
     # the refused part's runs file is gone; no file per task was ever written
     leftovers = sorted(p.name for p in (tmp_path / "results" / "refused" / ".slurm").iterdir())
     assert leftovers == [f"{stamp}.p0.runs.json"]
-    resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(runs[2])], cwd=tmp_path,
-                             env={**shims, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    resumed = cli(tmp_path, "resume", str(runs[2]), env=shims, timeout=120)
     assert resumed.returncode == 1  # sbatch still fails: the run is failed again, not left pending
     assert resumed.stderr.splitlines()[-1].startswith("clusterjob: error: sbatch failed: Unable to contact")
     info = json.loads((runs[2] / "run.json").read_text())

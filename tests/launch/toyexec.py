@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from clusterjob.core import claim
 from clusterjob.core.errors import BadInput
+from clusterjob.core.files import now_iso
 from clusterjob.core.record import Job
-from clusterjob.core.rundir import now_iso
 from clusterjob.launch.executor import Executor, Waited
 from clusterjob.spec.fields import opt
 from clusterjob.spec.options import ExecutorOptions

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from clirun import cli
 from test_results import write_run
 
 from clusterjob.core import slurmctl
@@ -253,10 +254,10 @@ UNREADABLE_SACCT = [
 def test_a_sacct_answer_that_cannot_be_read_is_a_dash_in_the_report(tmp_path, slurm_shims, row, queue_known):
     slurm_run(tmp_path, "r1", 0.1, "5", [session(12)])
     slurm_shims.answer("sacct", f"{SACCT_HEADER}\n{row}\n")
-    done = slurm_shims.cli(tmp_path, "report", "exp", "--runs", "--format", "json")
+    done = cli(tmp_path, "report", "exp", "--runs", "--format", "json", env=slurm_shims.env(alone=True), errors="replace")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     (run,) = json.loads(done.stdout)["runs"]
     assert run["gpu_hours"] is None and run["cpu_hours"] is None
     assert (run["queue_wait_s"], run["lost_s"]) == ((10, 0) if queue_known else (None, None))
-    md = slurm_shims.cli(tmp_path, "report", "exp", "--runs")
+    md = cli(tmp_path, "report", "exp", "--runs", env=slurm_shims.env(alone=True), errors="replace")
     assert md.returncode == 0 and "compute - ·" in md.stdout and not re.search(r"[0-9] [CG]PU-h", md.stdout), md.stdout

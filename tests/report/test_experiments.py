@@ -13,26 +13,20 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from clirun import REPO, base_env, cli
 from owncode import Project
 from test_failed_runs import Page
 from test_results import epoch_line, write_run
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 LRS = ("0.025", "0.5", "0.01")
 PRINTS = "for epoch in (1, 2):\n    print(f'epoch {epoch}: Accuracy is {91.5 + epoch:.2f}%', flush=True)\n"
 LOGS = ("import clusterjob\nfor epoch in (1, 2, 3):\n"
         "    clusterjob.log(step=63 * epoch, epoch=epoch, train_loss=1.0 / epoch, val_acc=0.95 + epoch / 100)\n")
-
-
-def cli(cwd: Path, *argv: str, env: "dict | None" = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env or base_env(),
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +141,7 @@ def test_the_best_of_one_run_says_it_is_not_clear(mixed):
 
 
 def test_report_help_says_how_runs_group():
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "report", "--help"], capture_output=True, text=True,
-                          env=base_env(), timeout=60)
+    done = cli(REPO, "report", "--help")
     text = " ".join(done.stdout.split())
     assert "every key of the runs' params and every spec key whose value differs" in text
     assert "any key of the runs' resolved spec" in text and "swept" not in text

@@ -11,8 +11,6 @@ import base64
 import io
 import json
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -20,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from clirun import cli
 from test_results import write_run
-from trainutil import base_env, write_spec
+from trainutil import write_spec
 
 from clusterjob.report import build as report
 from clusterjob.report import plots
@@ -320,28 +319,23 @@ def test_markdown_headers_never_abbreviate_to_an_ambiguous_word(sweep, width):
 # ---------------------------------------------------------------- through the CLI, real runs
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=cwd, env=base_env(),
-                          capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_real_sweep_with_a_failed_run_through_the_cli(tmp_path):
     """A sweep where one run raises at the start of epoch 2: report, report --runs, the
     html page and status all say so, and the completed run is the best."""
     spec = write_spec(tmp_path, "fx", train={"epochs": 2}, sweep={"debug.fail_at_epoch": [2, 9]})
-    done = cli("submit", str(spec), "--executor", "local", "--wait", cwd=tmp_path)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     assert done.returncode == 1, done.stdout + done.stderr
     root = tmp_path / "results" / "fx"
-    md = cli("report", str(root), "--runs", cwd=tmp_path).stdout
+    md = cli(tmp_path, "report", str(root), "--runs").stdout
     assert "2 runs: 1 completed, 1 failed" in md
     assert "(failed): RuntimeError: debug.fail_at_epoch: rank 0 fails at epoch 2 on purpose" in " ".join(md.split())
     assert re.findall(r"(failed|completed) fail_at_epoch=\d\n +epoch (\d/2)", md) == [("failed", "1/2"),
                                                                                      ("completed", "2/2")]
-    grouped = cli("report", str(root), cwd=tmp_path).stdout
+    grouped = cli(tmp_path, "report", str(root)).stdout
     best = [r for r in grouped.splitlines() if r.startswith("|*")]
     assert len(best) == 1 and best[0].split("|")[2].strip() == "9"  # fail_at_epoch 9: the completed run
-    assert cli("report", str(root), "--out", str(tmp_path / "r.html"), cwd=tmp_path).returncode == 0
+    assert cli(tmp_path, "report", str(root), "--out", str(tmp_path / "r.html")).returncode == 0
     page = Page((tmp_path / "r.html").read_text())
     assert [css for css, _ in page.rows("groups")] == ["best", "failed"]
     errors = [cells["error"] for _, cells in page.rows("runs") if "error" in cells]
@@ -352,7 +346,7 @@ def test_real_sweep_with_a_failed_run_through_the_cli(tmp_path):
     assert "img/s" not in log and re.search(r"\[progress\] epoch 1/2 step 4/16 loss [0-9.]+ \d+ samples/s", log)
     assert re.search(r"epoch 1/2 train_loss [0-9.]+ train_acc \d+\.\d\d% val_loss [0-9.]+ val_acc \d+\.\d\d% "
                      r"lr [0-9.e-]+ [0-9.]+ s \d+ samples/s", log)
-    status = cli("status", str(root), cwd=tmp_path).stdout.splitlines()
+    status = cli(tmp_path, "status", str(root)).stdout.splitlines()
     at = next(i for i, s in enumerate(status) if "failed on rank 0" in s)
     assert re.fullmatch(r'    File ".*worker\.py", line \d+, in _debug_fail', status[at + 1])
     assert status[at + 2].startswith("      raise RuntimeError(")

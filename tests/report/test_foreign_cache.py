@@ -13,7 +13,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from test_hostile_results import CACHE, cli, good_run
+from clirun import cli
+from test_hostile_results import CACHE, good_run
 
 from clusterjob.report.reading import _load_cache
 
@@ -134,13 +135,13 @@ FOREIGN = [
 @pytest.mark.parametrize("damage", [c[1] for c in FOREIGN], ids=[c[0] for c in FOREIGN])
 def test_a_cache_that_does_not_check_out_is_rebuilt(exp: Path, damage):
     root = exp.parent.parent
-    clean = cli(root, "report", "results/exp", "--runs", "--format", "csv")
+    clean = cli(root, "report", "results/exp", "--runs", "--format", "csv", errors="replace")
     assert clean.returncode == 0, clean.stderr
     cache = exp / CACHE
     damage(cache)
-    done = cli(root, "report", "results/exp", "--runs", "--format", "csv")
+    done = cli(root, "report", "results/exp", "--runs", "--format", "csv", errors="replace")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stdout == clean.stdout
     assert cache.is_file() and _load_cache(exp) is not None  # rebuilt: whole and usable again
-    again = cli(root, "report", "results/exp", "--format", "json")
+    again = cli(root, "report", "results/exp", "--format", "json", errors="replace")
     assert again.returncode == 0 and json.loads(again.stdout)["status_line"] == "2 runs: 2 completed"

@@ -1,6 +1,6 @@
 """Damaged results folders and bad report arguments, through the real CLI.
 
-``status``, ``report`` and ``logs`` run as ``python -m clusterjob`` in a subprocess.
+``status``, ``report`` and ``logs`` run as the CLI runs them (tests/clirun.py).
 A damaged run folder is a warning, never a crash: exit 0, a warning line naming the
 run, and the folder byte for byte as it was (the report's own cache file aside). A
 bad report argument is exit 2 with one line on stderr, and nothing written.
@@ -12,13 +12,11 @@ import hashlib
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-from fakeslurm import fake_slurm_at
+from clirun import REPO, cli
 
 CACHE = ".clusterjob-cache.npz"
 DEEP = "[" * 100_000 + "]" * 100_000  # deeper than any JSON parser recurses
@@ -172,18 +170,10 @@ def snapshot(root: Path) -> dict:
     return seen
 
 
-def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    """``python -m clusterjob ARGV`` with Slurm commands that fail at once on PATH."""
-    env = {**os.environ, "PATH": f"{cwd / 'bin'}:{os.environ['PATH']}"}
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, errors="replace", timeout=120)
-
-
 @pytest.fixture
-def results(tmp_path: Path, tmp_path_factory) -> Path:
-    """results/exp with two good runs, and failing squeue/sacct on a PATH folder."""
-    fake_slurm_at(tmp_path / "bin", tmp_path_factory).fail("squeue", "sacct",
-                                                            stderr="error: Unable to contact slurm controller")
+def results(tmp_path: Path, slurm_shims) -> Path:
+    """results/exp with two good runs, and failing squeue/sacct first on PATH (tmp_path/bin)."""
+    slurm_shims.fail("squeue", "sacct", stderr="error: Unable to contact slurm controller")
     exp = tmp_path / "results" / "exp"
     good_run(exp, "r1", 0.1)
     good_run(exp, "r2", 0.2)
@@ -207,14 +197,14 @@ def test_a_damaged_run_is_a_warning_and_changes_nothing(results: Path, damage, s
     run = _damaged_run(exp)
     before = snapshot(results)
 
-    status = cli(results, "status", "results/exp")
+    status = cli(results, "status", "results/exp", errors="replace")
     assert status.returncode == 0, status.stderr
     assert "exp/r2" in status.stdout and len(status.stdout.splitlines()) >= 3
     if status_says:
         assert f"warning: {run.relative_to(results)}: " in status.stderr and status_says in status.stderr, status.stderr
     assert "Traceback" not in status.stderr and snapshot(results) == before
 
-    report = cli(results, "report", "results/exp", *fmt)
+    report = cli(results, "report", "results/exp", *fmt, errors="replace")
     assert report.returncode == 0, report.stderr
     assert "\x1b" not in report.stdout and "Traceback" not in report.stderr
     if "json" in fmt:
@@ -229,7 +219,7 @@ def test_a_damaged_run_is_a_warning_and_changes_nothing(results: Path, damage, s
     cache = after.pop(f"results/exp/{CACHE}")
     assert cache[0] == "file" and after == before  # the report's own cache, nothing else
 
-    logs = cli(results, "logs", str(run.relative_to(results)))
+    logs = cli(results, "logs", str(run.relative_to(results)), errors="replace")
     assert "Traceback" not in logs.stderr
     if os.path.lexists(run / "run.json"):
         assert logs.returncode == 0, logs.stderr
@@ -241,14 +231,13 @@ def test_a_damaged_run_is_a_warning_and_changes_nothing(results: Path, damage, s
 def test_names_are_escaped_in_status(results: Path):
     exp = results / "results" / "exp"
     (exp / "r1").rename(exp / "r1\x1b[2J")
-    status = cli(results, "status", "results/exp")
+    status = cli(results, "status", "results/exp", errors="replace")
     assert status.returncode == 0 and "exp/r1\\x1b[2J" in status.stdout and "\x1b" not in status.stdout
 
 
 def _cli_knows(flag: str) -> bool:
     """Whether the CLI's report command takes ``flag`` (cli.py adds --metric and --mode)."""
-    return flag in subprocess.run([sys.executable, "-m", "clusterjob", "report", "--help"], capture_output=True,
-                                  text=True, timeout=60).stdout
+    return flag in cli(REPO, "report", "--help").stdout
 
 
 # (case id, argv after "report", what the one line says)
@@ -276,7 +265,7 @@ def test_bad_report_arguments_are_one_line_and_write_nothing(results: Path, argv
         pytest.skip("the CLI's report command has no --metric/--mode yet (cli.py)")
     (results / "empty").mkdir()
     before = snapshot(results)
-    done = cli(results, "report", *argv)
+    done = cli(results, "report", *argv, errors="replace")
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("clusterjob: error: ") and says in lines[0], lines
@@ -285,5 +274,5 @@ def test_bad_report_arguments_are_one_line_and_write_nothing(results: Path, argv
 
 def test_status_of_a_missing_folder_is_one_line(results: Path):
     before = snapshot(results)
-    done = cli(results, "status", "nope")
+    done = cli(results, "status", "nope", errors="replace")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and snapshot(results) == before

@@ -9,14 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
-from fakeslurm import fake_slurm_at
-from test_hostile_results import cli, good_run, snapshot
+from clirun import cli
+from test_hostile_results import good_run, snapshot
 
 
 @pytest.fixture
-def two_runs(tmp_path: Path, tmp_path_factory) -> Path:
+def two_runs(tmp_path: Path, slurm_shims) -> Path:
     """results/exp/r1 and r2 (train.lr 0.1 and 0.2), and failing Slurm commands on PATH."""
-    fake_slurm_at(tmp_path / "bin", tmp_path_factory).fail("squeue", "sacct", stderr="")
+    slurm_shims.fail("squeue", "sacct", stderr="")
     good_run(tmp_path / "results" / "exp", "r1", 0.1)
     good_run(tmp_path / "results" / "exp", "r2", 0.2)
     return tmp_path
@@ -50,11 +50,11 @@ def test_each_run_counts_once_by_its_real_path(two_runs: Path, links: list, fold
     for make in links:
         make(two_runs)
     before = snapshot(two_runs)
-    status = cli(two_runs, "status", folder)
+    status = cli(two_runs, "status", folder, errors="replace")
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
     rows = status.stdout.splitlines()[1:]
     assert [row.split()[0] for row in rows] == ["exp/r1", "exp/r2"], status.stdout
-    report = cli(two_runs, "report", folder, "--format", "json")
+    report = cli(two_runs, "report", folder, "--format", "json", errors="replace")
     assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
     shown = json.loads(report.stdout)
     assert shown["status_line"] == "2 runs: 2 completed"
@@ -66,6 +66,6 @@ def test_each_run_counts_once_by_its_real_path(two_runs: Path, links: list, fold
 
 def test_a_link_named_as_the_folder_to_read_still_reads_its_runs(two_runs: Path):
     link("results/alias", "exp")(two_runs)
-    status = cli(two_runs, "status", "results/alias")
+    status = cli(two_runs, "status", "results/alias", errors="replace")
     assert status.returncode == 0
     assert [row.split()[0] for row in status.stdout.splitlines()[1:]] == ["alias/r1", "alias/r2"]

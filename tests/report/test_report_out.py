@@ -9,13 +9,13 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
-from test_hostile_results import cli, good_run, snapshot
+from clirun import cli
+from test_hostile_results import good_run, snapshot
 
 from clusterjob.core.errors import BadInput
 from clusterjob.report import build
@@ -32,7 +32,7 @@ def root():
     (path / "bin").mkdir()
     good_run(path / "results" / "exp", "r1", 0.1)
     good_run(path / "results" / "exp", "r2", 0.2)
-    cli(path, "report", "results/exp")  # the cache exists before: a refused report changes nothing
+    cli(path, "report", "results/exp", errors="replace")  # the cache exists before: a refused report changes nothing
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -79,7 +79,7 @@ NOT_A_FILE = [
 def test_out_that_is_no_regular_file_is_refused_at_once(root: Path, make, says: str, fmt: str):
     out = make(root)
     before = snapshot(root)
-    done = cli(root, "report", "results/exp", "--out", out, "--format", fmt)  # a FIFO opened would hang here
+    done = cli(root, "report", "results/exp", "--out", out, "--format", fmt, errors="replace")  # a FIFO opened would hang here
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith(f"clusterjob: error: --out {out}: ") and says in lines[0], lines
@@ -89,7 +89,7 @@ def test_out_that_is_no_regular_file_is_refused_at_once(root: Path, make, says: 
 def test_out_through_a_link_writes_the_target_and_keeps_the_link(root: Path):
     (root / "old.md").write_text("old report\n")
     os.symlink("old.md", root / "r.md")
-    done = cli(root, "report", "results/exp", "--out", "r.md")
+    done = cli(root, "report", "results/exp", "--out", "r.md", errors="replace")
     assert done.returncode == 0, done.stderr
     assert os.readlink(root / "r.md") == "old.md" and "2 runs" in (root / "old.md").read_text()
     assert not [p for p in os.listdir(root) if p.endswith(".tmp")]
@@ -105,8 +105,7 @@ def test_out_without_permission_is_refused_and_writes_nothing(root: Path, locked
     before = snapshot(root)
     prefix = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups"] if AS_NOBODY else []
     env = {**os.environ, "PATH": str(root / "bin")}
-    done = subprocess.run([*prefix, sys.executable, "-m", "clusterjob", "report", "results/exp", "--out", out], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = cli(root, "report", "results/exp", "--out", out, env=env, prefix=prefix, timeout=120)
     (root / "ro").chmod(0o755)
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "is not writable" in lines[0], done.stderr[-2000:]
@@ -140,7 +139,7 @@ def test_a_full_disk_leaves_no_report_and_keeps_the_old_one(root: Path, fmt: str
         if old is not None:
             (disk / f"r.{fmt}").write_text(old)
         fill(disk / "fill")
-        done = cli(root, "report", "results/exp", "--out", str(disk / f"r.{fmt}"), "--runs")
+        done = cli(root, "report", "results/exp", "--out", str(disk / f"r.{fmt}"), "--runs", errors="replace")
         lines = done.stderr.splitlines()
         assert done.returncode == 2 and len(lines) == 1 and "No space left on device" in lines[0], done.stderr
         assert sorted(os.listdir(disk)) == sorted(["fill"] + ([f"r.{fmt}"] if old is not None else []))

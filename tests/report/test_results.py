@@ -367,7 +367,7 @@ def test_runs_are_found_by_one_rule(tmp_path):
 
 
 def test_atomic_files_get_the_usual_mode_not_the_temp_files_private_one(tmp_path):
-    from clusterjob.core.rundir import write_atomic
+    from clusterjob.core.files import write_atomic
 
     old = os.umask(0o022)
     try:

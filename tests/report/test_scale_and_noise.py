@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from clirun import cli
 from test_failed_runs import Page, failed_run, line, texts, ticks
 from test_results import write_run
-from trainutil import base_env
 
 from clusterjob.report import build as report
 from clusterjob.report import cells, plots
@@ -25,11 +23,6 @@ HEALTHY = [[(0.9639, 0.1078, 1.2276), (0.972, 0.081, 0.2046), (0.9766, 0.0669, 0
            [(0.9602, 0.0950, 1.2101), (0.981, 0.071, 0.2336), (0.9893, 0.0369, 0.1503)],
            [(0.9500, 0.1200, 1.3000), (0.968, 0.090, 0.2500), (0.9756, 0.0710, 0.0900)]]
 COLLAPSED = [(0.85, 0.5, 1.5), (0.8779, 0.4, 0.6), (0.1104, 2.306, 2.3)]
-
-
-def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=base_env(),
-                          capture_output=True, text=True, timeout=120)
 
 
 def run(root: Path, run_id: str, lr: float, seed: int, epochs: list, **kw) -> Path:

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 import pytest
+from clirun import cli
 from owncode import Project
 from test_failed_runs import Page
 from test_results import epoch_line, write_run
@@ -74,23 +75,23 @@ def wait_for(predicate, timeout: float = 120) -> None:
 def test_a_run_cancelled_and_resumed_counts_its_running_time_only(tmp_path):
     own = Project(tmp_path, "stops")
     own.spec(SLEEPS)
-    started = own.cli("submit", "stops.yaml", "--executor", "local")
+    started = cli(own.folder, "submit", "stops.yaml", "--executor", "local")
     assert started.returncode == 0, started.stdout + started.stderr
     wait_for(lambda: (own.run / "metrics.jsonl").is_file() and len(own.lines()) >= 2)
-    cancelled = own.cli("cancel", str(own.run))
+    cancelled = cli(own.folder, "cancel", str(own.run))
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     wait_for(lambda: own.info()["status"] == "cancelled")
     time.sleep(3)  # stopped: no running time
-    resumed = own.cli("resume", str(own.run), "--wait")
+    resumed = cli(own.folder, "resume", str(own.run), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     info = own.info()
     first, second = (datetime.fromisoformat(s["at"]) for s in info["sessions"])
     stopped, finished = datetime.fromisoformat(info["stopped_at"]), datetime.fromisoformat(info["finished_at"])
     running = (stopped - first + finished - second).total_seconds()
     elapsed = (finished - datetime.fromisoformat(info["started_at"])).total_seconds()
-    runs = pd.read_csv(io.StringIO(own.cli("report", "results/stops", "--runs", "--format", "csv").stdout))
+    runs = pd.read_csv(io.StringIO(cli(own.folder, "report", "results/stops", "--runs", "--format", "csv").stdout))
     assert runs["wall_time_s"].tolist() == [pytest.approx(running, abs=1e-3)]
     assert running >= 3.0 and running <= elapsed - 3.0  # the second session alone; the stopped 3 s left out
-    own.cli("report", "results/stops", "--runs", "--out", "r.html")
+    cli(own.folder, "report", "results/stops", "--runs", "--out", "r.html")
     (row,) = [cells for _, cells in Page((tmp_path / "r.html").read_text()).rows("runs") if "run_id" in cells]
     assert row["wall_time"] == f"{running:.1f} s"

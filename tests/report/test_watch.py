@@ -6,12 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from clirun import cli, start
 
 
 def a_run(exp: Path, run_id: str, status: str) -> Path:
@@ -28,18 +27,11 @@ def tree(root: Path) -> dict:
             for p in sorted(root.rglob("*"))}
 
 
-def watch(cwd: Path, *argv: str, **kwargs) -> "subprocess.Popen | subprocess.CompletedProcess":
-    cmd = [sys.executable, "-m", "clusterjob", "report", "--watch", *argv]
-    if kwargs.pop("start", False):
-        return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
 def test_it_draws_once_and_ends_when_every_run_has_ended_writing_nothing(tmp_path):
     a_run(tmp_path / "results" / "exp", "r1", "completed")
     a_run(tmp_path / "results" / "exp", "r2", "failed")
     before = tree(tmp_path)
-    done = watch(tmp_path, "results/exp")
+    done = cli(tmp_path, "report", "--watch", "results/exp", timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("clusterjob report --watch results/exp") == 1 and "(every run has ended)" in done.stdout
     assert "2 runs: 1 completed, 1 failed" in done.stdout and "\x1b[" not in done.stdout  # no screen codes in a pipe
@@ -49,7 +41,7 @@ def test_it_draws_once_and_ends_when_every_run_has_ended_writing_nothing(tmp_pat
 def test_it_redraws_a_running_run_and_ctrl_c_leaves_at_once(tmp_path):
     run = a_run(tmp_path / "results" / "exp", "r1", "running")
     before = tree(tmp_path)
-    proc = watch(tmp_path, "results/exp", "--interval", "0.2", start=True)
+    proc = start(tmp_path, "report", "--watch", "results/exp", "--interval", "0.2")
     try:
         time.sleep(3)  # a few frames
         with (run / "metrics.jsonl").open("a") as f:
@@ -77,5 +69,5 @@ def test_it_redraws_a_running_run_and_ctrl_c_leaves_at_once(tmp_path):
 ])
 def test_what_makes_no_sense_while_watching_is_bad_input(tmp_path, argv, error):
     a_run(tmp_path / "results" / "exp", "r1", "running")
-    done = watch(tmp_path, "results/exp", *argv)
+    done = cli(tmp_path, "report", "--watch", "results/exp", *argv, timeout=120)
     assert done.returncode == 2 and error in done.stderr and not (tmp_path / "r.md").exists()

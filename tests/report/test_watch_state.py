@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirun import cli
 from owncode import Project
 
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ def killed(tmp_path_factory) -> tuple[Project, Path]:
     """A detached local run whose rank and supervisor were killed with -9 while it ran."""
     own = Project(tmp_path_factory.mktemp("killed"), "loop")
     own.spec(LOOP)
-    done = own.cli("submit", "loop.yaml", "--executor", "local")
+    done = cli(own.folder, "submit", "loop.yaml", "--executor", "local")
     assert done.returncode == 0, done.stdout + done.stderr
     run = own.run
     log = run / "logs" / "rank0.out"
@@ -58,7 +59,7 @@ def test_report_watch_ends_by_itself_with_the_run_failed(killed):
     own, run = killed
     before = tree(own.folder / "results")
     started = time.monotonic()
-    done = own.cli("report", "--watch", "--interval", "0.2", "results/loop", timeout=60)
+    done = cli(own.folder, "report", "--watch", "--interval", "0.2", "results/loop", timeout=60)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
     assert done.stdout.count("clusterjob report --watch results/loop") == 1, done.stdout  # the first frame is the last
@@ -68,13 +69,13 @@ def test_report_watch_ends_by_itself_with_the_run_failed(killed):
 
 def test_report_and_status_show_the_same_derived_state(killed):
     own, run = killed
-    report = own.cli("report", "results/loop", "--runs", "--format", "json")
+    report = cli(own.folder, "report", "results/loop", "--runs", "--format", "json")
     assert report.returncode == 0, report.stderr
     (row,) = json.loads(report.stdout)["runs"]
     assert row["status"] == "failed" and row["error"].startswith("every process of the run ended"), row
     assert json.loads(report.stdout)["status_counts"] == {"failed": 1}
-    table = own.cli("report", "results/loop")
+    table = cli(own.folder, "report", "results/loop")
     assert "1 run: 1 failed" in table.stdout, table.stdout
-    status = own.cli("status", "results/loop")
+    status = cli(own.folder, "status", "results/loop")
     assert "failed" in status.stdout.splitlines()[1], status.stdout
     assert own.info()["status"] == "running"  # none of them wrote it

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainutil import base_env
+from clirun import base_env
 
 import clusterjob
 from clusterjob.core.errors import EnvError

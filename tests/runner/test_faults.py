@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trainutil import base_env, free_port, write_spec
+from clirun import base_env, cli, start
+from trainutil import free_port, write_spec
 
 from clusterjob.core import procs
 
@@ -54,9 +55,7 @@ def all_gone(refs: list) -> bool:
 
 
 def submit(tmp_path: Path, spec: Path, *extra: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", *extra],
-                            cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            **kwargs)
+    return start(tmp_path, "submit", str(spec), "--executor", "local", *extra, **kwargs)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -134,8 +133,7 @@ def test_cancel_stops_a_run_started_by_hand(tmp_path):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: (run / "logs" / "rank0.proc.json").exists() and info(run)["status"] == "running",
              what="the run to start")
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "cancel", str(run)], cwd=tmp_path, env=base_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "cancel", str(run), timeout=60)
     assert done.returncode == 0 and "rank 0: sent SIGTERM" in done.stdout, done.stdout + done.stderr
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
@@ -193,7 +191,8 @@ def test_a_cancel_before_the_ranks_start_is_never_reopened(tmp_path):
     does not reopen it (only `resume` does), and it stops at its first progress line."""
     from trainutil import run_hand_set, write_spec
 
-    from clusterjob.core.rundir import RunDir, create_run, now_iso
+    from clusterjob.core.files import now_iso
+    from clusterjob.core.rundir import RunDir, create_run
 
     spec = write_spec(tmp_path, train={"epochs": 20})
     run = create_run(tmp_path / "results", "t", "r1", spec.read_text(), {})

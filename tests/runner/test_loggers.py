@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import base_env, cli
 from loggerread import (
     as_float32,
     jsonl_series,
@@ -21,7 +22,7 @@ from loggerread import (
     wandb_series,
 )
 from owncode import Project
-from trainutil import base_env, run_info, write_spec
+from trainutil import run_info, write_spec
 
 from clusterjob.core.metrics import StepWriter
 from clusterjob.core.rundir import create_run
@@ -33,12 +34,6 @@ pytestmark = pytest.mark.slow
 
 ALL = {"tensorboard": True, "mlflow": {"tracking_uri": "file:./mlruns", "experiment": "exp"},
        "wandb": {"mode": "offline", "project": "proj"}}
-
-
-def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=base_env(),
-                          capture_output=True, text=True, timeout=300)
-    return done
 
 
 def only_run(folder: Path, name: str) -> Path:
@@ -153,7 +148,7 @@ def test_your_codes_metrics_through_the_api_a_regex_and_a_file_reach_every_logge
     spec.write_text(text)
     first = project.submit()
     assert first.returncode == 1 and project.info()["status"] == "preempted", first.stdout + first.stderr
-    again = project.cli("resume", str(project.run), "--wait")
+    again = cli(project.folder, "resume", str(project.run), "--wait")
     assert again.returncode == 0, again.stdout + again.stderr
     want = jsonl_series(project.run, "step", skip=("step",))
     assert {name: [p[0] for p in points] for name, points in want.items()} == \

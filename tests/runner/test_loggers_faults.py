@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import base_env, cli
 from loggerread import as_float32, check_each_step_once, jsonl_series, logger_series, mlflow_client
 from owncode import Project
-from trainutil import base_env
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +30,6 @@ def project(tmp_path: Path, script: str) -> Project:
     spec = found.spec(script)
     spec.write_text(spec.read_text() + "logging: " + json.dumps(ALL) + "\n")
     return found
-
-
-def cli(found: Project, *argv: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=found.folder, env={**base_env(), **env},
-                          capture_output=True, text=True, timeout=300)
 
 
 def by_hand(found: Project, **env: str) -> subprocess.CompletedProcess:
@@ -97,7 +92,8 @@ def shared_wandb_service(tmp_path):
 def test_kill_9_at_any_moment_then_a_resume_leaves_each_step_once_in_each_logger(tmp_path, shared_wandb_service):
     found = project(tmp_path, KILLED)
     shared = {"WANDB_SERVICE": shared_wandb_service}  # W&B's writer must still die with the rank
-    first = cli(found, "submit", "own.yaml", "--executor", "local", "--wait", KILL_AT="2", **shared)
+    first = cli(found.folder, "submit", "own.yaml", "--executor", "local", "--wait",
+                env={**base_env(), "KILL_AT": "2", **shared})
     assert first.returncode == 1 and found.info()["status"] == "failed", first.stdout + first.stderr  # killed opening
     for kill_at, when, loggers_json in (("4", "0", None), ("6", "0.4", "{\"tensorboard\": {\"acc\": \"x\"}, 3: ["),
                                         ("", "now", "")):
@@ -131,13 +127,13 @@ def renamed(series: dict, names: dict) -> dict:
 
 def test_names_a_logger_refuses_are_cleaned_or_dropped_with_one_warning_and_deleted_logger_runs_made_again(tmp_path):
     found = project(tmp_path, NAMES)
-    first = cli(found, "submit", "own.yaml", "--executor", "local", "--wait")
+    first = cli(found.folder, "submit", "own.yaml", "--executor", "local", "--wait")
     assert first.returncode == 1 and found.info()["status"] == "preempted", first.stdout + first.stderr
     info = found.info()
     mlflow_client(info["mlflow_tracking_uri"]).delete_run(info["mlflow_run_id"])  # every logger run deleted
     shutil.rmtree(found.run / "tensorboard")
     shutil.rmtree(found.run / "wandb")
-    again = cli(found, "resume", str(found.run), "--wait")
+    again = cli(found.folder, "resume", str(found.run), "--wait")
     assert again.returncode == 0, again.stdout + again.stderr
     want = jsonl_series(found.run, "step", skip=("step",))
     assert [p[0] for p in want["acc"]] == [1, 2, 3, 4] == [p[0] for p in want["x/y"]]
@@ -204,7 +200,7 @@ for step in range(state["step"] + 1 if state else 1, 7):
 
 def test_a_logger_that_quits_hangs_or_fails_to_close_is_one_warning_and_the_next_start_sends_the_rest(tmp_path):
     found = project(tmp_path, BROKEN)
-    first = cli(found, "submit", "own.yaml", "--executor", "local", "--wait")
+    first = cli(found.folder, "submit", "own.yaml", "--executor", "local", "--wait")
     assert first.returncode == 1 and found.info()["status"] == "preempted", first.stdout + first.stderr
     warnings = logger_warnings(found.run)
     assert sorted(w.split(":", 1)[0] for w in warnings) == ["logging.mlflow", "logging.tensorboard", "logging.wandb"]
@@ -215,7 +211,7 @@ def test_a_logger_that_quits_hangs_or_fails_to_close_is_one_warning_and_the_next
         [1, 1, 1], err
     got = logger_series(found.run, "step")
     assert [p[0] for p in got["mlflow"]["acc"]] == [1, 2]
-    again = cli(found, "resume", str(found.run), "--wait")
+    again = cli(found.folder, "resume", str(found.run), "--wait")
     assert again.returncode == 0, again.stdout + again.stderr
     assert [p[0] for p in jsonl_series(found.run, "step", skip=("step",))["acc"]] == [1, 2, 3, 4, 5, 6]
     check_each_step_once(found.run, "step", skip=("step",))

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 
-REPO = Path(__file__).resolve().parents[2]
 SPELLINGS = ["nan", "NaN", "-nan", "inf", "-inf", "+INF", "Infinity", "-infinity", "1e999", "-1e999", "infinity"]
 
 SCRIPT = f"""
@@ -26,12 +24,6 @@ if bad:
     clusterjob.log(step=101, other=float("nan"), huge=10**400)
     clusterjob.log(step=102, other=-math.inf)
 """
-
-
-def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, errors="replace", timeout=300)
 
 
 def strict(text: str):
@@ -48,7 +40,7 @@ def swept(tmp_path_factory) -> Path:
     spec = {"name": "t", "entrypoint": {"script": "train.py", "metrics": {"acc": r"acc=(\S+) done"}},
             "sweep": {"params.bad": [True, False]}}
     (root / "s.yaml").write_text(yaml.safe_dump(spec))
-    done = cli(root, "submit", "--executor", "local", "--wait", "s.yaml")
+    done = cli(root, "submit", "--executor", "local", "--wait", "s.yaml", env=os.environ, errors="replace")
     assert done.returncode == 0, done.stdout + done.stderr
     return root
 
@@ -79,7 +71,7 @@ def test_each_metric_is_warned_about_once(swept: Path):
 
 
 def test_the_report_never_ranks_an_infinity_best(swept: Path):
-    done = cli(swept, "report", "results/t", "--metric", "acc", "--format", "json")
+    done = cli(swept, "report", "results/t", "--metric", "acc", "--format", "json", env=os.environ, errors="replace")
     assert done.returncode == 0, done.stderr
     assert strict(done.stdout)["best"] == {"params.bad": False}
 
@@ -101,7 +93,7 @@ def test_hand_written_non_finite_values_do_not_rank_best(tmp_path: Path, token: 
     exp = tmp_path / "results" / "exp"
     good_run(exp, "a", token)
     good_run(exp, "b", "0.6")
-    done = cli(tmp_path, "report", "results/exp", "--format", fmt)
+    done = cli(tmp_path, "report", "results/exp", "--format", fmt, env=os.environ, errors="replace")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     if fmt == "json":
         report = strict(done.stdout)

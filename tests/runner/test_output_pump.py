@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import cli, start
 
 from clusterjob.runner import outputpump
 
@@ -35,11 +34,6 @@ def spec_for(folder: Path, script: str, metrics: dict) -> Path:
     return path
 
 
-def start(folder: Path, spec: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
-                            cwd=folder, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def the_run(folder: Path) -> Path:
     (run,) = [p for p in (folder / "results" / "pump").iterdir() if not p.name.startswith(".")]
     return run
@@ -51,7 +45,8 @@ def metric_lines(run: Path) -> list:
 
 def test_a_regex_that_backtracks_badly_is_disabled_and_the_run_goes_on(tmp_path):
     script = f"for i in range(3):\n    print({BAD_LINE!r}, flush=True)\n    print('acc=0.5', flush=True)\n"
-    proc = start(tmp_path, spec_for(tmp_path, script, {"val": NESTED, "slow": BAD, "acc": r"acc=([\d.]+)"}))
+    spec = spec_for(tmp_path, script, {"val": NESTED, "slow": BAD, "acc": r"acc=([\d.]+)"})
+    proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     run = the_run(tmp_path)
@@ -63,7 +58,8 @@ def test_a_regex_that_backtracks_badly_is_disabled_and_the_run_goes_on(tmp_path)
 
 def test_sigterm_stops_a_run_whose_regex_backtracks_badly(tmp_path):
     script = f"import time\nprint({BAD_LINE!r}, flush=True)\nprint('ready', flush=True)\ntime.sleep(120)\n"
-    proc = start(tmp_path, spec_for(tmp_path, script, {"val": BAD}))
+    spec = spec_for(tmp_path, script, {"val": BAD})
+    proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not _logged(tmp_path, "ready"):
         time.sleep(0.1)
@@ -71,16 +67,21 @@ def test_sigterm_stops_a_run_whose_regex_backtracks_badly(tmp_path):
     proc.send_signal(signal.SIGTERM)  # rank 0 records the stop at once: its handler gets the GIL
     run = the_run(tmp_path)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and _status(run) == "running":
+    while time.monotonic() < deadline and _record(run).get("stopped_at") is None:
         time.sleep(0.1)
-    assert _status(run) == "preempted"
+    assert _record(run)["stopped_at"]  # the supervisor marks the end once no rank is alive
     proc.send_signal(signal.SIGTERM)  # a second one does not wait for the script's next step
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, out + err
+    assert _status(run) == "cancelled"  # the user's stop of a local run (docs/design.md, "Failures")
+
+
+def _record(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
 
 
 def _status(run: Path) -> str:
-    return json.loads((run / "run.json").read_text())["status"]
+    return _record(run)["status"]
 
 
 def _logged(folder: Path, text: str) -> bool:
@@ -91,7 +92,8 @@ def test_a_100_mb_line_flows_through_and_the_lines_after_it_are_matched(tmp_path
     script = ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n"
               "print()\nprint('acc=0.75')\n")
     begun = time.monotonic()
-    proc = start(tmp_path, spec_for(tmp_path, script, {"acc": r"acc=([\d.]+)"}))
+    spec = spec_for(tmp_path, script, {"acc": r"acc=([\d.]+)"})
+    proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     assert time.monotonic() - begun < 60
@@ -122,7 +124,8 @@ print('acc=0.25', flush=True)
 
 def test_a_forked_daemon_holding_the_pipe_neither_holds_the_end_nor_corrupts_run_json(tmp_path):
     begun = time.monotonic()
-    proc = start(tmp_path, spec_for(tmp_path, DAEMON, {"acc": r"acc=([\d.]+)"}))
+    spec = spec_for(tmp_path, DAEMON, {"acc": r"acc=([\d.]+)"})
+    proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     assert time.monotonic() - begun < 60
@@ -155,8 +158,7 @@ def test_a_full_disk_is_the_runs_error_with_the_cause_and_the_path(tmp_path, sma
     data = yaml.safe_load(spec.read_text())
     data["output"]["root"] = str(small_disk / "results")
     spec.write_text(yaml.safe_dump(data))
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
-                          cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=120)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     (run,) = [p for p in (small_disk / "results" / "pump").iterdir() if not p.name.startswith(".")]
     message = json.loads((run / "run.json").read_text())["error"]["message"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from clirun import REPO, base_env, cli, start
 from datafiles import write_mnist
-from trainutil import REPO, base_env
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,7 @@ def own_spec(folder: Path, name: str, entrypoint: dict, **extra) -> Path:
 
 
 def submit(folder: Path, spec: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait",
-                           *extra], cwd=folder, env=base_env(), capture_output=True, text=True, timeout=300, **kwargs)
+    return cli(folder, "submit", str(spec), "--executor", "local", "--wait", *extra, **kwargs)
 
 
 def runs_of(folder: Path, name: str) -> list:
@@ -75,8 +74,7 @@ def test_the_api_example_stops_resumes_and_ends_with_the_uninterrupted_weights(m
     whole = own_spec(mnist_dir, "whole", entry, params={"epochs": 3, "lr": 0.05})
     parts = own_spec(mnist_dir, "parts", entry, params={"epochs": 3, "lr": 0.05})
     assert submit(mnist_dir, whole).returncode == 0
-    proc = subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(parts), "--executor", "local", "--wait"],
-                            cwd=mnist_dir, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start(mnist_dir, "submit", str(parts), "--executor", "local", "--wait")
     deadline = time.time() + 120
     while not list((mnist_dir / "results" / "parts").glob("*/metrics.jsonl")) and time.time() < deadline:
         time.sleep(0.05)  # an epoch is logged: the stop comes in epoch 2
@@ -85,8 +83,7 @@ def test_the_api_example_stops_resumes_and_ends_with_the_uninterrupted_weights(m
     (run,) = runs_of(mnist_dir, "parts")
     assert json.loads((run / "run.json").read_text())["status"] == "cancelled"  # the user's stop; resumable
     assert any((run / "checkpoints").glob("step-*.pt"))
-    resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(run), "--wait"], cwd=mnist_dir,
-                             env=base_env(), capture_output=True, text=True, timeout=300)
+    resumed = cli(mnist_dir, "resume", str(run), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "completed" and info["restarts"] == 1
@@ -158,8 +155,7 @@ def test_snapshot_runs_the_code_as_submitted(tmp_path):
     subprocess.run(["git", "add", "train.py"], cwd=tmp_path, check=True)
     spec = own_spec(tmp_path, "snap", {"script": "train.py", "snapshot": True},
                     resources={"tasks_per_node": 1, "cpus_per_task": 1})
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local"],
-                          cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", timeout=60)
     assert done.returncode == 0, done.stderr
     (tmp_path / "train.py").write_text("import clusterjob\nclusterjob.log(step=1, version=2.0)\n")  # edited after
     (run,) = runs_of(tmp_path, "snap")
@@ -195,8 +191,7 @@ def test_bad_entrypoint_specs_exit_2_with_one_line_and_write_nothing(tmp_path, e
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "bad", "entrypoint": entrypoint, **extra}))
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local"],
-                          cwd=tmp_path, env=base_env(), capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local", timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
@@ -226,8 +221,7 @@ def test_the_api_example_resumes_from_a_stop_after_an_epochs_last_batch(mnist_di
     torch.save(state, run / "checkpoints" / f"step-{state['step'] + 1:09d}.pt")
     info = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**info, "status": "preempted"}))
-    resumed = subprocess.run([sys.executable, "-m", "clusterjob", "resume", str(run), "--wait"], cwd=mnist_dir,
-                             env=base_env(), capture_output=True, text=True, timeout=300)
+    resumed = cli(mnist_dir, "resume", str(run), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert lines(run)[-1]["epoch"] == 1 and lines(run)[-1]["train_loss"] == pytest.approx(float(state["loss"]))
 

@@ -7,6 +7,7 @@ the live line."""
 from __future__ import annotations
 
 import pytest
+from clirun import cli
 from owncode import Project
 
 from clusterjob.report.results import load_epochs
@@ -36,7 +37,7 @@ def test_metrics_printed_at_two_rates_are_all_kept_once_also_across_a_resume(tmp
     own.spec(TWO_RATES, metrics=TWO_RATES_METRICS)
     assert own.submit().returncode == 1  # the first session exits 3 at iteration 15
     assert [step for step, _ in own.series("train_loss")] == list(range(1, 16))
-    resumed = own.cli("resume", str(own.run), "--wait")
+    resumed = cli(own.folder, "resume", str(own.run), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert own.series("train_loss") == [(k, round(10 / k, 4)) for k in range(1, 22)]  # each step once
     assert own.series("val_loss") == [(10, 0.5), (20, 0.25)]  # the step from the line
@@ -49,7 +50,7 @@ def test_metrics_printed_at_two_rates_are_all_kept_once_also_across_a_resume(tmp
     assert epochs["val_loss"].notna().tolist() == [k in (10, 20) for k in range(1, 22)] + [False]
     summary = [line for line in resumed.stdout.splitlines() if "completed" in line]
     assert summary and "completed  train_loss 0.4762 (step 21)" in summary[0]
-    status = own.cli("status", "results/rates")
+    status = cli(own.folder, "status", "results/rates")
     header, row = status.stdout.splitlines()[:2]
     assert header.split()[:4] == ["RUN", "STATUS", "EPOCH/STEP", "METRIC"], status.stdout
     assert row.split()[1:5] == ["completed", "21", "train_loss", "0.4762"], status.stdout
@@ -150,7 +151,7 @@ def test_a_source_that_gave_nothing_is_a_warning_in_run_json_status_and_the_summ
     assert warnings[1].startswith("entrypoint.metrics_file: no file matched ") and "never/*.csv" in warnings[1]
     summary = done.stdout.split("\n\n")[0]
     assert f"  warning: {warnings[0]}" in summary and f"  warning: {warnings[1]}" in summary
-    status = own.cli("status", "results/silent").stdout
+    status = cli(own.folder, "status", "results/silent").stdout
     assert f"{own.run.name}: warning: {warnings[0]}" in status
     assert (own.run / "logs/rank0.out").read_text().splitlines()[-1] == f"completed {own.run}"  # no "null"
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from trainutil import REPO, base_env
+from clirun import REPO, cli, start
 
 from clusterjob.core import procs
 
@@ -32,16 +30,6 @@ def spec_file(folder: Path, name: str, args: list, **entry) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def cli(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *args], cwd=folder, env=base_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def start(folder: Path, spec: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", *extra],
-                            cwd=folder, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def the_run(folder: Path, name: str) -> Path:
@@ -88,12 +76,11 @@ def watch_status(run: Path, stop_at: float) -> list:
 
 def test_cancel_stops_a_plain_script_and_marks_it_cancelled_once_its_ranks_are_gone(tmp_path):
     spec = spec_file(tmp_path, "cancel", ["--ckpt", "{run_dir}/ckpt.pt"])
-    assert start(tmp_path, spec).communicate(timeout=60)[0]
+    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=60)[0]
     run = the_run(tmp_path, "cancel")
     training(run)
     started = time.time()
-    done = subprocess.Popen([sys.executable, "-m", "clusterjob", "cancel", str(run)], cwd=tmp_path, env=base_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = start(tmp_path, "cancel", str(run))
     samples = []
     while done.poll() is None:
         samples.append((info(run).get("status"), len(alive(run))))
@@ -107,13 +94,13 @@ def test_cancel_stops_a_plain_script_and_marks_it_cancelled_once_its_ranks_are_g
     count = (run / "metrics.jsonl").read_text().count("\n")
     time.sleep(2)
     assert (run / "metrics.jsonl").read_text().count("\n") == count  # nothing trains on
-    again = cli(tmp_path, "cancel", str(run))
+    again = cli(tmp_path, "cancel", str(run), process=False)  # the run ended: nothing to signal
     assert again.returncode == 2 and "already cancelled" in again.stderr
 
 
 def test_ctrl_c_on_submit_wait_stops_a_plain_script_within_seconds(tmp_path):
     spec = spec_file(tmp_path, "ctrlc", ["--ckpt", "{run_dir}/ckpt.pt"])
-    proc = start(tmp_path, spec, "--wait")
+    proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     run = the_run(tmp_path, "ctrlc")
     training(run)
     ranks = refs(run)
@@ -128,7 +115,7 @@ def test_ctrl_c_on_submit_wait_stops_a_plain_script_within_seconds(tmp_path):
 
 def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_period(tmp_path):
     spec = spec_file(tmp_path, "stubborn", ["--stubborn", "--ckpt", "{run_dir}/ckpt.pt"], stop_grace_s=2)
-    assert start(tmp_path, spec).communicate(timeout=60)[0]
+    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=60)[0]
     run = the_run(tmp_path, "stubborn")
     training(run)
     started = time.time()
@@ -141,7 +128,7 @@ def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_period(tmp_pat
 
 def test_a_killed_supervisor_leaves_no_plain_script_running(tmp_path):
     spec = spec_file(tmp_path, "orphan", ["--steps", "200", "--ckpt", "{run_dir}/ckpt.pt"])
-    assert start(tmp_path, spec).communicate(timeout=60)[0]
+    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=60)[0]
     run = the_run(tmp_path, "orphan")
     training(run)
     os.kill(info(run)["launcher"]["pid"], signal.SIGKILL)
@@ -156,7 +143,7 @@ def test_a_killed_supervisor_leaves_no_plain_script_running(tmp_path):
 
 def test_usr2_stops_a_plain_script_which_resumes_from_its_own_checkpoint(tmp_path):
     spec = spec_file(tmp_path, "usr2", ["--steps", "25", "--ckpt", "ckpt.pt"], workdir="run")
-    proc = start(tmp_path, spec, "--wait")
+    proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     run = the_run(tmp_path, "usr2")
     training(run, at_least=8)
     for ref in refs(run):

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 CODE = """
 import os, sys

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from clirun import REPO, cli
 from datafiles import write_mnist
-from slurmcluster import cli, rank0_log, submit, wait_for
-from trainutil import REPO, base_env
+from slurmcluster import rank0_log, submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -77,10 +76,8 @@ def _api_spec(folder: Path, name: str, epochs: int = 4, **extra) -> Path:
 
 def test_usr2_preempts_the_api_example_requeues_its_task_only_and_loses_nothing(slurm_cluster, mnist_dir):
     # The uninterrupted run, with 2 local processes: the same world size, so the same sums.
-    local = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(_api_spec(mnist_dir, "whole")),
-                            "--executor", "local", "--wait", "--set", "resources.nodes=1",
-                            "--set", "resources.tasks_per_node=2"],
-                           cwd=mnist_dir, env=base_env(), capture_output=True, text=True, timeout=300)
+    local = cli(mnist_dir, "submit", str(_api_spec(mnist_dir, "whole")), "--executor", "local", "--wait",
+                "--set", "resources.nodes=1", "--set", "resources.tasks_per_node=2")
     assert local.returncode == 0, local.stdout + local.stderr
     spec = _api_spec(mnist_dir, "preempt", sweep={"params.seed": [0, 1]})
     first, second = submit(slurm_cluster, spec)
@@ -122,7 +119,7 @@ def test_cancel_marks_a_plain_script_cancelled_once_its_job_left_the_queue(slurm
     (run,) = submit(slurm_cluster, spec)
     job = info(run)["slurm_job_id"]
     wait_for(lambda: "iter 3:" in rank0_log(run), 180, "training")
-    done = cli(slurm_cluster, mnist_dir, "cancel", str(run), timeout=120)
+    done = cli(mnist_dir, "cancel", str(run), timeout=120, env=slurm_cluster.env())
     assert done.returncode == 0 and f"cancelled Slurm job {job}" in done.stdout, done.stdout + done.stderr
     assert not squeue(slurm_cluster, job)  # the job is gone before the run says cancelled
     assert info(run)["status"] == "cancelled" and info(run)["cancel_requested_at"]
@@ -141,7 +138,7 @@ def test_a_params_sweep_is_one_array_and_the_report_groups_by_lr(slurm_cluster, 
     jobs = [info(r)["slurm_job_id"] for r in runs]
     assert len(runs) == 6 and len({j.split("_")[0] for j in jobs}) == 1
     assert all(info(r)["status"] == "completed" for r in runs)
-    report = cli(slurm_cluster, tmp_path, "report", str(tmp_path / "results" / "sweep"), "--format", "csv")
+    report = cli(tmp_path, "report", str(tmp_path / "results" / "sweep"), "--format", "csv", env=slurm_cluster.env())
     assert report.returncode == 0, report.stderr
     header, *rows = [line.split(",") for line in report.stdout.strip().splitlines()]
     assert header[:3] == ["params.lr", "n", "val_acc_mean"] and "params.seed" not in header

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 PRELUDE = """
 import os, signal, sys, time
 from clusterjob.runner.preempt import StopSignal, StopRequested
 s = StopSignal().install()
-s.plain = lambda: True
+s.is_plain_script = lambda: True
 s.grace_s = 1.5
 s.before_kill = lambda: print("recording the stop", flush=True)
 """

@@ -12,7 +12,7 @@ from clusterjob.spec import options
 from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import ResourcesSpec, Spec, dump_spec, load_spec, spec_from_dict
 
-SLURM_KEYS = ("partition", "account", "qos", "constraint", "array_parallelism", "max_requeues")
+SLURM_KEYS = ("partition", "account", "qos", "constraint", "max_requeues")
 
 
 def error_of(resources: dict) -> str:
@@ -25,6 +25,7 @@ def test_the_slurm_keys_are_the_slurm_executors_and_no_longer_resources_own():
     assert SlurmOptions.keys() == SLURM_KEYS
     assert options.BUILT_IN == (SlurmOptions,)
     assert not set(SLURM_KEYS) & {name for name in ResourcesSpec.__dataclass_fields__ if name != "options"}
+    assert "array_parallelism" in ResourcesSpec.__dataclass_fields__  # every executor honours it: resources' own
 
 
 def test_a_spec_holds_them_where_it_always_wrote_them_and_the_executor_reads_them_typed():
@@ -42,8 +43,8 @@ def test_the_resolved_spec_writes_them_under_resources_and_reads_them_back(tmp_p
     spec = spec_from_dict({"name": "t", "resources": {"account": "lab", "array_parallelism": 4}})
     written = yaml.safe_load(dump_spec(spec))["resources"]
     assert {key: written[key] for key in SLURM_KEYS} == {"partition": None, "account": "lab", "qos": None,
-                                                         "constraint": None, "array_parallelism": 4,
-                                                         "max_requeues": 3}
+                                                         "constraint": None, "max_requeues": 3}
+    assert written["array_parallelism"] == 4
     path = tmp_path / "spec.yaml"
     path.write_text(dump_spec(spec))
     assert load_spec(path) == spec

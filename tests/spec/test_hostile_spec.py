@@ -12,13 +12,13 @@ import hashlib
 import os
 import stat
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 
 from clusterjob.core.env import clean_environ
 from clusterjob.core.errors import SpecError
@@ -238,13 +238,12 @@ def snapshot(folder: Path) -> dict[str, tuple]:
 
 
 def run_cli(folder: Path, args: tuple[str, ...], extra_env: dict) -> tuple[subprocess.CompletedProcess, float]:
-    env = {**clean_environ(os.environ), "PYTHONPATH": str(REPO), "HOME": str(folder), **extra_env}
+    env = {**clean_environ(os.environ), "HOME": str(folder), **extra_env}
     if args[0] == "env" and not {"RANK", "MASTER_ADDR"} & set(extra_env):
         env = {**SLURM_TASK, **env}
     argv = ["bad.yaml" if arg == "SPEC" else arg for arg in args]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=env, capture_output=True,
-                          text=True, errors="backslashreplace", timeout=60)
+    done = cli(folder, *argv, env=env, errors="backslashreplace", timeout=60)
     return done, time.monotonic() - started
 
 
@@ -368,8 +367,7 @@ def test_submit_into_an_output_root_that_is_a_file_exits_2_and_writes_nothing(tm
     spec = tmp_path / "s.yaml"
     spec.write_text(f"name: n\noutput: {{root: {tmp_path / 'results'}}}\n")
     before = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*"))
-    done = subprocess.run([sys.executable, "-m", "clusterjob", command[0], str(spec), *command[1:]], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, command[0], str(spec), *command[1:], timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "output.root:" in done.stderr and "is a file, not a folder" in done.stderr
     assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*")) == before

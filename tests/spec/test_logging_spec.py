@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import yaml
-from trainutil import base_env
+from clirun import base_env
 
-from clusterjob.spec.schema import LoggingSpec, MlflowSpec, SpecError, WandbSpec, holds_text, load_spec, spec_from_dict
+from clusterjob.core.errors import SpecError
+from clusterjob.spec.schema import LoggingSpec, MlflowSpec, WandbSpec, holds_text, load_spec, spec_from_dict
 
 # The CLI in a Python where ``sys.argv[1]``'s package cannot be found (find_spec gives None).
 WITHOUT = ("import sys; sys.modules[sys.argv.pop(1)] = None; from clusterjob.cli import main; "

@@ -4,22 +4,13 @@ sweeps over params keys the spec does not list, through the real command line.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirun import cli
 
-REPO = Path(__file__).resolve().parents[2]
 SCRIPT = "import sys, clusterjob\nprint('argv', sys.argv[1:], 'params', clusterjob.params)\n"
-
-
-def cli(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, errors="replace", timeout=120)
 
 
 def write_spec(folder: Path, spec: "dict | str") -> None:
@@ -51,7 +42,7 @@ BAD_REGEXES = [
 @pytest.mark.parametrize("command", [("validate",), ("submit", "--dry-run", "--executor", "local")])
 def test_a_regex_that_does_not_compile_is_one_line_exit_2(tmp_path: Path, regex: str, says: str, command: tuple):
     write_spec(tmp_path, own_code(metrics={"acc": regex}))
-    done = cli(tmp_path, *command, "s.yaml")
+    done = cli(tmp_path, *command, "s.yaml", errors="replace")
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("clusterjob: error: entrypoint.metrics.acc: ") and "is not a regex" in lines[0]
@@ -72,7 +63,7 @@ BAD_PARAMS = [
 @pytest.mark.parametrize("params, where", [c[1:] for c in BAD_PARAMS], ids=[c[0] for c in BAD_PARAMS])
 def test_every_string_in_params_is_one_line(tmp_path: Path, params: str, where: str):
     write_spec(tmp_path, "name: t\nentrypoint: {script: train.py}\n" + params + "\n")
-    done = cli(tmp_path, "validate", "s.yaml")
+    done = cli(tmp_path, "validate", "s.yaml", errors="replace")
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith(f"clusterjob: error: {where}: ") and "control character" in lines[0], lines[0]
@@ -89,7 +80,7 @@ SWEPT = [
 @pytest.mark.parametrize("entrypoint, params, sweep, runs", [c[1:] for c in SWEPT], ids=[c[0] for c in SWEPT])
 def test_a_sweep_may_name_params_the_spec_does_not_list(tmp_path: Path, entrypoint, params, sweep, runs: int):
     write_spec(tmp_path, {**own_code(**entrypoint), "sweep": sweep, **({"params": params} if params else {})})
-    done = cli(tmp_path, "validate", "s.yaml")
+    done = cli(tmp_path, "validate", "s.yaml", errors="replace")
     assert done.returncode == 0 and f"ok: {runs} run(s)" in done.stderr, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.startswith("# run ")]) == runs
     swept = [key[len("params."):] for key in sweep]
@@ -98,14 +89,14 @@ def test_a_sweep_may_name_params_the_spec_does_not_list(tmp_path: Path, entrypoi
 
 def test_a_name_neither_listed_nor_swept_is_still_refused(tmp_path: Path):
     write_spec(tmp_path, {**own_code(args=["{params.lr}", "{params.typo}"]), "sweep": {"params.lr": [1, 2]}})
-    done = cli(tmp_path, "validate", "s.yaml")
+    done = cli(tmp_path, "validate", "s.yaml", errors="replace")
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "{params.typo} names no params key" in lines[0], lines
 
 
 def test_a_swept_params_key_reaches_the_code(tmp_path: Path):
     write_spec(tmp_path, {**own_code(args=["--lr", "{params.lr}"]), "sweep": {"params.lr": [0.01, 0.05]}})
-    done = cli(tmp_path, "submit", "--executor", "local", "--wait", "s.yaml")
+    done = cli(tmp_path, "submit", "--executor", "local", "--wait", "s.yaml", errors="replace")
     assert done.returncode == 0, done.stdout + done.stderr
     outs = sorted((tmp_path / "results" / "t").glob("*/logs/rank0.out"))
     seen = [out.read_text().splitlines()[0] for out in outs]
@@ -128,7 +119,7 @@ GROUP_SHAPES = [
 def test_a_metric_regex_may_take_its_step_from_a_named_group_and_no_other_shape(tmp_path: Path, regex: str,
                                                                               says: "str | None"):
     write_spec(tmp_path, own_code(metrics={"loss": regex}))
-    done = cli(tmp_path, "validate", "s.yaml")
+    done = cli(tmp_path, "validate", "s.yaml", errors="replace")
     if says is None:
         assert done.returncode == 0, done.stderr
         return
@@ -142,7 +133,7 @@ def test_a_metric_regex_may_take_its_step_from_a_named_group_and_no_other_shape(
                                         ("a\tb.csv", "control character")])
 def test_metrics_file_takes_run_dir_and_globs(tmp_path: Path, path: str, says: "str | None"):
     write_spec(tmp_path, own_code(metrics_file=path))
-    done = cli(tmp_path, "submit", "--dry-run", "--executor", "local", "s.yaml")
+    done = cli(tmp_path, "submit", "--dry-run", "--executor", "local", "s.yaml", errors="replace")
     if says is None:
         assert done.returncode == 0, done.stderr
         return

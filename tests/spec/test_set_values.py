@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-REPO = Path(__file__).resolve().parents[2]
+from clirun import cli
 
 
 @pytest.fixture
@@ -24,9 +22,7 @@ def spec(tmp_path) -> Path:
 
 
 def validate(spec: Path, *sets: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "clusterjob", "validate", str(spec), *(f"--set={item}" for item in sets)]
-    return subprocess.run(argv, cwd=spec.parent, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=60)
+    return cli(spec.parent, "validate", str(spec), *(f"--set={item}" for item in sets), env=os.environ, timeout=60)
 
 
 @pytest.mark.parametrize("typed, meant", [

@@ -6,14 +6,13 @@ from clusterjob.core.errors import EnvError, SpecError
 from clusterjob.spec.schema import (
     Spec,
     TrainSpec,
-    apply_overrides,
     dump_spec,
     expand_sweep,
     load_spec,
     spec_from_dict,
     spec_to_dict,
 )
-from clusterjob.spec.yamlfile import parse_yaml
+from clusterjob.spec.yamlfile import apply_overrides, parse_yaml
 
 
 def build(**sections):
@@ -297,7 +296,7 @@ def test_the_dataset_catalog_is_the_spec_s_choice_of_datasets():
     from typing import get_args
 
     from clusterjob.spec.catalog import DATASETS, DatasetName
-    from clusterjob.spec.schema import choices_of
+    from clusterjob.spec.fields import choices_of
 
     assert tuple(DATASETS) == get_args(DatasetName) == choices_of(DatasetName)
     assert all(name == d.name and len(d.mean) == len(d.std) == d.shape[0] for name, d in DATASETS.items())
@@ -306,7 +305,7 @@ def test_the_dataset_catalog_is_the_spec_s_choice_of_datasets():
 def test_choices_come_from_the_field_types():
     from typing import Literal, Optional, Union
 
-    from clusterjob.spec.schema import choices_of
+    from clusterjob.spec.fields import choices_of
 
     assert choices_of(Literal["a", "b"]) == ("a", "b")
     assert choices_of(Optional[Literal["a"]]) == ("a",)

@@ -16,7 +16,14 @@ from torch.utils.data import Dataset, DistributedSampler
 from clusterjob.core.errors import BadInput
 from clusterjob.spec.catalog import DATASETS
 from clusterjob.spec.schema import DataSpec
-from clusterjob.trainer.data import Datasets, SyntheticImages, build_datasets, build_loaders, set_epoch, val_valid_count
+from clusterjob.trainer.data import (
+    Datasets,
+    SyntheticImages,
+    build_datasets,
+    build_torchvision_loaders,
+    set_epoch,
+    val_valid_count,
+)
 from clusterjob.trainer.models import build_model
 
 # ----------------------------------------------------------------------------- CIFAR-10 files
@@ -217,7 +224,7 @@ def test_mlp_learns_synthetic_with_augmentation():
     torch.manual_seed(0)
     spec = DataSpec(dataset="synthetic", limit_train=2048, limit_val=512, num_workers=0, augment=True)
     ds = build_datasets(spec, seed=0)
-    loaders = build_loaders(ds, spec, batch_size=64, rank=0, world_size=1, seed=0, pin_memory=False)
+    loaders = build_torchvision_loaders(ds, spec, batch_size=64, rank=0, world_size=1, seed=0, pin_memory=False)
     model = build_model("mlp", ds.num_classes, ds.in_shape)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(2):  # 64 steps
@@ -251,7 +258,7 @@ class _Indexed(Dataset):
 def _index_loaders(n, world, seed, drop_last=False, batch_size=4):
     ds = Datasets(_Indexed(n), _Indexed(n), 10, (1, 1, 1))
     spec = DataSpec(dataset="synthetic", num_workers=0, drop_last=drop_last)
-    return [build_loaders(ds, spec, batch_size, rank, world, seed, pin_memory=False) for rank in range(world)]
+    return [build_torchvision_loaders(ds, spec, batch_size, rank, world, seed, pin_memory=False) for rank in range(world)]
 
 
 def _epoch(loaders, epoch):
@@ -290,13 +297,13 @@ def test_augmentation_differs_across_ranks_and_epochs():
     # one sample over two ranks: the sampler pads, so both ranks draw sample 0
     spec = DataSpec(dataset="synthetic", limit_train=1, limit_val=1, num_workers=0, augment=True)
     ds = build_datasets(spec, seed=0)
-    ranks = [build_loaders(ds, spec, 1, rank, 2, seed=0, pin_memory=False) for rank in range(2)]
+    ranks = [build_torchvision_loaders(ds, spec, 1, rank, 2, seed=0, pin_memory=False) for rank in range(2)]
     views = {(rank, epoch): _first_batch(ranks[rank], epoch) for rank in range(2) for epoch in range(3)}
     assert all(y.item() == ds.train.targets[0] for _, y in views.values())
     for epoch in range(3):
         assert not torch.equal(views[0, epoch][0], views[1, epoch][0])
     assert not torch.equal(views[0, 0][0], views[0, 1][0])
-    fresh = build_loaders(ds, spec, 1, 1, 2, seed=0, pin_memory=False)
+    fresh = build_torchvision_loaders(ds, spec, 1, 1, 2, seed=0, pin_memory=False)
     assert torch.equal(_first_batch(fresh, 2)[0], views[1, 2][0])  # resume reproduces
 
 
@@ -309,8 +316,8 @@ def test_augmentation_same_with_workers_and_global_rng_untouched():
     spec0 = DataSpec(dataset="synthetic", limit_train=32, limit_val=8, num_workers=0, augment=True)
     spec2 = DataSpec(dataset="synthetic", limit_train=32, limit_val=8, num_workers=2, augment=True)
     ds = build_datasets(spec0, seed=0)
-    inline = build_loaders(ds, spec0, 8, 0, 1, seed=0, pin_memory=False)
-    workers = build_loaders(ds, spec2, 8, 0, 1, seed=0, pin_memory=False)
+    inline = build_torchvision_loaders(ds, spec0, 8, 0, 1, seed=0, pin_memory=False)
+    workers = build_torchvision_loaders(ds, spec2, 8, 0, 1, seed=0, pin_memory=False)
     assert workers.train_loader.persistent_workers and not inline.train_loader.persistent_workers
     for epoch in range(2):
         state = torch.get_rng_state()
@@ -367,7 +374,7 @@ def test_num_workers_auto_leaves_one_cpu_to_training(cpus, expected):
     assert worker_count(2, cpus) == 2  # an explicit count is kept
     spec = DataSpec(dataset="synthetic", limit_train=16, limit_val=4, loader="torchvision")
     assert spec.num_workers == "auto"
-    loaders = build_loaders(build_datasets(spec, 0), spec, 4, 0, 1, 0, pin_memory=False, cpus_per_task=cpus)
+    loaders = build_torchvision_loaders(build_datasets(spec, 0), spec, 4, 0, 1, 0, pin_memory=False, cpus_per_task=cpus)
     assert loaders.train_loader.num_workers == loaders.val_loader.num_workers == expected
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
+from clirun import cli
 from test_data import _Indexed, cifar_root, mnist_root  # noqa: F401  (fixtures: files in the published formats)
 from test_gpu_path import SyncCounter, _trainer, count_step_syncs
 from torch.utils.data import DistributedSampler
@@ -17,9 +18,19 @@ from torch.utils.data import DistributedSampler
 from clusterjob.core.errors import SpecError
 from clusterjob.spec.catalog import DATASETS
 from clusterjob.spec.schema import DataSpec, spec_from_dict
-from clusterjob.trainer.data import Datasets, build_datasets, set_epoch
-from clusterjob.trainer.data import build_loaders as torchvision_loaders
-from clusterjob.trainer.pipeline import ImageSplit, TensorData, build_loaders, crop_flip, load_splits
+from clusterjob.trainer.data import Datasets, build_datasets, build_torchvision_loaders, set_epoch
+from clusterjob.trainer.pipeline import (
+    PAD,
+    ImageSplit,
+    TensorData,
+    as_images,
+    build_tensor_loaders,
+    gather_windows,
+    load_splits,
+    to_layout,
+    window_index,
+    window_starts,
+)
 
 # ----------------------------------------------------------------------------- sample order
 
@@ -32,7 +43,7 @@ def _indexed(n: int) -> TensorData:
 
 def _loaders(n, world, seed=0, drop_last=False, batch_size=4, augment=False):
     data = DataSpec(dataset="synthetic", drop_last=drop_last, augment=augment)
-    return [build_loaders(_indexed(n), data, batch_size, rank, world, seed, "cpu") for rank in range(world)]
+    return [build_tensor_loaders(_indexed(n), data, batch_size, rank, world, seed, "cpu") for rank in range(world)]
 
 
 def _labels(loader) -> list[list[int]]:
@@ -58,7 +69,7 @@ def test_batches_follow_the_distributed_sampler_and_the_torchvision_path(n, worl
             if drop_last:
                 expected = [b for b in expected if len(b) == batch_size]
             assert batches == expected and len(loaders.train_loader) == len(expected)
-            theirs = torchvision_loaders(reference, spec, batch_size, rank, world, 5, pin_memory=False)
+            theirs = build_torchvision_loaders(reference, spec, batch_size, rank, world, 5, pin_memory=False)
             set_epoch(theirs, epoch)
             assert batches == [idx.tolist() for _, idx in theirs.train_loader]
     counts = np.bincount(sum((sum(_labels(r.train_loader), []) for r in ranks), []), minlength=n)
@@ -84,6 +95,20 @@ def test_validation_is_unshuffled_and_padded():
 
 
 # ----------------------------------------------------------------------------- crop and flip
+
+
+def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor, pad: int = PAD) -> torch.Tensor:
+    """The loader's per-sample random crop and horizontal flip of a batch, as one gather
+    (TensorLoader's own steps, on one batch).
+
+    ``images`` (B, C, H, W); ``offsets`` (B, 2) integers in [0, 2 * pad]: the top-left corner
+    of sample b's window in its zero-padded image (torchvision's RandomCrop(padding=pad));
+    ``flips`` (B,) bool: mirror sample b's window left-right (RandomHorizontalFlip)."""
+    h, w = images.shape[2:]
+    padded = to_layout(F.pad(images, (pad, pad, pad, pad)), channels_last=False)
+    out = gather_windows(padded, window_starts(offsets, w, pad), flips.long(), window_index(h, w, pad, images.device),
+                         channels_last=False)
+    return as_images(out, h, w, channels_last=False)
 
 
 def _reference_crop_flip(images, offsets, flips, pad):
@@ -124,7 +149,7 @@ def test_crop_flip_of_random_batches_matches_the_reference():
 
 def _synthetic_loaders(rank=0, world=2, seed=0, limit=64, batch_size=8, augment=True):
     data = DataSpec(dataset="synthetic", limit_train=limit, limit_val=16, augment=augment)
-    return build_loaders(load_splits(data, seed), data, batch_size, rank, world, seed, "cpu")
+    return build_tensor_loaders(load_splits(data, seed), data, batch_size, rank, world, seed, "cpu")
 
 
 def _epoch_batches(loaders, epoch, skip=0):
@@ -188,7 +213,7 @@ def test_cifar10_files_load_as_torchvision_reads_them(cifar_root):
     assert torch.equal(td.train.images.reshape(20, 3072), torch.from_numpy(rows))
     # the floats equal the torchvision path's, bit for bit
     ds = build_datasets(data, seed=0)
-    loaders = build_loaders(td, data, 4, 0, 1, 0, "cpu")
+    loaders = build_tensor_loaders(td, data, 4, 0, 1, 0, "cpu")
     x = torch.cat([x for x, _ in loaders.val_loader])
     assert torch.equal(x, torch.stack([ds.val[i][0] for i in range(len(ds.val))]))
 
@@ -210,7 +235,7 @@ def test_mnist_files_load_as_torchvision_reads_them(mnist_root):
     assert torch.equal(td.train.images[:, 0], torch.from_numpy(splits["train"][0]).to(torch.uint8))
     assert td.val.targets.tolist() == splits["t10k"][1][:2].tolist()
     # augment is on, but digits are not cropped or flipped: batches are the normalized pixels
-    loaders = build_loaders(td, data, 5, 0, 1, 0, "cpu")
+    loaders = build_tensor_loaders(td, data, 5, 0, 1, 0, "cpu")
     loaders.set_epoch(1)
     ((x, y),) = list(loaders.train_loader)
     mean, std = DATASETS["mnist"].mean[0], DATASETS["mnist"].std[0]
@@ -277,14 +302,8 @@ def test_the_sync_counter_sees_a_host_copy_in_a_loader():
      "the training process need 4 CPUs, but resources.cpus_per_task is 2; set data.num_workers: auto (or at most 1), "
      "or resources.cpus_per_task: 4\n")])
 def test_bad_input_exits_2_with_one_line(tmp_path, sets, line):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     (tmp_path / "s.yaml").write_text("name: t\n")
     args = [a for s in sets for a in ("--set", s)]
-    done = subprocess.run([sys.executable, "-m", "clusterjob", "validate", "s.yaml", *args], cwd=tmp_path,
-                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=60)
+    done = cli(tmp_path, "validate", "s.yaml", *args, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert (done.returncode, done.stderr, done.stdout) == (2, line, "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing written

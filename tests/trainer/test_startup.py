@@ -51,7 +51,7 @@ from clusterjob.spec.schema import spec_from_dict
 spec = spec_from_dict({"name": "t", "model": {"arch": "resnet18"},
                        "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 8}})
 data = pipeline.load_splits(spec.data, 0)
-loaders = pipeline.build_loaders(data, spec.data, 8, 0, 1, 0, "cpu")
+loaders = pipeline.build_tensor_loaders(data, spec.data, 8, 0, 1, 0, "cpu")
 plan = plan_device(spec, 0, 1, 1, cuda_count=0)
 train.build_trainer(spec, plan, build_model("resnet18", 10, (3, 32, 32)), len(loaders.train_loader), 1)
 print(sorted(m for m in sys.modules if m.split(".")[0] == "torchvision"))

@@ -86,7 +86,7 @@ def _trainer_and_loader(arch: str, channels_last: bool = False, ema: bool = Fals
     plan = plan_device(spec, 0, 1, 1, cuda_count=0)
     fmt = train.memory_format_for(spec, plan)
     data = pipeline.load_splits(spec.data, 0)
-    loaders = pipeline.build_loaders(data, spec.data, BATCH, 0, 1, 0, "cpu", memory_format=fmt)
+    loaders = pipeline.build_tensor_loaders(data, spec.data, BATCH, 0, 1, 0, "cpu", memory_format=fmt)
     torch.manual_seed(0)
     trainer = train.build_trainer(spec, plan, build_model(arch, 10, (3, 32, 32)), len(loaders.train_loader), 1)
     return trainer, loaders.train_loader, data.train

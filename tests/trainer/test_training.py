@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
+from clirun import cli
 from trainutil import (
     base_env,
     epochs_of,
@@ -57,7 +58,7 @@ def test_grad_accum_with_no_sync_equals_the_big_batch(tmp_path):
 def _eval_rank(rank: int, world: int, init_file: str, weights: dict, out: str) -> None:
     import torch.distributed as tdist
 
-    from clusterjob.trainer.data import build_datasets, build_loaders, val_valid_count
+    from clusterjob.trainer.data import build_datasets, build_torchvision_loaders, val_valid_count
     from clusterjob.trainer.models import build_model
 
     if world > 1:
@@ -65,7 +66,7 @@ def _eval_rank(rank: int, world: int, init_file: str, weights: dict, out: str) -
     spec = spec_from_dict({"name": "e", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 101,
                                                 "num_workers": 0, "augment": False}})
     ds = build_datasets(spec.data, seed=0)
-    loaders = build_loaders(ds, spec.data, 8, rank, world, seed=0, pin_memory=False)
+    loaders = build_torchvision_loaders(ds, spec.data, 8, rank, world, seed=0, pin_memory=False)
     model = build_model("mlp", ds.num_classes, ds.in_shape)
     model.load_state_dict(weights)
     plan = plan_device(spec_from_dict({"name": "e", "train": {"amp": "off"}}), rank, world, world, cuda_count=0)
@@ -162,9 +163,8 @@ def test_launch_styles_agree(tmp_path):
     done = subprocess.run(legacy, env={**base_env(), "PYTHONWARNINGS": "ignore"}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    local = subprocess.run([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait",
-                            "--set", "resources.tasks_per_node=2"], env=base_env(), cwd=tmp_path,
-                           capture_output=True, text=True, timeout=240)
+    local = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", "--set", "resources.tasks_per_node=2",
+                timeout=240)
     assert local.returncode == 0, local.stdout + local.stderr
     (local_run,) = [p for p in (tmp_path / "results" / "styles").iterdir() if not p.name.startswith(".")]
     losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "tcp", "torchrun", "legacy")}
@@ -226,7 +226,7 @@ def _one_epoch(compile_model: bool) -> tuple[dict, tuple]:
     spec = spec_from_dict({"name": "c", "model": {"arch": "mlp"}, "resources": {"cpus_per_task": 1},
                            "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 16, "augment": True},
                            "train": {"compile": compile_model, "amp": "off", "batch_size": 16, "log_every": 2}})
-    loaders = pipeline.build_loaders(pipeline.load_splits(spec.data, 0), spec.data, 16, 0, 1, 0, "cpu")
+    loaders = pipeline.build_tensor_loaders(pipeline.load_splits(spec.data, 0), spec.data, 16, 0, 1, 0, "cpu")
     torch.manual_seed(0)
     trainer = train.build_trainer(spec, plan_device(spec, 0, 1, 1, cuda_count=0),
                                   build_model("mlp", 10, (3, 32, 32)), len(loaders.train_loader), 1)

@@ -1,6 +1,7 @@
 """The local executor (docs/design.md, "Executors and scripts"): the runs go to a
 supervisor on this machine (clusterjob.launch.supervisor), ``submit --wait`` itself or a
-detached process, which runs them one after another with ``tasks_per_node`` ranks each.
+detached process, which runs them with ``tasks_per_node`` ranks each, a sweep's runs side
+by side as the machine allows (clusterjob.launch.slots).
 
 Checked at submit (and resume), before anything is written: one node only, and with
 ``gpus_per_node > 0`` one visible GPU per task, counted without torch. A run lives in
@@ -12,17 +13,18 @@ when every one of them ended without the run recording its end, the run is faile
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from clusterjob.core import claim, procs, sweep
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, RunRecord, failure, natural_key, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, natural_key
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import (
     Dependency,
@@ -30,12 +32,13 @@ from clusterjob.launch.executor import (
     RunView,
     Waited,
     Watch,
+    apply_found,
     cancel_unstarted,
-    learnt,
     register,
     unhanded,
 )
 from clusterjob.launch.progress import ProgressTail
+from clusterjob.launch.slots import gpus_here, visible_gpus  # noqa: F401  (the GPU facts, where check reads them)
 from clusterjob.spec.schema import Spec
 
 CANCEL_POLL_S = 1.0
@@ -89,17 +92,24 @@ class LocalExecutor(Executor):
         return [f"{run.path}  (local, supervisor pid {pid})" for run in runs]
 
     def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
-        """Run the runs here, one after another; a stop signal cancels them (see
-        clusterjob.launch.supervisor)."""
+        """Run the runs here, side by side as the machine allows; each one's summary as
+        it ends; a stop signal cancels them (see clusterjob.launch.supervisor). With
+        several runs at once, each progress line starts with its run's id."""
         tail = ProgressTail(runs, own_code=spec.entrypoint is not None)
-        supervisor = sup.Supervisor(spec.resources.tasks_per_node,
-                                    on_tick=lambda run: watch.progress(tail.new_lines(run))).install()
-        records = []
-        for run in runs:
-            records += supervisor.run_all([run])
-            watch.progress(tail.new_lines(run))  # what rank 0 wrote after the last tick
-            watch.ended(run, records[-1])
-        return Waited(records, supervisor.stop_signal)
+        slots = sup.slots_for(spec.resources, len(runs))
+
+        def progress(run: RunDir) -> None:
+            lines = tail.new_lines(run)
+            watch.progress([replace(line, text=f"{run.run_id}  {line.text}") for line in lines]
+                           if len(slots) > 1 else lines)
+
+        def ended(run: RunDir, record: RunRecord) -> None:
+            progress(run)  # what rank 0 wrote after the last tick
+            watch.ended(run, record)
+
+        supervisor = sup.Supervisor(spec.resources.tasks_per_node, on_tick=progress, on_end=ended,
+                                    slots=slots).install()
+        return Waited(supervisor.run_all(runs), supervisor.stop_signal)
 
     def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
         return [_reconcile(run, view, write_back) for run, view in found]
@@ -152,7 +162,7 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
     fields = {"status": "failed", "finished_at": now_iso(), "error": failure(
         run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
              f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
-    return learnt(run, view, fields, write_back)
+    return apply_found(run, view, fields, write_back)
 
 
 def _supervised(run: RunDir) -> bool:
@@ -164,7 +174,7 @@ def _supervised(run: RunDir) -> bool:
 
 
 def detach(runs: list[RunDir], world: int) -> int:
-    """Start a supervisor in its own session that runs ``runs`` one after another; its pid.
+    """Start a supervisor in its own session that runs ``runs``; its pid.
     The runs' claims this process holds are handed to it as they are (the same locks, so
     no other command can start a run in between); each run.json records which process it
     is (``status`` says when it is gone)."""
@@ -188,53 +198,6 @@ def record_launcher(runs: list[RunDir], ref: Optional[procs.ProcessRef]) -> None
         return
     for run in runs:
         run.update(executor="local", launcher=ref)
-
-
-def visible_gpus(cuda_visible_devices: Optional[str], smi_listing: Optional[str]) -> int:
-    """How many GPUs a rank started here will see, without torch (which the login side
-    never loads): CUDA_VISIBLE_DEVICES when set, else every GPU of ``nvidia-smi -L``
-    (None: no nvidia-smi, so no GPU)."""
-    machine = None if smi_listing is None else sum(
-        line.startswith("GPU ") for line in smi_listing.splitlines())
-    if cuda_visible_devices is None:
-        return machine or 0
-    return len(_listed_gpus(cuda_visible_devices, machine))
-
-
-def _listed_gpus(text: str, machine: Optional[int]) -> list[str]:
-    """The GPUs CUDA makes of CUDA_VISIBLE_DEVICES: the entries up to the first that names
-    no GPU of the machine ("", -1, an index past its GPUs); a repeated entry hides all."""
-    listed: list[str] = []
-    for entry in (part.strip() for part in text.split(",")):
-        uuid = entry.startswith(("GPU-", "MIG-"))
-        index_ok = entry.isdigit() and (machine is None or int(entry) < machine)
-        if not (uuid or index_ok):
-            break
-        if entry in listed:
-            return []
-        listed.append(entry)
-    return listed
-
-
-def machine_gpus() -> Optional[str]:
-    """``nvidia-smi -L``'s listing (one ``GPU n: ...`` line per GPU), None without it."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def gpus_here(environ: Mapping[str, str]) -> tuple[int, str]:
-    """(GPUs a local rank will see, where that number comes from, for an error line)."""
-    listed = environ.get("CUDA_VISIBLE_DEVICES")
-    smi = machine_gpus()
-    count = visible_gpus(listed, smi)
-    if listed is not None:
-        return count, f"CUDA_VISIBLE_DEVICES={listed!r}"
-    return count, "no nvidia-smi" if smi is None else "nvidia-smi -L"
 
 
 def check_gpus(tasks: int, gpus_per_node: int, visible: int, where: str) -> None:

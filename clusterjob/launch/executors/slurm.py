@@ -25,27 +25,16 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core import claim, retry, slurmctl, sweep
+from clusterjob.core import claim, procs, retry, slurmctl, sweep
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
-from clusterjob.core.files import batched
-from clusterjob.core.record import SLURM
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    RunDir,
-    RunError,
-    RunRecord,
-    failure,
-    first_error,
-    is_job_id,
-    now_iso,
-    rank_errors,
-    tail_lines,
-)
+from clusterjob.core.files import batched, now_iso
+from clusterjob.core.record import SLURM, RunError, RunRecord, is_job_id
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, rank_errors, tail_lines
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
     WAITING,
@@ -54,8 +43,8 @@ from clusterjob.launch.executor import (
     RunView,
     Waited,
     Watch,
+    apply_found,
     cancel_unstarted,
-    learnt,
     register,
     unhanded,
     views,
@@ -229,7 +218,7 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: di
     elif final == "failed":
         fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
                                        "without the run recording its end")
-    return learnt(run, view, fields, write_back)
+    return apply_found(run, view, fields, write_back)
 
 
 def _dependency_failed(info: RunRecord) -> Optional[str]:
@@ -420,59 +409,128 @@ def _sbatch_reason(text: str) -> str:
 
 
 def finalize(runs_file: str, index: str, srun_status: str) -> int:
-    """After srun, in the job script: record how a session that srun ended badly ended,
-    retry it when the machine failed it (``resources.max_retries``), and exit 0 only for
-    a completed run, so that Slurm counts the job failed otherwise (a job waiting for it
-    with afterok then never starts)."""
+    """After srun, in the job script clusterjob renders: ``settle`` the run of this array task."""
     run = RunDir(sweep.task_run(runs_file, int(index)))
     info = sweep.resolved(run.path, run.read())  # its job, where its ranks never recorded it
     if info.log_dir is None:  # where the job script's logs are: beside the runs file
         info = replace(info, log_dir=str(Path(runs_file).parent))
-    if srun_status != "0" and _unsettled(info):
-        cause = _record_end(run, info, srun_status)
+    return settle(run, srun_status, _batch_log(info), info)
+
+
+def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunRecord] = None) -> int:
+    """After srun, in the job script (clusterjob's, or the raw templates' teardown):
+    record how a session that srun ended badly ended, naming the rank that ended it
+    (``ended_rank``: srun's report in ``batch_log``, the job script's stderr, or
+    torchrun's), retry it when the machine failed it (``resources.max_retries``), and
+    exit 0 only for a completed run, so that Slurm counts the job failed otherwise (a
+    job waiting for it with afterok then never starts). ``info``: its run.json with
+    what its sweep's record adds (default: as read now)."""
+    info = info or run.read()
+    log = session_log(batch_log)
+    if srun_status != "0" and _unsettled(run, info, log):
+        cause = _record_end(run, info, srun_status, log)
         if cause is not None and _retried(run, cause):
             return 0
     return 0 if run.read().status == "completed" else 1
 
 
-def _unsettled(info: RunRecord) -> bool:
-    """Whether the record may not yet say how a session srun ended badly ended: pending,
-    running, failed (the cause may be a task killed without a word), or a stop the others
-    recorded as srun ended the step for a task killed by a signal (--kill-on-bad-exit
-    sends them SIGTERM: a preemption or a time limit never lets this line run)."""
-    if info.status in ("pending", "running", "failed"):
-        return True
-    return info.status in ("preempted", "timeout") and killed_task(session_log(_batch_log(info))) is not None
+@dataclass(frozen=True)
+class RankEnd:
+    """A rank that ended a session by itself, as its launcher reported it: ``said`` names
+    it and how it ended ("task 1 on node2: Killed", "rank 1 on node1 was killed by
+    SIGKILL"), ``message`` is the run's error line; ``by_signal`` it was killed (else it
+    exited non-zero); ``memory``: Slurm's out-of-memory kill (a retry would end the same way)."""
+
+    rank: int
+    said: str
+    message: str
+    by_signal: bool
+    memory: bool = False
 
 
-def _record_end(run: RunDir, info: RunRecord, srun_status: str) -> Optional[str]:
-    """Record a task that died without a traceback (killed by a signal) as the cause, over
-    the other ranks' collateral "connection closed" errors, and mark a run that is still
-    pending/running as failed. Why the machine failed the session, or None."""
-    log = session_log(_batch_log(info))
+def ended_rank(run: RunDir, log: str) -> Optional[RankEnd]:
+    """The rank that ended this session (``log``: its part of the job script's stderr):
+    a task srun reports as ended by a signal of its own, else the root cause torchrun
+    reported in its node's log (under the torchrun template, srun sees only torchrun
+    exit), else the first task srun reports as exited non-zero."""
     killed = killed_task(log)
-    named = None
-    if killed and not run.error_file(killed[0]).exists():
+    if killed is not None:
         rank, node, reason = killed
-        run.update(status="failed", finished_at=now_iso(), error=RunError(
-            rank, f"task {rank} on {node}: {reason} (ended by a signal, no traceback)",
-            "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
-        named = None if reason.startswith("Out Of Memory") else f"task {rank} on {node}: {reason}"
-    elif info.status != "failed":
-        run.update(status="failed", finished_at=now_iso(), error=first_error(run) or _exited(run, log, srun_status))
-    if killed and named is None:
-        return None  # the job's own memory: a retry would end the same way
-    return retry.machine_cause(named, rank_errors(run), exit_codes(log))
-
-
-def _exited(run: RunDir, log: str, srun_status: str) -> RunError:
-    """With no traceback anywhere: the first task srun reports as exited non-zero, else
-    srun's own status."""
+        said = f"task {rank} on {node}: {reason}"
+        return RankEnd(rank, said, f"{said} (ended by a signal, no traceback)", True,
+                       memory=reason.startswith("Out Of Memory"))
+    found = torchrun_root_cause(run)
+    if found is not None:
+        return found
     for node, rank, reason in _SRUN_TASK_ERROR.findall(log):
         code = _EXIT_CODE.match(reason)
         if code:
-            return RunError(int(rank), f"task {rank} on {node}: exited with code {code.group(1)} (no traceback)",
-                            "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20)))
+            said = f"task {rank} on {node}: exited with code {code.group(1)}"
+            return RankEnd(int(rank), said, f"{said} (no traceback)", False)
+    return None
+
+
+def torchrun_root_cause(run: RunDir) -> Optional[RankEnd]:
+    """The "Root Cause (first observed failure)" that torchrun's agent printed in this
+    session of its node's log (the files the run's ``logs/rank*.err`` point at): the
+    rank, its host, and its exit status (negative: the signal)."""
+    seen = set()
+    for link in sorted(run.logs.glob("rank*.err")):
+        path = link.resolve()
+        if path in seen:
+            continue
+        seen.add(path)
+        found = _ROOT_CAUSE.search(session_log(log_tail(path)))
+        if found:
+            rank, code = int(found["rank"]), int(found["code"])
+            said = f"rank {rank} on {found['host']} {procs.ended(code)}"
+            return RankEnd(rank, said, f"{said} (no traceback)", code < 0)
+    return None
+
+
+def log_tail(path: Path, limit: int = 1 << 20) -> str:
+    """The last ``limit`` bytes of a log, as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _unsettled(run: RunDir, info: RunRecord, log: str) -> bool:
+    """Whether the record may not yet say how a session srun ended badly ended: pending,
+    running, failed (the cause may be a task killed without a word), or a stop the others
+    recorded as srun (or torchrun) ended the step for a rank that ended by itself
+    (--kill-on-bad-exit sends the others SIGTERM: a preemption or a time limit never
+    lets this line run)."""
+    if info.status in ("pending", "running", "failed"):
+        return True
+    return info.status in ("preempted", "timeout") and ended_rank(run, log) is not None
+
+
+def _record_end(run: RunDir, info: RunRecord, srun_status: str, log: str) -> Optional[str]:
+    """Record a rank that died without a traceback (killed by a signal) as the cause, over
+    the other ranks' collateral "connection closed" errors, and mark a run that is still
+    pending/running (or stopped by srun for that rank) as failed. Why the machine failed
+    the session, or None."""
+    end = ended_rank(run, log)
+    named = None
+    if end is not None and end.by_signal and not run.error_file(end.rank).exists():
+        run.update(status="failed", finished_at=now_iso(), error=RunError(
+            end.rank, end.message, "\n".join(tail_lines(run.logs / f"rank{end.rank}.err", 20))))
+        named = None if end.memory else end.said
+    elif info.status != "failed":
+        run.update(status="failed", finished_at=now_iso(), error=first_error(run) or _exited(run, end, srun_status))
+    if end is not None and end.by_signal and named is None:
+        return None  # the job's own memory (or a traceback): a retry would end the same way
+    return retry.machine_cause(named, rank_errors(run), exit_codes(log))
+
+
+def _exited(run: RunDir, end: Optional[RankEnd], srun_status: str) -> RunError:
+    """With no traceback anywhere: the rank reported as exited non-zero, else srun's own status."""
+    if end is not None and not end.by_signal:
+        return RunError(end.rank, end.message, "\n".join(tail_lines(run.logs / f"rank{end.rank}.err", 20)))
     return RunError(None, f"srun exited with status {srun_status}: a task was killed or failed "
                           f"(see `clusterjob logs {run.path}`)")
 
@@ -502,6 +560,10 @@ def _retried(run: RunDir, cause: str) -> bool:
 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (.+)")
 _EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
+# torch.distributed.elastic's error summary (its _FAILURE_FORMAT_TEMPLATE), first observed failure
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\n\s*\[\d+\]:\s*\n(?:\s*time\s*:.*\n)?"
+                         r"\s*host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+)\b.*\n"
+                         r"\s*exitcode\s*:\s*(?P<code>-?\d+)")
 
 
 def session_log(batch_log: str) -> str:

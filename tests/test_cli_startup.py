@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 from clusterjob.core import procs
-from clusterjob.core.rundir import make_runs, now_iso
+from clusterjob.core.files import now_iso
+from clusterjob.core.rundir import make_runs
 
 # What a login node's --help or status must not pay for: torch and the libraries of the
 # report and of Slurm submission, the installed packages' metadata, the spec's YAML, and

@@ -1,0 +1,84 @@
+"""The MLflow default through the real command line: a run with `logging.mlflow: {}` writes
+MLflow's file store `./mlruns` in the folder submit ran in, whatever mlflow package is
+installed; the README's commands read it (MLflow 3 refuses the file store without
+MLFLOW_ALLOW_FILE_STORE, so they set it); a database store without SQLAlchemy is bad
+input at validate."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from loggerread import mlflow_series
+from trainutil import REPO, base_env
+
+BIN = Path(sys.executable).parent
+SCRIPT = "for step in (1, 2, 3):\n    print(f'iter {step}: acc {step / 4}', flush=True)\n"
+
+
+def readme_store_commands() -> list[str]:
+    """The README's commands that read the store, as written there (comments cut)."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = lines.index("  export MLFLOW_ALLOW_FILE_STORE=true")
+    block = lines[start:lines.index("  ```", start)]
+    return [line.split("#", 1)[0].strip() for line in block]
+
+
+def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**base_env(), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_")}  # a fresh shell
+    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def shell(folder: Path, lines: list[str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in base_env().items() if not k.startswith("MLFLOW_")}
+    env["PATH"] = f"{BIN}:{env['PATH']}"  # `mlflow` of this Python
+    return subprocess.run(["bash", "-ec", "\n".join(lines)], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_default_store_is_a_file_store_that_the_readmes_commands_read(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    spec = {"name": "store", "output": {"root": "results"}, "resources": {"cpus_per_task": 1},
+            "entrypoint": {"script": "train.py", "metrics": {"acc": r"iter (?P<step>\d+): acc ([0-9.]+)"}},
+            "logging": {"mlflow": {}}}
+    (tmp_path / "store.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "store.yaml", "--executor", "local", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = (tmp_path / "results" / "store").glob("2*")
+    info = json.loads((run / "run.json").read_text())
+    assert info["mlflow_tracking_uri"] == (tmp_path / "mlruns").as_uri()  # a file store, in the submit folder
+    assert (tmp_path / "mlruns" / info["mlflow_experiment_id"] / "meta.yaml").is_file()
+
+    commands = readme_store_commands()
+    assert commands[:2] == ["export MLFLOW_ALLOW_FILE_STORE=true", "export MLFLOW_TRACKING_URI=file:./mlruns"]
+    search, listing, ui = commands[2:]
+    assert ui.startswith("mlflow ui --backend-store-uri ./mlruns")  # the full package's server: not run here
+    found = shell(tmp_path, [*commands[:2], search])
+    assert found.returncode == 0 and re.search(rf"{info['mlflow_experiment_id']}\s+store\s", found.stdout), found
+    listed = shell(tmp_path, [*commands[:2], listing.replace(" ID", " " + info["mlflow_experiment_id"])])
+    assert listed.returncode == 0 and info["mlflow_run_id"] in listed.stdout and run.name in listed.stdout, listed
+
+    refused = shell(tmp_path, [commands[1], search])  # without the first line: MLflow 3 refuses the store
+    assert refused.returncode != 0 and "maintenance mode" in refused.stderr
+    assert mlflow_series(info["mlflow_tracking_uri"], info["mlflow_run_id"]) == {
+        "acc": [(1, 0.25), (2, 0.5), (3, 0.75)]}
+
+
+@pytest.mark.skipif(all(importlib.util.find_spec(name) for name in ("sqlalchemy", "alembic")),
+                    reason="the full mlflow package is installed: a database store opens")
+def test_a_database_store_without_the_full_mlflow_package_is_one_line_at_validate(tmp_path):
+    (tmp_path / "db.yaml").write_text("name: db\nlogging: {mlflow: {tracking_uri: 'sqlite:///mlflow.db'}}\n")
+    done = cli(tmp_path, "validate", "db.yaml")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("clusterjob: error: logging.mlflow.tracking_uri: 'sqlite:///mlflow.db' is a database store") and \
+        "pip install mlflow" in line, line
