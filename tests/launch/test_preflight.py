@@ -5,6 +5,7 @@ a partition and a QOS that have limits, through the CLI."""
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import uuid
 from pathlib import Path
@@ -292,3 +293,37 @@ def test_the_checks_themselves_never_take_an_unknown_for_0(tmp_path):
     assert "at most" not in down["cpus"].line()
     empty_tres = lines(preflight.run_checks(spec_of(tmp_path, qos="q"), 1, [], fake_ask(qos="q|00:05:00|mem=8G\n")))
     assert empty_tres["qos"].ok  # a MaxTRES without node, cpu or gres/gpu limits nothing the job asks
+
+
+def test_a_sweep_past_max_job_count_or_max_submit_is_refused_in_one_line(tmp_path, slurm_shims):
+    """MaxJobCount counts every job the controller holds (finished ones too), each array
+    task one; MaxSubmitJobs of the user's association counts the user's jobs not ended."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    queue = "JOBID|USER|ACCOUNT|QOS|STATE\n" + "".join(
+        f"{job}|{user}|root|normal|{state}\n" for job, state in
+        (("423", "COMPLETED"), ("435_0", "COMPLETED"), ("435_1", "RUNNING"), ("440", "PENDING"), ("7", "COMPLETED")))
+    config = (GOLDEN / "scontrol_show_config.txt").read_text().replace("MaxJobCount             = 10000",
+                                                                       "MaxJobCount             = 7")
+    spec = str(hostile_spec(tmp_path, sweep={"train.seed": [0, 1, 2]}))
+    golden_cluster(slurm_shims, config=config, queue=queue)
+    done = cli(tmp_path, "submit", spec, "--executor", "slurm", env=slurm_shims.env(alone=True), errors="replace")
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("FAIL")]
+    assert done.returncode == 2 and line.startswith(
+        "FAIL  jobs: MaxJobCount (scontrol show config) is 7, and the 3 job(s) of this submission (each array task "
+        "is one) with the 5 that count already make 8; fix: "), done.stderr
+    assert "submit at most 2 point(s) now and the rest once these ended" in line and "MinJobAge" in line
+    assert not (tmp_path / "results").exists()
+    assert [call for call in slurm_shims.calls("sbatch") if "--test-only" not in call] == []  # nothing queued
+    golden_cluster(slurm_shims, queue=queue, assoc="Cluster|Account|Partition|MaxSubmit|GrpSubmit|Def QOS\n"
+                                                   "clusterjob|root||3||\n")
+    done = cli(tmp_path, "submit", spec, "--executor", "slurm", env=slurm_shims.env(alone=True), errors="replace")
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("FAIL")]
+    assert done.returncode == 2 and line.startswith(
+        f"FAIL  jobs: MaxSubmitJobs of your association (user {user}, account root) is 3, and the 3 job(s) of this "
+        "submission (each array task is one) with the 2 that count already make 5; fix: "), done.stderr
+    assert "submit at most 1 point(s) now" in line and "array_parallelism does not help" in line
+    assert not (tmp_path / "results").exists()
+    checked = cli(tmp_path, "validate", str(hostile_spec(tmp_path, sweep={"train.seed": [0]})), "--cluster",
+                  env=slurm_shims.env(alone=True), errors="replace")
+    assert "ok    jobs: 1 job(s) fit: MaxJobCount 6 of 10000, MaxSubmitJobs of your association 3 of 3" \
+        in checked.stdout, checked.stdout

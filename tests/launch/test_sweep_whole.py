@@ -1,0 +1,103 @@
+"""A local sweep as one thing, through the command line (docs/design.md, "Results layout"
+and "Command line"): a 100-point submit syncs a bounded number of times and writes each
+run.json once; status shows a summary line first and the rows only with --runs; cancel,
+logs and resume take the sweep's id or its folder, --only narrows them, and resume
+restarts only the runs that did not complete. Real processes, local."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from clirun import cli
+from slurmcluster import wait_for
+
+pytestmark = pytest.mark.slow
+
+POINTS = 100
+SYSCALLS = re.compile(r"^(?:\d+ +)?(fsync|fdatasync|syncfs|sync|msync|rename|renameat|renameat2)\(", re.MULTILINE)
+# Point 0 ends at once; every other point runs until it is stopped.
+SCRIPT = "import time\nimport clusterjob\nif clusterjob.params['i']:\n    while True:\n        time.sleep(0.1)\n"
+
+
+def spec_file(folder: Path) -> Path:
+    (folder / "point.py").write_text(SCRIPT)
+    spec = {"name": "sw", "output": {"root": str(folder / "results")},
+            "resources": {"cpus_per_task": 1, "array_parallelism": 1},
+            "entrypoint": {"script": str(folder / "point.py"), "stop_grace_s": 2},
+            "params": {"i": 0}, "sweep": {"params.i": list(range(POINTS))}}
+    path = folder / "sw.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def counts(summary: str) -> dict:
+    """{state: runs} of status's summary line ("<target>: 100 runs: 99 cancelled, 1 completed")."""
+    said = summary.split(" runs: ", 1)[1].split(";")[0]
+    return {state: int(n) for n, state in (part.split() for part in said.split(", "))}
+
+
+def statuses(runs: list[Path]) -> list[tuple[str, int]]:
+    infos = [json.loads((run / "run.json").read_text()) for run in runs]
+    return [(info["status"], info.get("restarts") or 0) for info in infos]
+
+
+def test_a_local_sweep_is_submitted_shown_cancelled_and_resumed_as_one(tmp_path):
+    trace = tmp_path / "strace.out"
+    done = cli(tmp_path, "submit", str(spec_file(tmp_path)), "--executor", "local",
+               prefix=["strace", "-qq", "-o", str(trace), "-e", "trace=fsync,fdatasync,syncfs,sync,msync,rename,"
+                                                                   "renameat,renameat2"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = SYSCALLS.findall(trace.read_text())
+    syncs = [call for call in calls if "rename" not in call]
+    assert 0 < len(syncs) <= 10, syncs  # the batch syncs the file system, never a file per run
+    assert len(calls) - len(syncs) <= POINTS + 10  # run.json published once per run, never rewritten
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("sweep ")]
+    named = line.split()[1].rstrip(":")
+    parent = tmp_path / "results" / "sw"
+    runs = sorted(p for p in parent.iterdir() if (p / "run.json").exists())
+    assert len(runs) == POINTS and line == f"sweep {named}: {POINTS} runs in {parent}"
+    assert f"follow with: clusterjob status {named}" in done.stdout
+    assert len([line for line in done.stdout.splitlines() if line.startswith("local:")]) <= 20  # not 100 lines
+    ((part,),) = [json.loads((parent / ".sweeps" / f"{named.removeprefix('sw-')}.json").read_text())["parts"]]
+    assert part["runs"] == f"0-{POINTS - 1}" and part["launcher"]["pid"] > 0  # one supervisor has them all
+
+    def summary(*extra: str) -> str:
+        shown = cli(tmp_path, "status", str(parent), *extra)
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout
+
+    wait_for(lambda: counts(summary().splitlines()[0]).get("running") == 1 and statuses(runs)[0][0] == "completed",
+             180, "point 0 completed and point 1 running")
+    shown = summary()
+    assert shown.splitlines()[0] == f"{parent}: {POINTS} runs: {POINTS - 2} pending, 1 running, 1 completed", shown
+    assert "sw/" not in shown and f"{POINTS} runs: `clusterjob status {parent} --runs` lists them" in shown
+    assert len([row for row in summary("--runs").splitlines() if row.startswith("sw/")]) == POINTS
+    # cancel the sweep by its id: every run that had not ended, in one command
+    cancelled = cli(tmp_path, "cancel", named, timeout=180)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    wait_for(lambda: counts(summary().splitlines()[0]) == {"cancelled": POINTS - 1, "completed": 1}, 120,
+             "every other run cancelled")
+    only = summary("--only", "cancelled", "--runs")
+    assert len([row for row in only.splitlines() if row.startswith("sw/")]) == POINTS - 1
+    logs = cli(tmp_path, "logs", named, "--only", "cancelled")
+    assert logs.returncode == 0 and logs.stdout.count("==> run ") == POINTS - 1, logs.stderr
+    assert str(runs[0]) not in logs.stdout  # the completed run is not among them
+    # resume: only the runs that did not complete; --only narrows to a state none has
+    nothing = cli(tmp_path, "resume", named, "--only", "failed")
+    assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr, nothing.stderr
+    assert statuses(runs)[1:] == [("cancelled", 0)] * (POINTS - 1)
+    resumed = cli(tmp_path, "resume", named, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming {POINTS - 1} run(s) of {named} (local)" in resumed.stdout
+    after = statuses(runs)
+    assert after[0] == ("completed", 0) and {restarts for _, restarts in after[1:]} == {1}
+    # and the folder as a whole cancels them again
+    time.sleep(0.5)
+    assert cli(tmp_path, "cancel", str(parent), timeout=180).returncode == 0
+    wait_for(lambda: counts(summary().splitlines()[0]) == {"cancelled": POINTS - 1, "completed": 1}, 120,
+             "the resumed runs cancelled")
