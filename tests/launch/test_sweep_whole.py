@@ -101,3 +101,40 @@ def test_a_local_sweep_is_submitted_shown_cancelled_and_resumed_as_one(tmp_path)
     assert cli(tmp_path, "cancel", str(parent), timeout=180).returncode == 0
     wait_for(lambda: counts(summary().splitlines()[0]) == {"cancelled": POINTS - 1, "completed": 1}, 120,
              "the resumed runs cancelled")
+
+
+BIG = 1_200  # three arrays at a MaxArraySize of 500
+
+
+def test_status_of_a_big_slurm_sweep_is_one_summary_line_from_one_query_per_500_jobs(tmp_path, slurm_shims):
+    """A sweep split into arrays at MaxArraySize: status asks squeue and sacct once per
+    500 jobs at most (an array once for all its tasks), prints its summary line, and the
+    rows only with --runs; a sweep submitted into fake Slurm, whose queue and accounting
+    no longer know the jobs."""
+    slurm_shims.answer("sinfo", "debug*\n")
+    slurm_shims.answer("scontrol", "MaxArraySize = 500\n", when="show config")
+    slurm_shims.script("sbatch", 'n=$(cat "$0.count" 2>/dev/null || echo 700); n=$((n + 1)); echo "$n" > "$0.count"; '
+                                 'echo "$n"')
+    slurm_shims.answer("squeue", "JOBID|STATE\n" + "".join(f"703_{k}|PENDING\n" for k in range(200)))
+    slurm_shims.answer("sacct", "JobID|State\n701_[0-499]|CANCELLED by 0\n702_[0-499]|CANCELLED by 0\n")
+    spec = {"name": "big", "output": {"root": str(tmp_path / "results")}, "resources": {"cpus_per_task": 1},
+            "entrypoint": {"script": str(tmp_path / "point.py")}, "params": {"i": 0},
+            "sweep": {"params.i": list(range(BIG))}}
+    (tmp_path / "point.py").write_text("")
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "big.yaml", "--executor", "slurm", "--no-preflight", env=slurm_shims.env())
+    assert done.returncode == 0, done.stderr
+    assert [len(call) for call in slurm_shims.calls("sbatch")] == [1, 1, 1]  # three arrays: --parsable, script on stdin
+    asked = len(slurm_shims.calls())
+    shown = cli(tmp_path, "status", "results/big", env=slurm_shims.env())
+    assert shown.returncode == 0, shown.stderr
+    calls = slurm_shims.calls()[asked:]
+    assert [call[0] for call in calls].count("squeue") <= BIG // 500 + 1
+    assert [call[0] for call in calls].count("sacct") <= BIG // 500 + 1
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"results/big: {BIG} runs: {BIG - 1000} pending, 1000 cancelled", shown.stdout
+    assert not [line for line in lines if line.startswith("big/")]
+    listed = cli(tmp_path, "status", "results/big", "--runs", env=slurm_shims.env())
+    rows = [line.split() for line in listed.stdout.splitlines() if line.startswith("big/")]
+    assert len(rows) == BIG and rows[0][-1] == "701_0" and rows[500][-1] == "702_0" and rows[-1][-1] == "703_199", \
+        listed.stdout[-500:]
