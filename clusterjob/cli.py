@@ -191,7 +191,7 @@ def cmd_sbatch(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from clusterjob.launch import datafetch
 
-    return datafetch.main(args)
+    return datafetch.main(args.dataset, args.root)
 
 
 def _add_data_parser(sub) -> None:

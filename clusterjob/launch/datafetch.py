@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 from clusterjob.core.errors import Failure, SpecError, one_line
-from clusterjob.spec.catalog import DATASETS, fetch_command
+from clusterjob.spec.catalog import DATASETS, DatasetName, fetch_command
 from clusterjob.spec.schema import DataSpec
 
 
-def main(args: Any) -> int:
-    """Exit 0 once both splits of ``args.dataset`` are under ``args.root``; 1 when the
-    download failed (no internet here), 2 for a root that cannot be a data.root."""
+def main(dataset: DatasetName, root: Optional[str]) -> int:
+    """Exit 0 once both splits of ``dataset`` are under ``root`` (None: data.root's default);
+    1 when the download failed (no internet here), 2 for a root that cannot be a data.root."""
     try:
-        data = DataSpec(dataset=args.dataset, root=args.root or DataSpec().root)
+        data = DataSpec(dataset=dataset, root=root or DataSpec().root)
     except SpecError as err:
         raise SpecError(f"--{err.key}", err.detail) from None
     about = DATASETS[data.dataset]

@@ -163,8 +163,11 @@ def runs_display(experiment: Experiment, prefix: str) -> list:
 
 
 def run_errors(experiment: Experiment) -> list:
-    """Each run's recorded error line ("" when none), in the runs table's order."""
-    return ["" if pd.isna(e) else escape(str(e)) for e in experiment.runs["error"]]
+    """Each run's recorded error as one line ("" when none), in the runs table's order: the
+    lines of a message that has several (a download's tries) joined by " / ", each escaped,
+    so no literal \\n shows."""
+    return ["" if pd.isna(e) else " / ".join(escape(line.strip()) for line in str(e).splitlines() if line.strip())
+            for e in experiment.runs["error"]]
 
 
 def error_lines(experiment: Experiment, prefix: str, width: int) -> list:

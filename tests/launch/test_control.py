@@ -51,6 +51,18 @@ def test_a_job_gone_without_accounting_is_failed_not_unknown(tmp_path, fake_slur
     assert view.record.status == "failed" and written["finished_at"] is not None
 
 
+def test_a_job_gone_while_sacct_does_not_answer_is_shown_failed_and_never_written(tmp_path, fake_slurm, monkeypatch):
+    run = make_run(tmp_path, status="running", job=Job("slurm", "79"), executor="slurm")
+    before = run.info_file.read_bytes()
+    monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: None)  # sacct failed or hung
+    (view,) = executor.views([run], write_back=True)
+    assert view.record.status == "failed" and "sacct did not answer" in (view.unanswered or "")
+    assert run.info_file.read_bytes() == before  # a guess is never written
+    monkeypatch.setattr(slurmctl, "accounting_states", lambda ids: {"79": "CANCELLED"})
+    (view,) = executor.views([run], write_back=True)
+    assert view.record.status == run_info(run.path)["status"] == "cancelled"  # what Slurm said, once it answers
+
+
 def test_write_back_keeps_an_end_the_run_recorded_meanwhile(tmp_path, monkeypatch):
     run = make_run(tmp_path, status="running", job=Job("slurm", "78"), executor="slurm")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
+import clirun
+from clirun import base_env
 from secretscan import environ_without
-from trainutil import base_env
 
 from clusterjob.spec.schema import load_spec
 
@@ -18,8 +18,7 @@ SECRET = "hf_s3cr3t-0f-the-sbatch-test"
 
 
 def sbatch(folder: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", "sbatch", "spec.yaml", *argv], cwd=folder,
-                          env=environ_without(base_env(), "HF_TOKEN"), capture_output=True, text=True, timeout=120)
+    return clirun.cli(folder, "sbatch", "spec.yaml", *argv, env=environ_without(base_env(), "HF_TOKEN"), timeout=120)
 
 
 def script_args(script: str) -> list[str]:

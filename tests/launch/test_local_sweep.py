@@ -11,14 +11,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
+from clirun import REPO, base_env
 from slurmcluster import wait_for
-from trainutil import REPO, base_env
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,7 @@ def environ() -> dict:
 
 
 def submit(folder: Path, spec: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
-                            cwd=folder, env=environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return clirun.start(folder, "submit", str(spec), "--executor", "local", "--wait", env=environ())
 
 
 def runs(folder: Path) -> list:
@@ -114,8 +113,7 @@ def test_faults_stay_with_their_run_while_the_others_run(tmp_path):
         assert info(by_role["die"])["status"] == "failed" and info(by_role["long"])["status"] == "running"
         wait_for(lambda: info(by_role["short"])["status"] == "completed", 120, "the third run to complete")
         assert info(by_role["long"])["status"] == "running"  # untouched by its neighbours' ends
-        cancelled = subprocess.run([sys.executable, "-m", "clusterjob", "cancel", str(by_role["long"])],
-                                   cwd=tmp_path, env=environ(), capture_output=True, text=True, timeout=120)
+        cancelled = clirun.cli(tmp_path, "cancel", str(by_role["long"]), env=environ(), timeout=120)
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
         out, err = proc.communicate(timeout=120)
     finally:

@@ -15,11 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
+from clirun import REPO
 from secretscan import files_holding
 from slurmcluster import submit
-from trainutil import REPO
 
 from clusterjob.core.env import clean_environ
 
@@ -77,9 +78,7 @@ def test_a_rendered_script_holds_stars_and_the_job_takes_the_secret_from_sbatchs
     path = spec(tmp_path, "tplenv", requeue=False, env=SEEN)
     env = {**clean_environ(os.environ), "SLURM_CONF": slurm_cluster.conf, "PYTHONPATH": str(REPO),
            "CLUSTERJOB_PYTHON": sys.executable}
-    rendered = subprocess.run([sys.executable, "-m", "clusterjob", "sbatch", str(path), "--set",
-                               f"env.HF_TOKEN={SECRET}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=60)
+    rendered = clirun.cli(tmp_path, "sbatch", str(path), "--set", f"env.HF_TOKEN={SECRET}", env=env, timeout=60)
     assert rendered.returncode == 0 and SECRET not in rendered.stdout, rendered.stderr
     assert "export HF_TOKEN in the shell that runs sbatch" in rendered.stderr
     script = tmp_path / "run.sbatch"

@@ -267,8 +267,7 @@ def test_a_rank_killed_in_a_template_job_is_named_in_status_within_seconds(slurm
     finally:
         if job_state(slurm_cluster, job) not in DONE:
             slurm_cluster.run("scancel", job, check=False)
-    shown = subprocess.run([sys.executable, "-m", "clusterjob", "status", str(tmp_path / "results")],
-                           env=job_env(slurm_cluster), capture_output=True, text=True, timeout=60)
+    shown = cli(tmp_path, "status", str(tmp_path / "results"), env=job_env(slurm_cluster), timeout=60)
     info = json.loads((run_dir / "run.json").read_text())
     assert state == "FAILED" and took < 30, (state, took, logs(workdir))
     said = {"srun": r"task 1 on node1: Killed \(ended by a signal, no traceback\)",

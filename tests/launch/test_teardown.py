@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from trainutil import REPO, base_env
+from clirun import REPO, base_env
 
 from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import create_run

@@ -189,6 +189,16 @@ def test_each_failed_run_shows_its_error_escaped(sweep):
     assert "Errors:\n- r4 (failed): RuntimeError: bad <b>tag</b> & more\n- r2 (failed): DivergedError: the loss" in md
 
 
+def test_an_error_of_several_lines_is_one_line_of_its_lines(sweep):
+    failed_run(sweep.parent, "r4", {"train.lr": 0.05, "train.seed": 0}, [line(1, 0.5, 1.0, 1.0)],
+               message="RuntimeError: Error downloading train.gz:\nTried https://a/train.gz\n\nTried https://b/train.gz")
+    said = "RuntimeError: Error downloading train.gz: / Tried https://a/train.gz / Tried https://b/train.gz"
+    md = report.format_report(sweep, runs=True, width=300)
+    assert f"- r4 (failed): {said}" in md and "\\n" not in md
+    errors = [cells["error"] for _, cells in Page(report.format_report(sweep, fmt="html")).rows("runs") if "error" in cells]
+    assert errors[0] == said
+
+
 def test_only_a_group_with_completed_runs_can_be_best(tmp_path):
     # The failed runs logged a better val_acc than the completed ones ever reached.
     for seed in (0, 1):

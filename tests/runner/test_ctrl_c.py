@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
+from clirun import REPO, base_env
 from slurmcluster import wait_for
-from trainutil import REPO, base_env
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +53,8 @@ def only_run(folder: Path, name: str) -> Path:
 def test_ctrl_c_reaches_a_plain_script_as_keyboard_interrupt(tmp_path, mode, sig):
     spec = spec_file(tmp_path, "wlm", mode, grace_s=3)
     # its own session, as a shell runs a foreground job: the test signals its group as a terminal would
-    proc = subprocess.Popen([sys.executable, "-m", "clusterjob", "submit", str(spec), "--executor", "local", "--wait"],
-                            cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = clirun.start(tmp_path, "submit", str(spec), "--executor", "local", "--wait", env=base_env(),
+                        start_new_session=True)
     try:
         wait_for(lambda: epochs_logged(only_run(tmp_path, "wlm")) >= 2, 120, "two epochs")
         os.killpg(proc.pid, sig)

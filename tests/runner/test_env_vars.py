@@ -12,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
+from clirun import base_env
 from loggerread import mlflow_client, tensorboard_series, wandb_records
 from secretscan import environ_without, files_holding
-from trainutil import TINY, base_env, merge
+from trainutil import TINY, merge
 
 SECRET = "hf_Zq8s3cr3t-v4lue-0f-the-t0ken"
 SECRET_SHA = hashlib.sha256(SECRET.encode()).hexdigest()
@@ -41,8 +43,7 @@ SEEN = {"NCCL_DEBUG": "WARN", "MY_COUNT": "3", "MY_RATE": "0.5", "MY_FLAG": "tru
 
 
 def cli(folder: Path, *argv: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, capture_output=True, text=True,
-                          env=env if env is not None else shell(), timeout=timeout)
+    return clirun.cli(folder, *argv, env=env if env is not None else shell(), timeout=timeout)
 
 
 def shell() -> dict:

@@ -14,10 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import clirun
 import pytest
 import yaml
+from clirun import REPO, base_env
 from loggerread import mlflow_series
-from trainutil import REPO, base_env
 
 BIN = Path(sys.executable).parent
 SCRIPT = "for step in (1, 2, 3):\n    print(f'iter {step}: acc {step / 4}', flush=True)\n"
@@ -34,8 +35,7 @@ def readme_store_commands() -> list[str]:
 def cli(folder: Path, *argv: str) -> subprocess.CompletedProcess:
     env = {**base_env(), "PATH": f"{BIN}:{os.environ['PATH']}"}
     env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_")}  # a fresh shell
-    return subprocess.run([sys.executable, "-m", "clusterjob", *argv], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return clirun.cli(folder, *argv, env=env)
 
 
 def shell(folder: Path, lines: list[str]) -> subprocess.CompletedProcess:
