@@ -7,18 +7,21 @@ restarts only the runs that did not complete. Real processes, local."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli
+from clirun import cli, start
 from slurmcluster import wait_for
 
 pytestmark = pytest.mark.slow
 
 POINTS = 100
+LISTED = 20  # status's rows without --runs
 SYSCALLS = re.compile(r"^(?:\d+ +)?(fsync|fdatasync|syncfs|sync|msync|rename|renameat|renameat2)\(", re.MULTILINE)
 # Point 0 ends at once; every other point runs until it is stopped.
 SCRIPT = "import time\nimport clusterjob\nif clusterjob.params['i']:\n    while True:\n        time.sleep(0.1)\n"
@@ -138,3 +141,33 @@ def test_status_of_a_big_slurm_sweep_is_one_summary_line_from_one_query_per_500_
     rows = [line.split() for line in listed.stdout.splitlines() if line.startswith("big/")]
     assert len(rows) == BIG and rows[0][-1] == "701_0" and rows[500][-1] == "702_0" and rows[-1][-1] == "703_199", \
         listed.stdout[-500:]
+
+
+@pytest.mark.parametrize("after_s", [0.9, 1.0, 1.1, 1.2, 1.3, 1.6])
+def test_a_local_submit_killed_at_any_moment_leaves_no_run_pending_without_a_process(tmp_path, after_s):
+    """Killed with its whole process group (a closed terminal) at some moment: either no
+    run, or runs that status shows truthfully: pending or running only where a live
+    supervisor has them (the sweep's record names it), failed where none ever will."""
+    submitting = start(tmp_path, "submit", str(spec_file(tmp_path)), "--executor", "local", start_new_session=True)
+    time.sleep(after_s)  # the interpreter's start, the runs being made, handed over, or after
+    os.killpg(submitting.pid, signal.SIGKILL)
+    submitting.wait(timeout=30)
+    parent = tmp_path / "results" / "sw"
+    runs = sorted(p for p in parent.iterdir() if (p / "run.json").exists()) if parent.exists() else []
+    if not runs:
+        return
+    (record,) = (parent / ".sweeps").glob("*.json")
+    parts = json.loads(record.read_text())["parts"]
+    shown = cli(tmp_path, "status", str(parent), "--runs")
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines() if line.startswith("sw/")]
+    assert len(rows) == len(runs)
+    supervised = any(part["launcher"] for part in parts)
+    for row in rows:
+        assert row[1] in ("failed", "cancelled") or (supervised and row[1] in ("pending", "running")), shown.stdout
+    if not supervised:  # nothing has them: each says why
+        assert "its submission ended before it handed the run over" in shown.stdout or len(runs) > LISTED
+        return
+    assert cli(tmp_path, "cancel", str(parent), timeout=180).returncode == 0  # the (detached) supervisor goes on
+    wait_for(lambda: not {"pending", "running"} & set(counts(cli(tmp_path, "status", str(parent)).stdout
+                                                                .splitlines()[0])), 120, "every run ended")
