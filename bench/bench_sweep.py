@@ -12,8 +12,16 @@ Writes the sweep spec (and the same spec without the sweep) to a temp dir, then 
   --repeat, as points/s;
 - dry-run submit: ``clusterjob submit SPEC --dry-run --executor local`` through
   ``clusterjob.cli.main`` (stdout captured), best of --repeat, as points/s;
-- with --slurm: one real ``clusterjob submit SPEC --executor slurm`` (one job array, run
-  folders in the temp dir), then ``scancel`` of the array: needs a reachable Slurm.
+- with --slurm (needs SLURM_CONF and a reachable Slurm): ``clusterjob submit SPEC
+  --executor slurm`` through ``clusterjob.cli.main`` (run folders in the temp dir, the
+  array(s) cancelled right after), best of --slurm-repeat, beside submitit's
+  ``map_array`` of the same number of tasks (what the runs of clusterjob do, minus the
+  run folders), also cancelled; the fsync calls of one submit of 100 points and of the
+  sweep, counted under ``strace -f`` when strace is on PATH. A sweep whose tasks would
+  pass the cluster's MaxJobCount (with the jobs it holds already) cannot be queued
+  for real: clusterjob's preflight refuses it. Then (``--fake-sbatch``) both are timed
+  against an sbatch on PATH that only answers a job id, and clusterjob with
+  --no-preflight, so the figures are each tool's own cost of the submission.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
@@ -66,13 +75,14 @@ def write_specs(folder: Path, lrs: int, seeds: int) -> tuple[Path, Path]:
     return sweep, one
 
 
-def best_of(repeat: int, action) -> float:
-    """The fastest of ``repeat`` runs of ``action`` in seconds (the least disturbed by other load)."""
+def best_of(repeat: int, action, timed: bool = True) -> float:
+    """The fastest of ``repeat`` runs of ``action`` in seconds (the least disturbed by other
+    load); ``timed`` False: ``action`` returns its own time."""
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
+        said = action()
+        times.append(time.perf_counter() - started if timed else said)
     return min(times)
 
 
@@ -93,20 +103,111 @@ def dry_run(spec: Path) -> None:
     assert code == 0, code
 
 
-def time_slurm_submit(spec: Path) -> tuple[float, list[str]]:
-    """One real submit of the sweep to Slurm; the array is cancelled right after."""
-    if not os.environ.get("SLURM_CONF"):
-        sys.exit("--slurm needs SLURM_CONF (e.g. /tmp/clusterjob-slurm/etc/slurm.conf)")
+FAKE_SBATCH = """#!/bin/sh
+# answers as sbatch does, and queues nothing
+n=$(cat "$0.count" 2>/dev/null || echo 900000); n=$((n + 1)); echo "$n" > "$0.count"
+case "$*" in *--parsable*) echo "$n" ;; *) echo "Submitted batch job $n" ;; esac
+"""
+SYNC_CALLS = "fsync,fdatasync,syncfs,sync,msync"
+
+
+def fake_sbatch_path(folder: Path) -> str:
+    """A PATH whose sbatch only answers a job id (and whose scancel does nothing)."""
+    bin_dir = folder / "fake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("sbatch", FAKE_SBATCH), ("scancel", "#!/bin/sh\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+@contextlib.contextmanager
+def path_as(path: str):
+    before = os.environ["PATH"]
+    os.environ["PATH"] = path
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
+def clusterjob_submit(spec: Path, *extra: str) -> float:
+    """One ``clusterjob submit`` of the sweep to Slurm, in this process; its arrays are
+    cancelled right after (one scancel each)."""
     out = io.StringIO()
     started = time.perf_counter()
     with contextlib.redirect_stdout(out):
-        code = cli.main(["submit", str(spec), "--executor", "slurm"])
+        code = cli.main(["submit", str(spec), "--executor", "slurm", *extra])
     seconds = time.perf_counter() - started
-    jobs = sorted({line.split()[0].split("_")[0] for line in out.getvalue().splitlines() if line[:1].isdigit()})
-    if jobs:
-        subprocess.run(["scancel", *jobs], check=False)
-    assert code == 0 and jobs, out.getvalue()[-2000:]
-    return seconds, jobs
+    assert code == 0, out.getvalue()[-2000:]
+    cancel_arrays(spec)
+    return seconds
+
+
+def cancel_arrays(spec: Path) -> None:
+    """scancel of the arrays the sweep's record holds, then its run folders removed."""
+    import json
+    import shutil
+
+    jobs = [part["job"]["id"] for record in (spec.parent / "results" / "bench-sweep" / ".sweeps").glob("*.json")
+            for part in json.loads(record.read_text())["parts"] if part.get("job")]
+    assert jobs, "no array recorded"
+    subprocess.run(["scancel", *jobs], check=True)
+    shutil.rmtree(spec.parent / "results", ignore_errors=True)
+
+
+def _task(index: int) -> int:
+    return index
+
+
+def submitit_map_array(folder: Path, points: int) -> float:
+    """submitit's ``map_array`` of ``points`` tasks (one array), cancelled right after."""
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder / "submitit-%j")
+    executor.update_parameters(time=5, cpus_per_task=1, mem="1G", array_parallelism=1)
+    started = time.perf_counter()
+    jobs = executor.map_array(_task, range(points))
+    seconds = time.perf_counter() - started
+    subprocess.run(["scancel", *sorted({job.job_id.split("_")[0] for job in jobs})], check=False, capture_output=True)
+    return seconds
+
+
+def fsync_count(spec: Path, *extra: str) -> Optional[int]:
+    """The sync calls of one ``clusterjob submit`` process (its children too), under
+    strace; None without strace."""
+    import shutil
+
+    if shutil.which("strace") is None:
+        return None
+    trace = spec.parent / "strace.out"
+    done = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", f"trace={SYNC_CALLS}", sys.executable,
+                           "-m", "clusterjob", "submit", str(spec), "--executor", "slurm", *extra],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    cancel_arrays(spec)
+    calls = [line for line in trace.read_text().splitlines() if "(" in line and "resumed>" not in line]
+    return len(calls)
+
+
+def slurm_rows(folder: Path, sweep: Path, points: int, repeat: int, fake: bool) -> list:
+    """The --slurm rows: clusterjob's submit and submitit's map_array of ``points``, best
+    of ``repeat`` (against the fake sbatch with ``fake``), and the fsync counts."""
+    if not os.environ.get("SLURM_CONF"):
+        sys.exit("--slurm needs SLURM_CONF (e.g. /tmp/clusterjob-slurm/etc/slurm.conf)")
+    where = "fake sbatch, --no-preflight" if fake else "local Slurm"
+    extra = ("--no-preflight",) if fake else ()
+    with path_as(fake_sbatch_path(folder) if fake else os.environ["PATH"]):
+        ours = best_of(repeat, lambda: clusterjob_submit(sweep, *extra), timed=False)
+        theirs = best_of(repeat, lambda: submitit_map_array(folder, points))
+        (folder / "small").mkdir(exist_ok=True)
+        small, _ = write_specs(folder / "small", 10, 10)
+        # the real cluster holds every task until MinJobAge passed: only the small sweep counted there
+        counts = (fsync_count(small, *extra), fsync_count(sweep, *extra) if fake else None)
+    counted = f"100 points: {counts[0]}" + (f", {points} points: {counts[1]}" if fake else "")
+    return [(f"clusterjob submit --executor slurm, {points} points ({where})", ours, points / ours),
+            (f"submitit map_array, {points} tasks ({where})", theirs, points / theirs),
+            (f"fsync calls of one submit ({where}): {counted}", None, None)]
 
 
 def main() -> int:
@@ -114,6 +215,9 @@ def main() -> int:
     parser.add_argument("--lrs", type=int, default=100, help="learning rates (x 10 seeds = points)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per timing, best taken")
     parser.add_argument("--slurm", action="store_true", help="also submit to Slurm for real, then scancel")
+    parser.add_argument("--fake-sbatch", action="store_true",
+                        help="with --slurm: an sbatch that only answers a job id (a sweep past MaxJobCount)")
+    parser.add_argument("--slurm-repeat", type=int, default=2, help="submits per --slurm timing, best taken")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         sweep, one = write_specs(Path(tmp), args.lrs, 10)
@@ -126,16 +230,14 @@ def main() -> int:
                 (f"validate: load_spec + expand_sweep, {points} points", validate, points / validate),
                 (f"submit --dry-run --executor local, {points} points", submit, points / submit)]
         if args.slurm:
-            seconds, jobs = time_slurm_submit(sweep)
-            rows.append((f"submit --executor slurm, {points} points (array {', '.join(jobs)}, cancelled)",
-                         seconds, points / seconds))
+            rows += slurm_rows(Path(tmp), sweep, points, args.slurm_repeat, args.fake_sbatch)
     print(f"Python {platform.python_version()}, PyYAML {yaml.__version__} (libyaml: {yaml.__with_libyaml__}), "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print()
     print("| step | time (s) | points/s |")
     print("| --- | ---: | ---: |")
     for label, seconds, rate in rows:
-        print(f"| {label} | {seconds:.3f} | {f'{rate:,.0f}' if rate else ''} |")
+        print(f"| {label} | {'' if seconds is None else f'{seconds:.3f}'} | {f'{rate:,.0f}' if rate else ''} |")
     return 0
 
 

@@ -126,7 +126,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                        "with the spec it has")
     from clusterjob.launch.submit import resume
 
-    return resume(args.run, wait=args.wait)
+    return resume(args.run, wait=args.wait, only=args.only)
 
 
 def _validate_search(spec) -> int:
@@ -203,15 +203,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         from clusterjob.launch.searchcmd import summary
 
-        return control.cmd_status(args.dir, summary(Path(args.dir)))
-    return control.cmd_status(args.dir)
+        return control.cmd_status(args.dir, summary(Path(args.dir)), listed=args.runs, only=args.only)
+    return control.cmd_status(args.dir, listed=args.runs, only=args.only)
 
 
 @_reads_run_folders
 def cmd_logs(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
-    return control.cmd_logs(args.run, rank=args.rank, follow=args.follow)
+    return control.cmd_logs(args.run, rank=args.rank, follow=args.follow, only=args.only)
 
 
 @_reads_run_folders
@@ -233,7 +233,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return searchcmd.cancel(Path(args.run))
     from clusterjob.launch import control
 
-    return control.cmd_cancel(args.run)
+    return control.cmd_cancel(args.run, only=args.only)
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
@@ -273,6 +273,14 @@ def _executor_metavar() -> str:
     from clusterjob.launch.executor import listed_names
 
     return "|".join(("auto", *listed_names()))
+
+
+_TARGET = ("run folder, run id under results/, a sweep's id (as submit prints it) or a folder of runs "
+           "(results/<name>: all its sweeps)")
+
+
+def _add_only(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--only", metavar="failed|cancelled|preempted", help=what)
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -325,9 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "completed; repeatable. Its folders are {after.run_dir} / {after.run_dirs} in the args")
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run from its last checkpoint")
-    p.add_argument("run", help="run folder (or run id under results/)")
-    p.add_argument("--wait", action="store_true", help="block until the run ends; print its summary")
+    p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run (or a sweep's) from its last "
+                                      "checkpoint")
+    p.add_argument("run", help=_TARGET)
+    p.add_argument("--wait", action="store_true", help="block until the runs end; print their summaries")
+    _add_only(p, "of a sweep, resume only its runs in this state (default: every run that did not complete)")
     p.add_argument("--set", action="append", default=[], metavar="search.trials=N",
                    help="a search's folder only: raise its number of trials")
     p.set_defaults(func=cmd_resume)
@@ -339,14 +349,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sbatch)
 
     p = sub.add_parser("status", help="runs and their states (run.json, then squeue, then sacct)")
-    p.add_argument("dir", nargs="?", default="results", help="results folder (default: results)")
+    p.add_argument("dir", nargs="?", default="results",
+                   help="results folder, run folder or sweep id (default: results)")
+    p.add_argument("--runs", action="store_true",
+                   help="list every run (a folder of more than 20 runs shows a summary line instead)")
+    _add_only(p, "list only the runs in this state")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("logs", help="a run's per-rank output")
-    p.add_argument("run", help="run folder (or run id under results/)")
+    p = sub.add_parser("logs", help="a run's per-rank output (of a sweep: each run's)")
+    p.add_argument("run", help=_TARGET)
     p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
     p.add_argument("--follow", "-f", action="store_true",
-                   help="keep printing what is appended until the run ends (Ctrl-C stops)")
+                   help="keep printing what is appended until the run ends (Ctrl-C stops); one run only")
+    _add_only(p, "of a sweep, only its runs in this state")
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("stack", help="the current Python stacks of a running run's ranks (read-only)")
@@ -354,8 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="only this rank (default: all)")
     p.set_defaults(func=cmd_stack)
 
-    p = sub.add_parser("cancel", help="cancel a pending or running run")
-    p.add_argument("run", help="run folder (or run id under results/)")
+    p = sub.add_parser("cancel", help="cancel a pending or running run, or every run of a sweep")
+    p.add_argument("run", help=_TARGET)
+    _add_only(p, "of a sweep, cancel only its runs in this state")
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("validate", help="check a spec and print the resolved spec of every run")

@@ -56,6 +56,8 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     "failed" (a node failure with no retry left)."""
     args = parse_args(argv)
     env = envmod.detect(argv=sys.argv if argv is None else argv)
+    if args.runs is not None:
+        args.spec = task.listed_run(args.runs, envmod.slurm_job())
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
     from clusterjob.runner import dist, health, runrecord

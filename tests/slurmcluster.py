@@ -227,3 +227,18 @@ def check_cost_against_sacct(cluster, run: Path, job: str) -> float:
     table = cli(run, "report", str(run.parent), "--runs", env=cluster.env()).stdout
     assert "compute" in table and "CPU-h" in table
     return lost
+
+
+def job_of(run: Path) -> Optional[str]:
+    """The run's Slurm job (``<array>_<task>`` for an array's), as status finds it: its
+    run.json's once its ranks started, else its sweep's record (written once by submit)."""
+    from clusterjob.core import sweep
+    from clusterjob.core.record import read_record
+
+    job = sweep.job_of(run, read_record(run)[0])
+    return job.id if job is not None else None
+
+
+def batch_script(cluster, job: str) -> str:
+    """The batch script Slurm holds for ``job`` (an array: its first task's)."""
+    return cluster.run("scontrol", "write", "batch_script", job.split("_")[0], "-")

@@ -78,7 +78,7 @@ def test_local_sweep_waits_and_reports(tmp_path):
     spec = write_spec(tmp_path, "sw", sweep={"train.lr": [0.02, 0.05]}, resources={"tasks_per_node": 2})
     done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
-    runs = sorted((tmp_path / "results" / "sw").iterdir())
+    runs = sorted(p for p in (tmp_path / "results" / "sw").iterdir() if not p.name.startswith("."))
     assert [run_info(r)["status"] for r in runs] == ["completed", "completed"]
     assert [run_info(r)["params"] for r in runs] == [{"train.lr": 0.02}, {"train.lr": 0.05}]
     assert all((r / "logs" / "rank1.out").exists() and len(epochs_of(r)) == 1 for r in runs)
@@ -96,7 +96,7 @@ def test_local_rank_failure_stops_every_rank_and_is_recorded(tmp_path):
                       resources={"tasks_per_node": 2})
     done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=120)
     assert done.returncode == 1
-    (run,) = (tmp_path / "results" / "f").iterdir()
+    (run,) = [p for p in (tmp_path / "results" / "f").iterdir() if not p.name.startswith(".")]
     info = run_info(run)
     assert info["status"] == "failed" and info["error"]["rank"] == 1
     assert "debug.fail_at_epoch" in info["error"]["message"] and "RuntimeError" in info["error"]["traceback"]
@@ -112,7 +112,7 @@ def test_local_cancel_ends_the_supervisor_and_workers(tmp_path):
                       resources={"tasks_per_node": 2})
     done = cli(tmp_path, "submit", str(spec), "--executor", "local")
     assert done.returncode == 0 and "supervisor pid" in done.stdout
-    (run,) = (tmp_path / "results" / "c").iterdir()
+    (run,) = [p for p in (tmp_path / "results" / "c").iterdir() if not p.name.startswith(".")]
     deadline = time.time() + 60
     while run_info(run).get("status") != "running" and time.time() < deadline:
         time.sleep(0.2)
@@ -130,7 +130,7 @@ def test_local_cancel_ends_the_supervisor_and_workers(tmp_path):
 def test_quickstart_learns_past_90_percent(tmp_path):
     done = cli(tmp_path, "submit", str(REPO / "jobs" / "quickstart.yaml"), "--executor", "local", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
-    (run,) = (tmp_path / "results" / "quickstart").iterdir()
+    (run,) = [p for p in (tmp_path / "results" / "quickstart").iterdir() if not p.name.startswith(".")]
     final = run_info(run)["final"]
     assert final["epoch"] == 4 and final["val_acc"] > 0.9
     (summary,) = [line for line in done.stdout.splitlines() if line.startswith(run.name)]

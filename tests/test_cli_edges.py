@@ -108,7 +108,7 @@ def test_a_command_that_changes_state_finishes_its_work_when_its_output_is_close
 def test_a_broken_pipe_that_is_not_the_output_stays_an_error(tmp_path, monkeypatch):
     from clusterjob.launch import control
 
-    def broken(folder):
+    def broken(folder, **options):
         raise BrokenPipeError(32, "Broken pipe")  # a child's stdin, say: not our reader gone
 
     monkeypatch.setattr(control, "cmd_status", broken)

@@ -66,7 +66,7 @@ def test_a_command_that_leaves_state_here_fails_the_test(tmp_path, monkeypatch):
 
     run = tmp_path / "run"
     run.mkdir()
-    monkeypatch.setattr(control, "cmd_status", lambda folder: claim.take(run, "a test") and 0)
+    monkeypatch.setattr(control, "cmd_status", lambda folder, **_: claim.take(run, "a test") and 0)
     try:
         with pytest.raises(AssertionError, match="left claims .* run it with process=True"):
             cli(tmp_path, "status", str(run))
@@ -77,7 +77,7 @@ def test_a_command_that_leaves_state_here_fails_the_test(tmp_path, monkeypatch):
 def test_a_command_past_its_timeout_is_stopped_as_subprocess_stops_it(tmp_path, monkeypatch):
     from clusterjob.launch import control
 
-    monkeypatch.setattr(control, "cmd_status", lambda folder: time.sleep(30))
+    monkeypatch.setattr(control, "cmd_status", lambda folder, **_: time.sleep(30))
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         cli(tmp_path, "status", timeout=0.5)

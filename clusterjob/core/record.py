@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeGuard
 
-from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, read_text, shown, write_atomic
+from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, publish, read_text, shown, write_atomic
 from clusterjob.core.procs import ProcessRef
 
 INFO_FILE = "run.json"
@@ -554,6 +554,22 @@ def _stands(record: RunRecord, fields: dict) -> bool:
     return stalled and fields.get("status") != "pending"
 
 
+def create(folder: "str | os.PathLike", **fields: Any) -> None:
+    """Write the run.json of a run folder being made, holding ``fields`` (record fields
+    only), whole (readers find the run by this file: they see all of it or none). No
+    lock: no other process writes a run whose run.json does not exist yet."""
+    dataclasses.replace(RunRecord(), **fields)  # the check: an unknown field raises TypeError here
+    raw = {key: to_json(value) for key, value in fields.items()}
+    if "job" in fields:
+        raw["slurm_job_id"] = _slurm_id(fields["job"])
+    publish(Path(info_path(folder)), json.dumps(raw, indent=2, default=str) + "\n")
+
+
+def _slurm_id(job: Any) -> Optional[str]:
+    """The copy of a job earlier versions read as ``slurm_job_id`` (docs/design.md, "Results layout")."""
+    return job.id if isinstance(job, Job) and job.executor == SLURM else None
+
+
 def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
@@ -570,8 +586,7 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
         if not reopen and _stands(record, fields):
             fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
         raw.update((key, to_json(value)) for key, value in fields.items())
-        if "job" in fields:  # the copy earlier versions read (docs/design.md, "Results layout")
-            job = fields["job"]
-            raw["slurm_job_id"] = job.id if isinstance(job, Job) and job.executor == SLURM else None
+        if "job" in fields:
+            raw["slurm_job_id"] = _slurm_id(fields["job"])
         write_atomic(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
     return checked(raw)[0]

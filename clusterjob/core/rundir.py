@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import claim, record
+from clusterjob.core import claim, record, sweep
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import loads, now_iso, read_text, write_atomic
+from clusterjob.core.files import batched, loads, now_iso, read_text, write_atomic, write_new
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 from clusterjob.core.search import SEARCH_FILE
 
@@ -160,24 +160,35 @@ def sweep_of(run_id: str, name: str) -> Optional[str]:
     return f"{name}-{found.group(1)}" if found else None
 
 
-def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, **fields: Any) -> list[RunDir]:
+def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, executor: Optional[str] = None,
+              **fields: Any) -> list[RunDir]:
     """One run folder per sweep point ``(index, resolved spec YAML, params[, its own
-    run.json fields])``, ids sharing this submission's stamp; ``fields`` go into each
-    run.json; each claimed by this
-    process with ``claim_as`` (see ``create_run``). All or none: whatever stops it (an
-    error, Ctrl-C) removes what it made (and its claims), and a folder that cannot be
-    made is bad input."""
+    run.json fields])``, ids sharing
+    this submission's stamp; ``fields`` (and ``executor``) go into each run.json. First
+    the submission's sweep record (clusterjob.core.sweep) and, with ``claim_as``, the
+    sweep's claim for this process, so that no other command finds a run unclaimed
+    before it is handed over. Each file is written once and not synced one by one: the
+    caller's batch (clusterjob.core.files.batched), or this call's own, syncs them.
+    All or none: whatever stops it (an error, Ctrl-C) removes what it made (and the
+    claim), and a folder that cannot be made is bad input."""
     stamp, parent = new_run_id(), Path(root) / name
     existed, made = parent.exists(), []
     try:
-        for index, spec_yaml, params, *own in points:
-            run_id = stamp if len(points) == 1 else f"{stamp}-{index:03d}"
-            made.append(RunDir(parent / run_id))  # before it is made: a half-made folder goes too
-            create_run(root, name, run_id, spec_yaml, params, claim_as, **fields, **(own[0] if own else {}))
+        with batched():
+            if claim_as is not None:
+                claim.take_sweep(parent, stamp, claim_as)
+            sweep.create(parent, stamp, name, len(points), executor or "")
+            for index, spec_yaml, params, *own in points:
+                run = RunDir(parent / sweep.run_name(stamp, index, len(points)))
+                made.append(run)  # before it is made: a half-made folder goes too
+                _write_run(run, spec_yaml, params, **({"executor": executor} if executor else {}), **fields,
+                           **(own[0] if own else {}))
     except BaseException as err:
-        claim.release(*(run.path for run in made))
+        claim.release_sweep(parent, stamp)
         for run in made:
             shutil.rmtree(run.path, ignore_errors=True)
+        for path in (sweep.record_file(parent, stamp), sweep.lock_file(parent, stamp)):
+            path.unlink(missing_ok=True)
         if not existed:
             shutil.rmtree(parent, ignore_errors=True)
         if not isinstance(err, OSError):
@@ -185,6 +196,18 @@ def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = Non
         raise BadInput(f"output.root: cannot make run folders under {str(parent)!r}: {err.strerror or err}; "
                        "choose a writable output.root") from None
     return made
+
+
+def _write_run(run: RunDir, spec_yaml: str, params: dict, **fields: Any) -> None:
+    """A new run folder: logs/, spec.yaml, then run.json (pending), by which readers find
+    the run, so that they never find one half made. Five operations on the file system,
+    the cost of a run on a shared one: checkpoints/ is made by what first writes there."""
+    os.mkdir(run.path)
+    os.mkdir(run.logs)
+    write_new(run.spec_file, spec_yaml)
+    record.create(run.path, **{"run_id": run.run_id, "name": run.path.parent.name, "status": "pending",
+                               "params": params, "job": None, "hosts": [], "world_size": None, "requeues": 0,
+                               "started_at": None, "finished_at": None, "final": None, "error": None, **fields})
 
 
 def run_dir_of_spec(spec_path: Path) -> Optional[RunDir]:

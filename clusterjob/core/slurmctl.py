@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Optional
 from clusterjob.core.errors import BadInput, SlurmUnreachable, brief, escape
 
 TIMEOUT_S = 15
+_IDS_PER_QUERY = 500  # jobs per squeue or sacct call: a command line of a few KiB, whatever the sweep
 # squeue's answer for a single job id that has left the controller's memory (MinJobAge):
 # an answer ("not in the queue"), not a failure, although squeue exits 1.
 _GONE = "Invalid job id specified"
@@ -212,32 +213,100 @@ def previous_state(job_id: str) -> Optional[str]:
     return listed[-2].state if len(listed) >= 2 else None
 
 
-def cancel(job_id: str) -> bool:
-    return _run(["scancel", job_id]) is not None
+def cancel(*job_ids: str) -> bool:
+    """scancel of jobs, whole arrays (``123``) or array tasks (``123_4``), in one call."""
+    return _run(["scancel", *job_ids]) is not None
+
+
+SBATCH_TIMEOUT_S = 120  # sbatch waits on a busy controller, and retries on its own
+
+
+def submit(script: str) -> tuple[Optional[str], str]:
+    """``sbatch --parsable`` of ``script`` (on stdin): (the job id, "") or (None, what
+    sbatch said, for the refusal's one line)."""
+    done = _query(["sbatch", "--parsable"], stdin=script, timeout_s=SBATCH_TIMEOUT_S)
+    if done is None:
+        return None, f"sbatch did not answer (it could not run, or ran past {SBATCH_TIMEOUT_S} s)"
+    if done.returncode != 0:
+        return None, done.stderr or done.stdout or f"exit {done.returncode}"
+    found = _SUBMITTED.search(done.stdout)
+    job = found.group(1) if found else ""
+    return (job, "") if number(job) is not None else (None, f"sbatch answered {brief(done.stdout)}, not a job id")
+
+
+# --parsable's ``123`` (``123;cluster``), or the ``Submitted batch job 123`` of an sbatch that ignores it (a wrapper)
+_SUBMITTED = re.compile(r"(?:^|Submitted batch job )([0-9]{1,18})(?:;\S*)?\s*$", re.MULTILINE)
+
+
+def _arrays(job_ids: list[str]) -> list[str]:
+    """The jobs to ask for ``job_ids``: an array once for all its tasks (``123`` for
+    ``123_4``), each once, in order."""
+    return sorted({job.split("_")[0] for job in job_ids}, key=lambda job: (len(job), job))
 
 
 def queue_states(job_ids: list[str]) -> Optional[dict[str, str]]:
     """State of jobs still in the queue, e.g. {"123_4": "RUNNING"}; jobs that left it are
-    absent; None when squeue did not answer."""
-    if not job_ids:
-        return {}
-    done = _query(["squeue", "-r", "-o", "%i|%T", "-j", ",".join(job_ids)])
-    if done is None:
+    absent; None when squeue did not answer. An array is asked once for all its tasks,
+    at most ``_IDS_PER_QUERY`` jobs a call."""
+    found: dict[str, str] = {}
+    asked = _arrays(job_ids)
+    for first in range(0, len(asked), _IDS_PER_QUERY):
+        done = _query(["squeue", "-r", "-o", "%i|%T", "-j", ",".join(asked[first:first + _IDS_PER_QUERY])])
+        if done is None:
+            return None
+        if done.returncode != 0:
+            if _GONE in done.stderr:
+                continue
+            return None
+        found.update((row["JOBID"], row["STATE"]) for row in table(done.stdout) if row.get("JOBID") and "STATE" in row)
+    return found
+
+
+def queue_by_name(name: str) -> Optional[dict[str, str]]:
+    """{job or array task: state} of the jobs named ``name`` in the queue (a submission's
+    jobs are named after its sweep); None when squeue did not answer."""
+    done = _query(["squeue", "-r", "-o", "%i|%T", "-n", name])
+    if done is None or done.returncode != 0:
         return None
-    if done.returncode != 0:
-        return {} if _GONE in done.stderr else None
     return {row["JOBID"]: row["STATE"] for row in table(done.stdout) if row.get("JOBID") and "STATE" in row}
+
+
+# sacct's row of an array's tasks that never started: 123_[5-999%256] or 123_[1,3,5-7]
+_TASK_RANGE = re.compile(r"([0-9]{1,18})_\[([0-9,\-]+)(?:%[0-9]+)?\]")
+
+
+def _tasks(job: str) -> list[str]:
+    """The ids of one JobID of sacct: itself, or each task of a row of tasks that never
+    started (at most 10**6: anything longer is no answer of Slurm's)."""
+    found = _TASK_RANGE.fullmatch(job)
+    if found is None:
+        return [job]
+    tasks: list[str] = []
+    for piece in found.group(2).split(","):
+        first, _, last = piece.partition("-")
+        low, high = number(first), number(last or first)
+        if low is None or high is None or high < low or len(tasks) + high - low >= 10**6:
+            return []
+        tasks += [f"{found.group(1)}_{task}" for task in range(low, high + 1)]
+    return tasks
 
 
 def accounting_states(job_ids: list[str]) -> Optional[dict[str, str]]:
     """Final states from sacct (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...); None when
-    sacct did not answer (no accounting on this cluster, or unreachable)."""
-    if not job_ids:
-        return {}
-    out = _run(["sacct", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)])
-    if out is None:
-        return None
-    return {row["JobID"]: _state(row.get("State")) for row in table(out) if row.get("JobID")}
+    sacct did not answer (no accounting on this cluster, or unreachable). An array is
+    asked once for all its tasks, at most ``_IDS_PER_QUERY`` jobs a call; the tasks sacct
+    lists as one row (``123_[5-999]``: cancelled before they started) each get its state."""
+    found: dict[str, str] = {}
+    asked = _arrays(job_ids)
+    for first in range(0, len(asked), _IDS_PER_QUERY):
+        out = _run(["sacct", "-X", "-P", "-o", "JobID,State", "-j", ",".join(asked[first:first + _IDS_PER_QUERY])])
+        if out is None:
+            return None
+        for row in table(out):
+            state = _state(row.get("State"))
+            found.update((task, state) for task in _tasks(row.get("JobID") or ""))
+    found.pop("", None)
+    return found
 
 
 def _state(text: Optional[str]) -> str:
@@ -258,14 +327,25 @@ def max_array_size(asker: Optional[Callable[..., Optional[object]]] = None) -> i
     """The cluster's MaxArraySize (array indices run 0 .. MaxArraySize-1; 0: job arrays
     are off). SlurmUnreachable when ``scontrol show config`` does not answer, Unreadable
     when its MaxArraySize cannot be read: the split of a sweep is never a guess."""
+    return config_number("MaxArraySize", asker)
+
+
+def config_number(key: str, asker: Optional[Callable[..., Optional[object]]] = None) -> int:
+    """A number of ``scontrol show config`` (MaxArraySize, MaxJobCount): SlurmUnreachable
+    when it does not answer, Unreadable when the number cannot be read."""
+    text = config(asker).get(key)
+    found = number(text)
+    if found is None:
+        raise Unreadable(unreadable("scontrol show config", key, text))
+    return found
+
+
+def config(asker: Optional[Callable[..., Optional[object]]] = None) -> dict[str, str]:
+    """``scontrol show config`` as {key: value}; SlurmUnreachable when it does not answer."""
     done = (asker or ask)(CONFIG)
     if done is None or getattr(done, "returncode", 1) != 0:
         raise SlurmUnreachable(unanswered("scontrol show config", done))
-    text = settings(getattr(done, "stdout", "") or "").get("MaxArraySize")
-    found = number(text)
-    if found is None:
-        raise Unreadable(unreadable("scontrol show config", "MaxArraySize", text))
-    return found
+    return settings(getattr(done, "stdout", "") or "")
 
 
 # ----------------------------------------------------------------------------- sessions (sacct -D)
@@ -289,7 +369,6 @@ class Segment:
 
 
 _SEGMENT_FIELDS = "JobID,State,Submit,Start,End,ElapsedRaw,AllocTRES"
-_IDS_PER_QUERY = 500  # a command line of a few KiB, whatever the sweep
 _NOT_YET = ("Unknown", "None", "")  # sacct's times of a session that has not started or ended
 
 

@@ -16,16 +16,26 @@ import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, rankhealth, stalls, units
+from clusterjob.core import claim, rankhealth, stalls, sweep, units
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, find_runs, first_error, no_runs
+from clusterjob.core.rundir import (
+    FINAL_STATUSES,
+    STATUSES,
+    UNKNOWN,
+    RunDir,
+    find_runs,
+    first_error,
+    natural_key,
+    no_runs,
+)
 from clusterjob.launch import chain, executor
-from clusterjob.launch.executor import RunView
+from clusterjob.launch.executor import BEING_SUBMITTED, RunView
 
 _MAX_STDERR_WARNINGS = 20
 CANCEL_WAIT_S = 60.0  # cancel waits this long for the ranks (a plain script is killed after its grace)
@@ -41,6 +51,8 @@ def still_running(run: RunDir, view: RunView) -> Optional[str]:
         return view.queue_state
     if view.record.status in FINAL_STATUSES:
         return None
+    if view.note == BEING_SUBMITTED:
+        return f"{BEING_SUBMITTED} by {claim.handing_over(run.path) or 'another command'}"
     owner = executor.of_record(view.record)
     return owner.live(run, view) if owner is not None else None
 
@@ -179,19 +191,168 @@ def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
         print(f"warning: {unanswered}", file=sys.stderr)
 
 
-def cmd_status(folder: str, heading: Sequence[str] = ()) -> int:
-    """``clusterjob status [DIR]``: the runs under ``folder`` (results/<name>, results/
-    or one run folder), one row each, below ``heading`` (a search's summary); reads only."""
-    runs = find_runs(Path(folder))
-    if not runs:
-        raise no_runs(folder)
-    found = executor.views(runs)
+def cmd_status(folder: str, heading: Sequence[str] = (), listed: bool = False, only: Optional[str] = None) -> int:
+    """``clusterjob status [DIR] [--runs] [--only STATE]``: the runs of ``folder``
+    (results/<name>, results/, one run folder, a sweep id, or a search's folder), one row
+    each, below ``heading`` (a search's summary); above LISTED runs (or with ``listed``)
+    a summary line first, and the rows only with ``listed``. Reads only."""
+    target = resolve_target(folder, for_status=True)
+    runs, found = selected(target, only)
     _print_warnings(runs, found)
     sys.stderr.flush()
     for line in heading:
         print(line)
-    print(status_table(runs, found))
+    many = len(target.runs) > LISTED or listed
+    if many and len(target.runs) > 1:
+        print("\n".join(summary_lines(target, runs, found)))
+    if not runs:
+        return 0
+    if listed or len(runs) <= LISTED:
+        print(status_table(runs, found))
+    else:
+        print(_unlisted(target, runs, found, only))
     return 0
+
+
+LISTED = 20  # the most runs status lists without --runs
+
+
+# ----------------------------------------------------------------------------- a sweep as one thing
+
+ONLY = ("failed", "cancelled", "preempted")  # what --only narrows a sweep's runs to
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a command was given: one run (``single``: a run folder or a run id), or the
+    runs of a sweep (its id, as submit prints it) or of a folder (results/<name>:
+    every sweep and run in it; results/)."""
+
+    runs: list
+    label: str
+    single: bool
+
+
+def resolve_target(text: str, root: str = "results", for_status: bool = False) -> Target:
+    """The runs ``text`` names: a run folder, a folder of runs, a sweep id (its runs
+    under ``root``/<name>) or a run id under ``root``; bad input otherwise (for
+    ``status``, in the words status and report share: ``no_runs``)."""
+    if RunDir(Path(text)).exists():
+        return Target([RunDir(Path(text))], text, True)
+    if os.path.isdir(text):
+        runs = find_runs(Path(text))
+        if runs or for_status:
+            if not runs:
+                raise no_runs(text)
+            return Target(runs, text, False)
+    named = sweep.parse_id(os.path.basename(text.rstrip("/")))
+    if named is not None:
+        runs = sweep_runs(Path(os.path.dirname(text) or root) / named[0], named[1])
+        if runs:
+            return Target(runs, text, False)
+    if not for_status:
+        matches = [r for r in find_runs(Path(root)) if r.run_id == text]
+        if len(matches) == 1:
+            return Target(matches, text, True)
+    if for_status:
+        raise no_runs(text)
+    raise BadInput(f"{text!r} is not a run folder (one holding run.json), a folder of runs (results/<name>), a sweep "
+                   f"id (<name>-<stamp>, as submit prints it) nor a run id under {root}/")
+
+
+def sweep_runs(parent: Path, stamp: str) -> list[RunDir]:
+    """The runs of the sweep ``stamp`` in ``parent`` (``<stamp>``, ``<stamp>-NNN``), in order."""
+    try:
+        names = [entry.name for entry in os.scandir(parent) if entry.name == stamp or entry.name.startswith(
+            stamp + "-")]
+    except OSError:
+        return []
+    return [run for run in (RunDir(parent / name) for name in sorted(names, key=natural_key)) if run.exists()]
+
+
+def selected(target: Target, only: Optional[str]) -> tuple[list[RunDir], list[RunView]]:
+    """The target's runs as status shows them, narrowed to state ``only`` (ONLY)."""
+    if only is not None and only not in ONLY:
+        raise BadInput(f"--only {only!r}: choose one of: {', '.join(ONLY)}")
+    found = executor.views(target.runs)
+    kept = [i for i, view in enumerate(found) if only is None or view.record.status == only]
+    return [target.runs[i] for i in kept], [found[i] for i in kept]
+
+
+def summary_lines(target: Target, runs: list[RunDir], found: list[RunView]) -> list[str]:
+    """``<target>: 10000 runs: 9000 pending, 990 running, 10 completed; best val_acc 91.20%
+    (<run>)``, then the same for each sweep when the runs are of several."""
+    lines = [f"{_shown(target.label)}: {state_counts(found)}{_best(runs, found)}"]
+    sweeps: dict[str, list[int]] = {}
+    for i, run in enumerate(runs):
+        where = sweep.member(run.path)
+        sweeps.setdefault(sweep.sweep_id(run.path.parent.name, where.stamp) if where else str(run.path), []).append(i)
+    if len(sweeps) > 1:
+        lines += [f"  {_shown(name)}: {state_counts([found[i] for i in picked])}"
+                  f"{_best([runs[i] for i in picked], [found[i] for i in picked])}" for name, picked in sweeps.items()]
+    return lines
+
+
+def state_counts(found: list[RunView]) -> str:
+    """``12 runs: 2 pending, 10 completed``, in the order of the states."""
+    counts: dict[str, int] = {}
+    for view in found:
+        state = view.record.status if view.record.status in STATUSES else UNKNOWN
+        counts[state] = counts.get(state, 0) + 1
+    said = ", ".join(f"{counts[state]} {state}" for state in (*STATUSES, UNKNOWN) if state in counts)
+    return f"{len(found)} run{'' if len(found) == 1 else 's'}" + (f": {said}" if said else "")
+
+
+def _best(runs: list[RunDir], found: list[RunView]) -> str:
+    """``; best val_acc 91.20% (<run>)``: the best value so far of the metric status
+    shows (val_acc for the built-in trainer, else the one the report ranks your code
+    by), from run.json's final values, or the latest logged for your code's running
+    runs; "" when no run has one."""
+    best: Optional[tuple[float, str, str]] = None
+    for run, view in zip(runs, found):
+        said = _metric_of(run, view.record)
+        if said is None or (best is not None and said[0] != best[1]):
+            continue
+        name, value = said
+        better = best is None or (value < best[0] if _lower_is_better(name) else value > best[0])
+        if better:
+            best = (value, name, f"{run.path.parent.name}/{run.run_id}")
+    if best is None:
+        return ""
+    return f"; best {_shown(best[1])} {units.quantity(best[1], best[0])} ({_shown(best[2])})"
+
+
+def _metric_of(run: RunDir, record: RunRecord) -> Optional[tuple[str, float]]:
+    """(name, value) of the run's metric that status shows, if it logged one."""
+    final = record.final or {}
+    if record.entrypoint is None:
+        return ("val_acc", final["val_acc"]) if "val_acc" in final else None
+    from clusterjob.core import metrics  # numpy with it: only where runs of your own code are listed
+
+    if final:
+        name = metrics.default_metric(metrics.table_order(final))
+        return (name, final[name]) if name in final else None
+    if record.status != "running":
+        return None
+    latest = metrics.own_latest(run.path, record.entrypoint)
+    return (latest.name, latest.value) if latest is not None else None
+
+
+def _lower_is_better(name: str) -> bool:
+
+    return units.default_mode(name) == "min"
+
+
+def _unlisted(target: Target, runs: list[RunDir], found: list[RunView], only: Optional[str]) -> str:
+    """Under the summary of a folder too large to list: how to list it, and the first
+    failed runs' errors."""
+    failed = [(run, view) for run, view in zip(runs, found) if view.record.status == "failed"]
+    lines = [_error_lines(run, view.record.error) for run, view in failed[:3] if view.record.error]
+    if len(failed) > 3:
+        lines.append(f"... and {len(failed) - 3} more failed: `clusterjob status {target.label} --only failed --runs`")
+    narrowed = f" --only {only}" if only else ""
+    lines.append(f"{len(runs)} runs: `clusterjob status {target.label}{narrowed} --runs` lists them")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- logs, cancel
@@ -222,9 +383,28 @@ def log_files(run: RunDir, rank: int) -> list[Path]:
     return [p for p in (run.logs / f"rank{rank}.out", run.logs / f"rank{rank}.err") if p.exists()]
 
 
-def cmd_logs(run_text: str, rank: int = 0, follow: bool = False) -> int:
-    """``clusterjob logs RUN [--rank N] [--follow]``: the rank's output, then its error."""
-    run = resolve_run(run_text)
+def cmd_logs(run_text: str, rank: int = 0, follow: bool = False, only: Optional[str] = None) -> int:
+    """``clusterjob logs RUN [--rank N] [--follow] [--only STATE]``: the rank's output,
+    then its error; of a sweep (a folder of runs, a sweep id), each run's in turn."""
+    target = resolve_target(run_text)
+    if target.single and only is None:
+        _logs_of(target.runs[0], rank, follow)
+        return 0
+    if follow:
+        raise BadInput(f"--follow follows one run; {run_text} names {len(target.runs)}: give one of its run folders")
+    runs, _ = selected(target, only)
+    if not runs:
+        raise BadInput(f"no {only} run in {run_text}: {state_counts(executor.views(target.runs))}")
+    for run in runs:
+        print(f"==> run {_shown(run.path)} <==")
+        try:
+            _logs_of(run, rank, False)
+        except BadInput as said:  # this run has none (not started yet): the others still have theirs
+            print(f"({_shown(said)})")
+    return 0
+
+
+def _logs_of(run: RunDir, rank: int, follow: bool) -> None:
     if follow:
         _follow(run, rank)
     else:
@@ -232,7 +412,6 @@ def cmd_logs(run_text: str, rank: int = 0, follow: bool = False) -> int:
     error = first_error(run)
     if error and error.rank == rank:
         _write(f"==> rank {rank} error <==\n{error.traceback or error.message or ''}\n")
-    return 0
 
 
 def _no_logs(run: RunDir, rank: int) -> BadInput:
@@ -354,7 +533,7 @@ def cancel(run: RunDir, wait_s: float = CANCEL_WAIT_S) -> list[str]:
     verified before it is signalled, ended, SIGKILL after ``wait_s``). Ranks on other
     hosts, or not started yet, read the request in run.json. Returns what was done,
     line by line."""
-    info = readable_record(run)
+    info = sweep.resolved(run.path, readable_record(run))
     if info.status in FINAL_STATUSES:
         raise BadInput(f"{run.path} is already {info.status}; there is nothing to cancel")
     owner = executor.of_record(info)
@@ -395,9 +574,13 @@ def _claim_for_cancel(run: RunDir) -> Optional[claim.Claim]:
             time.sleep(0.2)
 
 
-def cmd_cancel(run_text: str) -> int:
-    """``clusterjob cancel RUN``."""
-    run = resolve_run(run_text)
+def cmd_cancel(run_text: str, only: Optional[str] = None) -> int:
+    """``clusterjob cancel RUN [--only STATE]``: a run, or every run of a sweep or folder
+    that has not ended (narrowed to state ``only``)."""
+    target = resolve_target(run_text)
+    if not target.single or only is not None:
+        return _cancel_all(target, only)
+    run = target.runs[0]
     with cancel_claim(run):
         lines = cancel(run)
     for line in lines:
@@ -405,3 +588,55 @@ def cmd_cancel(run_text: str) -> int:
     (view,) = executor.views([run])  # as status shows it: cancelled, or "pending (cancel requested)" until it is
     print(f"{run.path}: {_state(view)}")
     return 0
+
+
+def _cancel_all(target: Target, only: Optional[str]) -> int:
+    """Cancel the runs of a sweep or folder that have not ended, each executor's at once
+    (a Slurm sweep: one scancel of its arrays, never one per task); then what they are
+    now, as status counts them. The sweeps are claimed meanwhile, so that no resume
+    starts one of their runs."""
+    runs, found = selected(target, only)
+    picked = [(run, view) for run, view in zip(runs, found) if view.record.status not in FINAL_STATUSES]
+    if not picked:
+        raise BadInput(f"{target.label}: nothing to cancel: {state_counts(found)}"
+                       + (f" (--only {only})" if only else ""))
+    for run, _ in picked:
+        readable_record(run)  # one that cannot be read would be overwritten: refused before anything is done
+    groups: dict[str, list] = {}
+    for run, view in picked:
+        owner = executor.of_record(view.record)
+        if owner is None:
+            raise BadInput(f"{run.path} names executor {view.record.executor!r}, which this clusterjob does not have; "
+                           "cancel its job or processes by hand")
+        groups.setdefault(owner.name, []).append((run, view.record))
+    with _sweeps_claimed([run for run, _ in picked]):
+        lines = [line for name, chosen in groups.items()
+                 for line in executor.get(name).cancel_all(chosen, CANCEL_WAIT_S)]
+    for line in lines:
+        print(line)
+    print("\n".join(summary_lines(target, target.runs, executor.views(target.runs))))
+    return 0
+
+
+@contextlib.contextmanager
+def _sweeps_claimed(runs: list[RunDir]) -> Iterator[None]:
+    """The block with the sweeps of ``runs`` claimed, each waited for (CLAIM_WAIT_S at
+    most) while a submit or resume hands it over."""
+    taken = []
+    try:
+        for where in sorted({(w.parent, w.stamp) for run in runs if (w := sweep.member(run.path)) is not None}):
+            deadline = time.monotonic() + CLAIM_WAIT_S
+            while True:
+                try:
+                    claim.take_sweep(*where, "clusterjob cancel")
+                    taken.append(where)
+                    break
+                except claim.Claimed as busy:
+                    if time.monotonic() > deadline:
+                        raise BadInput(f"sweep {sweep.sweep_id(os.path.basename(where[0]), where[1])} is being "
+                                       f"started by {busy.holder}; cancel it once that returned") from None
+                    time.sleep(0.2)
+        yield
+    finally:
+        for where in taken:
+            claim.release_sweep(*where)

@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
 
-from clusterjob.core import plugins, procs
+from clusterjob.core import claim, plugins, procs, sweep
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso
-from clusterjob.core.record import Job, RunRecord
+from clusterjob.core.record import Job, RunError, RunRecord
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir
 from clusterjob.launch import executors
 
@@ -158,6 +158,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def cancel(self, run: RunDir, info: RunRecord, wait_s: float) -> list[str]:
         """Stop the run; mark it cancelled once none of its ranks is alive. What was done."""
+
+    def cancel_all(self, targets: list[tuple[RunDir, RunRecord]], wait_s: float) -> list[str]:
+        """Stop many runs (a sweep's: ``cancel`` of a results folder or a sweep id) as
+        ``cancel`` stops one; an executor whose jobs hold many runs stops them at once."""
+        return [line for run, info in targets for line in self.cancel(run, info, wait_s)]
 
     def reopened(self) -> dict:
         """run.json fields ``resume`` clears before starting a run again."""
@@ -290,10 +295,15 @@ def of_record(record: RunRecord) -> Optional[Executor]:
 
 
 def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
-    """Each run's run.json (type-checked, with its problems), refreshed by its executor
-    where it is not final: one call per executor for all of its runs. With
+    """Each run's run.json (type-checked, with its problems, and the job or supervisor
+    its sweep's record gives it: clusterjob.core.sweep.resolved), refreshed by its
+    executor where it is not final: one call per executor for all of its runs. With
     ``write_back``, what an answer taught is written to run.json; without, nothing."""
-    found = [RunView(*run.read_checked()) for run in runs]
+    records = sweep.Records()
+    found = []
+    for run in runs:
+        record, problems = run.read_checked()
+        found.append(RunView(sweep.resolved(run.path, record, records), problems))
     groups: dict[str, list[int]] = {}
     for index, view in enumerate(found):
         executor = of_record(view.record) if view.record.status not in FINAL_STATUSES else None
@@ -323,6 +333,22 @@ def apply_found(run: RunDir, view: RunView, fields: dict, write_back: bool) -> R
     if now.status in FINAL_STATUSES:
         return RunView(now, view.problems)
     return RunView(run.update(**fields), view.problems)
+
+
+def unhanded(run: RunDir, view: RunView, write_back: bool) -> RunView:
+    """A pending run that no job and no supervisor has yet: being handed over while a
+    live submit or resume holds its claim or its sweep's (pending, with a note); else
+    the command that made it ended before it handed it over (killed, or its machine
+    went down) and nothing will ever start it: failed, and ``resume`` starts it."""
+    if claim.handing_over(run.path) is not None:
+        return replace(view, note=BEING_SUBMITTED)
+    fields = {"status": "failed", "finished_at": now_iso(), "error": RunError(
+        None, "its submission ended before it handed the run over (the submit or resume was killed, or its "
+              f"machine went down): no job or process has it; `clusterjob resume {run.path}` starts it")}
+    return apply_found(run, view, fields, write_back)
+
+
+BEING_SUBMITTED = "being submitted"
 
 
 def cancel_unstarted(run: RunDir, info: RunRecord) -> list[str]:

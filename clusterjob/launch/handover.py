@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Iterator, Optional
 
+from clusterjob.core import sweep
 from clusterjob.core.errors import BadInput, Failure, escape
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError
@@ -53,7 +54,8 @@ class Window:
         self.fresh = runs is None
         self.runs: list[RunDir] = list(runs or [])
         # made by this submit, removed again when it leaves nothing (innermost first)
-        self.made = [p for p in (parent / ".slurm", parent, parent.parent) if not p.exists()] if parent else []
+        self.made = [p for p in (parent / ".slurm", parent / sweep.FOLDER, parent, parent.parent)
+                     if not p.exists()] if parent else []
         self.closed, self.deferring = False, False
         self.deferred: list[int] = []
         self.handlers: dict = {}
@@ -143,21 +145,26 @@ def _abandon(window: Window, reason: str) -> str:
 
 
 def _has_job(run: RunDir) -> bool:
-    """Whether an executor has a job for the run (its run.json names one: a Slurm job)."""
+    """Whether an executor has a job for the run (its run.json or its sweep's record
+    names one: a Slurm job)."""
     try:
-        return run.read().job is not None
+        return sweep.job_of(run.path, run.read()) is not None
     except OSError:
         return False
 
 
 def _removed(runs: list[RunDir], made: list[Path]) -> bool:
-    """Remove the run folders, then the folders above them that this submit made (each
-    only when empty: submitit's files of this submission are gone already); False if a
-    run folder stays."""
+    """Remove the run folders and their sweep's record, then the folders above them
+    that this submit made (each only when empty: the executor's files of this
+    submission are gone already); False if a run folder stays."""
     for run in runs:
         shutil.rmtree(run.path, ignore_errors=True)
     if any(run.path.exists() for run in runs):
         return False
+    for where in {(w.parent, w.stamp) for run in runs if (w := sweep.member(run.path)) is not None}:
+        record = sweep.record_file(*where)
+        for path in (record, record.with_name(record.name + ".lock"), sweep.lock_file(*where)):
+            path.unlink(missing_ok=True)
     for folder in made:
         with contextlib.suppress(OSError):
             folder.rmdir()

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput, SlurmUnreachable
+from clusterjob.launch import limits
 from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec
 
@@ -335,14 +336,43 @@ def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.
     listed, unlisted = _answer(ask(["sinfo", "-N", "-p", part.name, "-o", "%N|%c|%G|%f"]), NODES)
     nodes = node_rows(listed)
     qos = SlurmOptions.of(spec).qos or part.qos
-    row, unasked = _qos_row(qos, ask) if qos else (None, None)
+    rows: dict = {}
+
+    def qos_row(name: str) -> tuple[Optional[dict], Optional[str]]:
+        if name not in rows:
+            rows[name] = _qos_row(name, ask)
+        return rows[name]
+
+    row, unasked = qos_row(qos) if qos else (None, None)
     checks = [first, check_nodes(spec, part), check_cpus(spec, nodes, part, unlisted),
               check_time(spec, part, row, qos), check_qos(spec, qos, row, unasked),
-              check_gpus(spec, nodes, part, unlisted), array_check(points, ask)[0]]
+              check_gpus(spec, nodes, part, unlisted), array_check(points, ask)[0],
+              check_jobs(spec, points, part, ask, qos_row)]
     return checks + [check_test_only(script, ask) for script in scripts[:1]]
 
 
 def _qos_row(name: str, ask: Ask) -> tuple[Optional[dict], Optional[str]]:
     """sacctmgr's row of QOS ``name`` (None: no such QOS), or why sacctmgr did not answer."""
-    said, problem = _answer(ask(["sacctmgr", "-P", "show", "qos", name, "format=Name,MaxWall,MaxTRES"]), QOS)
+    said, problem = _answer(ask(["sacctmgr", "-P", "show", "qos", name,
+                                 "format=Name,MaxWall,MaxTRES,MaxSubmitPU,MaxSubmitPA,GrpSubmit"]), QOS)
     return next((row for row in slurmctl.table(said) if row.get("Name") == name), None), problem
+
+
+def check_jobs(spec: Spec, points: int, part: Partition, ask: Ask,
+               qos_row: Callable[[str], tuple[Optional[dict], Optional[str]]]) -> Check:
+    """The submission's jobs (each array task one) fit the cluster's limits on jobs:
+    MaxJobCount with the jobs the controller holds, and the submit limits of the
+    user's association and QOS with the jobs already queued (clusterjob.launch.limits)."""
+    options = SlurmOptions.of(spec)
+    try:
+        found = limits.limits(options.account, options.qos, part.name, part.qos, ask, qos_row,
+                              _UNANSWERED_FIX, _UNREAD_FIX)
+    except limits.Unknown as err:
+        return Check("jobs", False, err.line, err.fix)
+    hit = limits.over(points, found)
+    if hit is not None:
+        return Check("jobs", False, f"{hit.name} is {hit.most}, and the {points} job(s) of this submission (each "
+                                    f"array task is one) with the {hit.counted} that count already make "
+                                    f"{hit.counted + points}", hit.fix(points))
+    shown = ", ".join(f"{limit.name.split(' (')[0]} {limit.counted + points} of {limit.most}" for limit in found)
+    return Check("jobs", True, f"{points} job(s) fit: {shown}")

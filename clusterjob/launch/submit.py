@@ -10,14 +10,16 @@ submission that fails after its run folders were made and before the executor ha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, metrics, units
+from clusterjob.core import claim, metrics, sweep, units
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.files import batched
 from clusterjob.core.record import RunRecord
 from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import chain, control, executor
@@ -46,7 +48,9 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     snap = _snapshot_plan(spec)
     envmod.hand_down_secrets(spec.env)  # spec.yaml holds *** for them: the ranks inherit them from here
     waits = {"after": [str(dep.run.path) for dep in deps]} if deps else {}
-    with Window(parent=Path(spec.output.root) / spec.name) as window:
+    # One batch: every file of every run is written once and none is synced alone; the
+    # batch syncs before a job can read them, and once at its end (clusterjob.core.files)
+    with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
                                      [(p.index, dump_spec(p.spec), p.run_params,
                                        {"env": envmod.shown_env(p.spec.env)}) for p in points],
@@ -56,7 +60,9 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
             from clusterjob.launch import snapshot
 
             snapshot.take(snap, points, runs)
-        return _start(spec, runs, chosen, wait, window, deps)
+        lines = _hand_over(spec, runs, chosen, wait, window, deps)
+    print_started(lines, runs, wait)
+    return _follow(spec, runs, chosen, wait)
 
 
 def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, preflight: bool,
@@ -163,18 +169,38 @@ def _origin() -> dict:
     return {"submit_dir": os.getcwd(), "git_sha": git_sha()}
 
 
-def _start(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool, window: Window,
-           after: Sequence[Dependency] = ()) -> int:
+def _hand_over(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool, window: Window,
+               after: Sequence[Dependency] = ()) -> list[str]:
     """Hand the runs (claimed by this process, each waiting for ``after``) to the
-    executor, closing the ``window``; the executor ends the claims once it has the runs
-    (a Slurm run's once its job id is recorded, a detached local run's once its
-    supervisor holds them); with ``wait``, follow them to the end and report."""
-    with window.handing_over():
-        lines = chosen.start(spec, runs, follow=wait, after=after)
-    for line in lines:
+    executor, closing the ``window``; then this process gives up their sweep's claim
+    (the executor holds what it needs: a Slurm run's job is recorded, a detached local
+    run's supervisor holds its claim). The lines to print."""
+    try:
+        with window.handing_over():
+            return chosen.start(spec, runs, follow=wait, after=after)
+    finally:
+        for where in {(w.parent, w.stamp) for run in runs if (w := sweep.member(run.path)) is not None}:
+            claim.release_sweep(*where)
+
+
+def print_started(lines: list[str], runs: list[RunDir], wait: bool) -> None:
+    """What the executor said, a line per run (at most LISTED), then a sweep's id (what
+    status, cancel, resume and logs take) and, unless ``wait``, how to follow it."""
+    for line in lines[:control.LISTED]:
         print(line)
+    if len(lines) > control.LISTED:
+        print(f"... and {len(lines) - control.LISTED} more")
+    where = sweep.member(runs[0].path)
+    named = sweep.sweep_id(runs[0].path.parent.name, where.stamp) if where is not None else None
+    if named is not None and len(runs) > 1:
+        print(f"sweep {named}: {len(runs)} runs in {runs[0].path.parent}")
     if not wait:
-        print(f"follow with: clusterjob status {runs[0].path.parent}")
+        print(f"follow with: clusterjob status {named if named and len(runs) > 1 else runs[0].path}")
+
+
+def _follow(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool) -> int:
+    """With ``wait``, follow the runs to their end and report: exit 0 when all completed."""
+    if not wait:
         return 0
     live = LiveLine(sys.stdout)
 
@@ -226,13 +252,18 @@ def print_report(runs: list[RunDir]) -> None:
 # ----------------------------------------------------------------------------- resume
 
 
-def resume(run_text: str, wait: bool = False) -> int:
+def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int:
     """``clusterjob resume RUN``: start a stopped, failed or timed-out run again in its own
     folder, from its last checkpoint, with the executor and resources it had. A run
     whose every process died without recording its end (kill -9, the OOM killer, a
     reboot) counts as stopped. The run is claimed (clusterjob.core.claim) from the check
-    of its state until it is handed over, so of several resumes at once one starts it."""
-    run = control.resolve_run(run_text)
+    of its state until it is handed over, so of several resumes at once one starts it.
+    A sweep (its id, or a folder of runs) resumes the runs of it that did not complete
+    and are not running, narrowed to state ``only``."""
+    target = control.resolve_target(run_text)
+    if not target.single or only is not None:
+        return _resume_all(target, wait, only)
+    run = target.runs[0]
     trial = control.readable_record(run).search  # before anything is started or written
     if trial is not None:
         raise BadInput(f"{run.path} is a trial of a search: its slots run it; resume the search as a whole: "
@@ -244,14 +275,81 @@ def resume(run_text: str, wait: bool = False) -> int:
     owner = _executor_of(run)
     deps = dependencies(spec, [RunDir(Path(path)) for path in run.read().after])
     owner.check(spec, 1, preflight=False, after=deps)
-    with claim.claimed(run.path, "clusterjob resume"), Window(runs=[run]) as window:
+    with batched(), claim.claimed(run.path, "clusterjob resume"), Window(runs=[run]) as window:
         _check_resumable(run)  # again, now that no other command can start it
         info = run.read()
-        retries = {"retries": 0} if info.retries else {}  # a resume gives max_retries afresh
-        run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None, error=None,
-                   launcher=None, cancel_requested_at=None, **retries, **owner.reopened())
+        _reopen(run, info, owner)
         print(f"resuming {run.path} ({owner.name}) {_resumes_from(run, info)}")
-        return _start(spec, [run], owner, wait, window, deps)
+        lines = _hand_over(spec, [run], owner, wait, window, deps)
+    print_started(lines, [run], wait)
+    return _follow(spec, [run], owner, wait)
+
+
+def _reopen(run: RunDir, info: RunRecord, owner: Executor) -> None:
+    """The run pending again, as it was before its first start but for what it did."""
+    retries = {"retries": 0} if info.retries else {}  # a resume gives max_retries afresh
+    run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None, error=None,
+               launcher=None, cancel_requested_at=None, **retries, **owner.reopened())
+
+
+def _resume_all(target: control.Target, wait: bool, only: Optional[str]) -> int:
+    """Resume the runs of a sweep (or folder) that did not complete and are not live:
+    each sweep's as one submission (a Slurm sweep: one array per MaxArraySize runs), its
+    claim held meanwhile; with ``wait``, followed to their end."""
+    runs, found = control.selected(target, only)
+    picked = [run for run, view in zip(runs, found)
+              if view.record.status != "completed" and control.still_running(run, view) is None]
+    if not picked:
+        raise BadInput(f"{target.label}: nothing to resume: {control.state_counts(found)}"
+                       + (f" (--only {only})" if only else "") + "; resume starts runs that stopped")
+    groups: dict[tuple, list[RunDir]] = {}
+    for run in picked:
+        control.readable_record(run)  # before anything is started or written
+        where = sweep.member(run.path)
+        groups.setdefault((where.parent, where.stamp) if where else (str(run.path), ""), []).append(run)
+    started = [_resume_group(group, wait) for group in groups.values()]
+    codes = [_follow(spec, group, owner, wait) for spec, group, owner in started if group]
+    return max(codes, default=0)
+
+
+def _resume_group(runs: list[RunDir], wait: bool) -> tuple[Spec, list[RunDir], Executor]:
+    """Resume runs of one sweep (they share its resources and executor); the spec, the
+    runs handed over and their executor."""
+    spec = load_spec(runs[0].spec_file)
+    check_paths(spec)
+    owner = _executor_of(runs[0])
+    deps = dependencies(spec, [RunDir(Path(path)) for path in runs[0].read().after])
+    owner.check(spec, len(runs), preflight=False, after=deps)
+    where = sweep.member(runs[0].path)
+    with batched(), _group_claimed(runs, where), Window(runs=runs) as window:
+        found = executor.views(runs)  # again, now that no other command can start them
+        runs = [run for run, view in zip(runs, found) if view.record.status != "completed"
+                and control.still_running(run, view) is None and claim.busy(run.path) is None]
+        window.hold(runs)
+        if not runs:
+            return spec, [], owner
+        for run, view in zip(runs, executor.views(runs)):
+            _reopen(run, view.record, owner)
+        name = sweep.sweep_id(runs[0].path.parent.name, where.stamp) if where else str(runs[0].path)
+        print(f"resuming {len(runs)} run(s) of {name} ({owner.name})")
+        lines = _hand_over(spec, runs, owner, wait, window, deps)
+    print_started(lines, runs, wait)
+    return spec, runs, owner
+
+
+@contextlib.contextmanager
+def _group_claimed(runs: list[RunDir], where: Optional[sweep.Member]) -> Iterator[None]:
+    """The runs claimed for a resume: their sweep's claim (one lock, however many runs),
+    or, for a run of no sweep, its own."""
+    if where is None:
+        with claim.claimed(runs[0].path, "clusterjob resume"):
+            yield
+        return
+    claim.take_sweep(where.parent, where.stamp, "clusterjob resume")
+    try:
+        yield
+    finally:
+        claim.release_sweep(where.parent, where.stamp)
 
 
 def _resumes_from(run: RunDir, info: RunRecord) -> str:

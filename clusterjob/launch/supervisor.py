@@ -256,6 +256,10 @@ class SupervisedRun:
 
     def _start_session(self) -> None:
         assert self.slot is not None  # a session runs in a slot
+        if self.run.read().launcher != procs.current():
+            # submit recorded this supervisor once, in the sweep's record; the ranks read
+            # run.json (whether their supervisor records their stop): it says so from now on
+            self.run.update(launcher=procs.current())
         self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot), {}, None
         self.state = self.RUNNING
 

@@ -30,8 +30,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from clusterjob.core import slurmctl
-from clusterjob.core.record import is_job_id
+from clusterjob.core import slurmctl, sweep
+from clusterjob.core.record import SLURM, is_job_id
 from clusterjob.core.slurmctl import Segment
 from clusterjob.report.tables import timestamp
 
@@ -59,9 +59,14 @@ class _Start:
     knows_checkpoints: bool
 
 
-def slurm_jobs(info: dict) -> list:
-    """The Slurm jobs the run ran in, in order: each session's, then the recorded one."""
-    jobs = [session.get("job") for session in info["sessions"]] + [info["slurm_job_id"]]
+def slurm_jobs(info: dict, records: Optional[sweep.Records] = None) -> list:
+    """The Slurm jobs the run ran in, in order: each session's, then the recorded one
+    (its run.json's, else its sweep's record's: clusterjob.core.sweep.job_of)."""
+    recorded = info["slurm_job_id"]
+    if recorded is None and not info["sessions"] and info.get("path"):  # it never started: its job, if any
+        job = sweep.job_of_folder(info["path"], records)
+        recorded = job.id if job is not None and job.executor == SLURM else None
+    jobs = [session.get("job") for session in info["sessions"]] + [recorded]
     return list(dict.fromkeys(job for job in jobs if is_job_id(job)))
 
 
@@ -69,7 +74,8 @@ def columns(infos: Sequence[dict], ask: Callable = slurmctl.segments, now: Optio
     """{column: array over runs} of COLUMNS for the runs' ``infos`` (the report's run
     fields), from one sacct query for all of them; {} (and no query) when no run ran
     in a Slurm job."""
-    jobs = [slurm_jobs(info) for info in infos]
+    records = sweep.Records()
+    jobs = [slurm_jobs(info, records) for info in infos]
     wanted = sorted({job for listed in jobs for job in listed})
     if not wanted:
         return {}

@@ -118,9 +118,11 @@ def test_golden_config_partitions_nodes_and_qos():
     assert [(n["name"], n["cpus"], n["gpus"], n["features"]) for n in nodes] == [
         (f"node{i}", 8, 0, set()) for i in (1, 2, 3)]
     rows = {row["Name"]: row for row in slurmctl.table(golden("sacctmgr_show_qos.txt"))}
-    assert rows["normal"] == {"Name": "normal", "MaxWall": "", "MaxTRES": ""}
+    assert rows["normal"] == {"Name": "normal", "MaxWall": "", "MaxTRES": "", "MaxSubmitPU": "", "MaxSubmitPA": "",
+                              "GrpSubmit": ""}
     assert preflight.parse_minutes(rows["golden"]["MaxWall"]) == 5
     assert preflight.parse_tres(rows["golden"]["MaxTRES"]) == {"cpu": 4, "node": 1}
+    assert slurmctl.number(rows["golden"]["MaxSubmitPU"]) == 100  # MaxSubmitJobsPerUser, as the jobs check reads it
 
 
 def test_max_array_size_never_guesses(slurm_shims):

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from clirun import cli
 
+from clusterjob.core import claim
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import create_run
 from clusterjob.launch import chain
@@ -70,9 +71,16 @@ def test_a_dependency_is_done_waiting_or_failed(tmp_path):
     made["failed"].update(status="failed", error={"rank": 0, "message": "ValueError: boom", "traceback": ""})
     made["preempted"].update(status="preempted", executor="local")  # no process: nothing will run it
     made["pending"].update(executor="slurm")  # submitted, no job id yet: the submit is still handing it over
-    states = {dep.run.path.name: dep for dep in chain.states([r.path for r in made.values()])}
+    claim.take(made["pending"].path, "clusterjob submit")  # which is this live process
+    try:
+        states = {dep.run.path.name: dep for dep in chain.states([r.path for r in made.values()])}
+    finally:
+        claim.release(made["pending"].path)
     assert {name: dep.state for name, dep in states.items()} == {
         "completed": DONE, "failed": FAILED, "preempted": FAILED, "pending": WAITING}
+    # with no live submit handing it over, nothing will ever give it a job: it never completes
+    (gone,) = chain.states([made["pending"].path])
+    assert gone.state == FAILED and "its submission ended before it handed the run over" in gone.why
     assert states["failed"].why == "failed: ValueError: boom"
     assert chain.failed(list(states.values())).startswith(
         f"dependency failed: {made['failed'].path} is failed: ValueError: boom (and 1 more of the 4 runs")

@@ -93,7 +93,7 @@ def test_an_offline_run_names_the_fetch_command_in_one_line(tmp_path, download):
     submitted = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=240, env=offline_env())
     assert submitted.returncode == 1, submitted.stdout + submitted.stderr
     fetch = f"run `clusterjob data fetch mnist --root {root}`"
-    (run,) = (tmp_path / "results" / "offline").iterdir()
+    (run,) = [p for p in (tmp_path / "results" / "offline").iterdir() if not p.name.startswith(".")]
     message = json.loads((run / "run.json").read_text())["error"]["message"]
     assert fetch in message and "\n" not in message
     assert ("once where there is (e.g. on the login node" if download else "where there is internet") in message

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from clirun import cli
 from owncode import Project
-from slurmcluster import submit, task_pid, wait_for
+from slurmcluster import job_of, submit, task_pid, wait_for
 
 from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
@@ -133,7 +133,7 @@ def test_a_rank_killed_in_a_slurm_job_ends_the_job_within_seconds(slurm_cluster,
             "resources": {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "mem_gb": 1, "time_min": 15}}
     (tmp_path / "dead.yaml").write_text(yaml.safe_dump(spec))
     (run,) = submit(slurm_cluster, tmp_path / "dead.yaml")
-    job = json.loads((run / "run.json").read_text())["slurm_job_id"]
+    job = job_of(run)  # from the sweep's record: run.json names it once the ranks started
     wait_for(lambda: (run / "died-0").exists(), 240, "rank 1 to start")
     os.kill(task_pid(job, 1), signal.SIGKILL)
     killed = time.time()

@@ -56,7 +56,7 @@ def test_the_toy_submits_shows_and_cancels_its_runs_through_the_command_line(tmp
     assert cli(tmp_path, "validate", "toyrun.yaml", env=env(toy_site)).returncode == 0
     done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", env=env(toy_site))
     assert done.returncode == 0, done.stderr
-    runs = sorted((tmp_path / "results" / "toyrun").iterdir())
+    runs = sorted(p for p in (tmp_path / "results" / "toyrun").iterdir() if not p.name.startswith("."))
     assert [line for line in done.stdout.splitlines() if line.startswith("toy:")] == [
         f"toy: queued {run.name}" for run in runs]
     for index, run in enumerate(runs):

@@ -23,7 +23,7 @@ def spec(tmp_path: Path) -> Path:
 
 def logged(tmp_path: Path) -> list[str]:
     """Rank 0's progress and epoch lines, as it wrote them."""
-    (run,) = (tmp_path / "results" / "live").iterdir()
+    (run,) = [p for p in (tmp_path / "results" / "live").iterdir() if not p.name.startswith(".")]
     lines = (run / "logs" / "rank0.out").read_text().splitlines()
     return [line.removeprefix("[progress] ") for line in lines if line.startswith(("[progress] ", "epoch "))]
 

@@ -5,6 +5,7 @@ a partition and a QOS that have limits, through the CLI."""
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import uuid
 from pathlib import Path
@@ -23,7 +24,8 @@ SCONTROL = (
     "PartitionName=gpu Default=NO QoS=gpuqos MaxNodes=2 MaxTime=1-00:00:00 Nodes=g[1-4] State=UP TotalNodes=4\n"
     "PartitionName=old Default=NO QoS=N/A MaxNodes=UNLIMITED MaxTime=30:00 Nodes=o1 State=DOWN TotalNodes=1\n")
 SINFO_HEADER = "NODELIST|CPUS|GRES|AVAIL_FEATURES\n"
-QOS_HEADER = "Name|MaxWall|MaxTRES\n"
+QOS_HEADER = "Name|MaxWall|MaxTRES\n"  # a QOS without submit limits: sacctmgr's columns of them left out
+QUEUE_HEADER = "JOBID|USER|ACCOUNT|QOS|STATE\n"
 SINFO_GPU = SINFO_HEADER + "g1|32|gpu:a100:4(S:0-1)|a100,ib\ng2|32|gpu:a100:4(S:0-1)|a100,ib\ng3|32|gpu:2|v100\ng4|32|(null)|(null)\n"
 
 
@@ -34,9 +36,10 @@ def spec_of(tmp_path: Path, **resources) -> object:
 
 
 def fake_ask(sinfo: str = SINFO_HEADER + "node1|8|(null)|(null)\n", qos: str = "",
-             test_only=(0, "sbatch: Job 9 to start"), config: str = "MaxArraySize            = 1001\n"):
+             test_only=(0, "sbatch: Job 9 to start"),
+             config: str = "MaxArraySize            = 1001\nMaxJobCount = 10000\n", queue: str = QUEUE_HEADER):
     def ask(cmd, stdin=None):
-        out = {"scontrol": SCONTROL, "sinfo": sinfo, "sacctmgr": QOS_HEADER + qos}.get(cmd[0], "")
+        out = {"scontrol": SCONTROL, "sinfo": sinfo, "sacctmgr": QOS_HEADER + qos, "squeue": queue}.get(cmd[0], "")
         if cmd[:3] == ["scontrol", "show", "config"]:
             out = config
         if cmd[0] == "sinfo" and sinfo is None:
@@ -67,7 +70,7 @@ def test_gres_and_features_of_sinfo():
 def test_a_spec_that_fits_passes_every_check(tmp_path):
     checks = preflight.run_checks(spec_of(tmp_path, nodes=2, tasks_per_node=2), 3, ["#!/bin/sh\n"], fake_ask())
     assert all(c.ok for c in checks), [c.line() for c in checks]
-    assert [c.name for c in checks] == ["partition", "nodes", "cpus", "time", "qos", "gpus", "array",
+    assert [c.name for c in checks] == ["partition", "nodes", "cpus", "time", "qos", "gpus", "array", "jobs",
                                         "sbatch --test-only"]
 
 
@@ -139,7 +142,7 @@ def test_validate_cluster_against_a_partition_and_qos_with_limits(slurm_cluster,
     assert [line.split(":")[0] for line in failed] == ["FAIL  nodes", "FAIL  time", "FAIL  qos",
                                                        "FAIL  sbatch --test-only"], bad.stdout
     assert f"over the partition {part} MaxTime of 5 min" in bad.stdout and "fix: set resources.time_min" in bad.stdout
-    assert "node=2, over QOS" in bad.stdout and "refused: 4 of 8 checks passed" in bad.stderr
+    assert "node=2, over QOS" in bad.stdout and "refused: 5 of 9 checks passed" in bad.stderr
 
 
 @pytest.mark.slurm
@@ -162,11 +165,13 @@ PARTITION = (GOLDEN / "scontrol_show_partition.txt").read_text()
 
 def golden_cluster(shims, **answers) -> None:
     """Fake Slurm commands that answer as the local Slurm 22.05 did (tests/golden), but
-    for ``answers``: {"partition" | "nodes" | "qos" | "config": text}, or a dict of
+    for ``answers``: {"partition" | "nodes" | "qos" | "config" | "assoc" | "queue": text}, or a dict of
     ``answer``'s arguments."""
     said = {"partition": PARTITION, "nodes": (GOLDEN / "sinfo_nodes.txt").read_text(),
             "qos": (GOLDEN / "sacctmgr_show_qos_golden.txt").read_text(),
-            "config": (GOLDEN / "scontrol_show_config.txt").read_text(), **answers}
+            "config": (GOLDEN / "scontrol_show_config.txt").read_text(),
+            "assoc": (GOLDEN / "sacctmgr_show_assoc.txt").read_text(), "queue": (GOLDEN / "squeue_all.txt").read_text(),
+            **answers}
     said = {key: value if isinstance(value, dict) else {"stdout": value} for key, value in said.items()}
     shims.answer("sinfo", "debug*\n")  # reachable
     shims.answer("sbatch", stderr="sbatch: Job 99 to start at 2026-11-25T21:40:00 using 1 processors on nodes "
@@ -175,6 +180,8 @@ def golden_cluster(shims, **answers) -> None:
     shims.answer("scontrol", when="show partition", **said["partition"])
     shims.answer("scontrol", when="show config", **said["config"])
     shims.answer("sacctmgr", when="show qos", **said["qos"])
+    shims.answer("sacctmgr", when="show assoc", **said["assoc"])
+    shims.answer("squeue", when="-t all", **said["queue"])
 
 
 def hostile_spec(tmp_path: Path, **extra) -> Path:
@@ -187,7 +194,7 @@ def hostile_spec(tmp_path: Path, **extra) -> Path:
 def test_the_golden_cluster_passes_every_check(tmp_path, slurm_shims):
     golden_cluster(slurm_shims)
     done = cli(tmp_path, "validate", str(hostile_spec(tmp_path)), "--cluster", env=slurm_shims.env(alone=True), errors="replace")
-    assert done.returncode == 0 and "ok: 8 of 8 checks passed" in done.stderr, done.stdout + done.stderr
+    assert done.returncode == 0 and "ok: 9 of 9 checks passed" in done.stderr, done.stdout + done.stderr
     assert "ok    partition: debug (3 nodes, state UP)" in done.stdout
 
 
@@ -220,7 +227,7 @@ HOSTILE = [
     ("a MaxWall of ²", {"qos": "Name|MaxWall|MaxTRES\ngolden|²|node=1\n"}, {"qos": "golden"}, "time",
      "`sacctmgr show qos` gave MaxWall='²'"),
     ("sacctmgr fails", {"qos": {"stderr": "sacctmgr: error: Problem talking to the database\n", "exit_code": 1}},
-     {"qos": "golden"}, "qos", "'golden' could not be checked: `sacctmgr show qos` did not answer: sacctmgr: error"),
+     {"qos": "golden"}, "qos jobs", "'golden' could not be checked: `sacctmgr show qos` did not answer: sacctmgr: error"),
 ]
 
 
@@ -237,7 +244,7 @@ def test_validate_cluster_says_what_could_not_be_read_and_never_guesses(tmp_path
     assert [line.split(":")[0] for line in failed] == [f"FAIL  {name}" for name in check.split()], done.stdout
     assert says in failed[-1] and "fix: " in failed[-1], failed[-1]
     assert "at most 0" not in done.stdout and "<= 0" not in done.stdout
-    assert done.stderr.splitlines()[-1].startswith(f"refused: {8 - len(failed)} of 8 checks passed")
+    assert done.stderr.splitlines()[-1].startswith(f"refused: {9 - len(failed)} of 9 checks passed")
 
 
 SWEEP = {"sweep": {"train.seed": [0, 1]}}
@@ -250,7 +257,7 @@ SWEEP = {"sweep": {"train.seed": [0, 1]}}
     ("ClusterName = c\n", "the cluster's answer could not be read: `scontrol show config` gave no MaxArraySize"),
 ], ids=["MaxArraySize=0", "MaxArraySize=²", "no MaxArraySize"])
 def test_a_sweep_where_the_cluster_takes_no_array_is_refused_in_one_line(tmp_path, slurm_shims, config, says):
-    golden_cluster(slurm_shims, config=config)
+    golden_cluster(slurm_shims, config=config + "MaxJobCount = 10000\n")  # the jobs check has what it reads
     spec = str(hostile_spec(tmp_path, **SWEEP))
     checked = cli(tmp_path, "validate", spec, "--cluster", env=slurm_shims.env(alone=True), errors="replace")
     (failed,) = [line for line in checked.stdout.splitlines() if line.startswith("FAIL")]
@@ -287,3 +294,37 @@ def test_the_checks_themselves_never_take_an_unknown_for_0(tmp_path):
     assert "at most" not in down["cpus"].line()
     empty_tres = lines(preflight.run_checks(spec_of(tmp_path, qos="q"), 1, [], fake_ask(qos="q|00:05:00|mem=8G\n")))
     assert empty_tres["qos"].ok  # a MaxTRES without node, cpu or gres/gpu limits nothing the job asks
+
+
+def test_a_sweep_past_max_job_count_or_max_submit_is_refused_in_one_line(tmp_path, slurm_shims):
+    """MaxJobCount counts every job the controller holds (finished ones too), each array
+    task one; MaxSubmitJobs of the user's association counts the user's jobs not ended."""
+    user = pwd.getpwuid(os.getuid()).pw_name
+    queue = "JOBID|USER|ACCOUNT|QOS|STATE\n" + "".join(
+        f"{job}|{user}|root|normal|{state}\n" for job, state in
+        (("423", "COMPLETED"), ("435_0", "COMPLETED"), ("435_1", "RUNNING"), ("440", "PENDING"), ("7", "COMPLETED")))
+    config = (GOLDEN / "scontrol_show_config.txt").read_text().replace("MaxJobCount             = 10000",
+                                                                       "MaxJobCount             = 7")
+    spec = str(hostile_spec(tmp_path, sweep={"train.seed": [0, 1, 2]}))
+    golden_cluster(slurm_shims, config=config, queue=queue)
+    done = cli(tmp_path, "submit", spec, "--executor", "slurm", env=slurm_shims.env(alone=True), errors="replace")
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("FAIL")]
+    assert done.returncode == 2 and line.startswith(
+        "FAIL  jobs: MaxJobCount (scontrol show config) is 7, and the 3 job(s) of this submission (each array task "
+        "is one) with the 5 that count already make 8; fix: "), done.stderr
+    assert "submit at most 2 point(s) now and the rest once these ended" in line and "MinJobAge" in line
+    assert not (tmp_path / "results").exists()
+    assert [call for call in slurm_shims.calls("sbatch") if "--test-only" not in call] == []  # nothing queued
+    golden_cluster(slurm_shims, queue=queue, assoc="Cluster|Account|Partition|MaxSubmit|GrpSubmit|Def QOS\n"
+                                                   "clusterjob|root||3||\n")
+    done = cli(tmp_path, "submit", spec, "--executor", "slurm", env=slurm_shims.env(alone=True), errors="replace")
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("FAIL")]
+    assert done.returncode == 2 and line.startswith(
+        f"FAIL  jobs: MaxSubmitJobs of your association (user {user}, account root) is 3, and the 3 job(s) of this "
+        "submission (each array task is one) with the 2 that count already make 5; fix: "), done.stderr
+    assert "submit at most 1 point(s) now" in line and "array_parallelism does not help" in line
+    assert not (tmp_path / "results").exists()
+    checked = cli(tmp_path, "validate", str(hostile_spec(tmp_path, sweep={"train.seed": [0]})), "--cluster",
+                  env=slurm_shims.env(alone=True), errors="replace")
+    assert "ok    jobs: 1 job(s) fit: MaxJobCount 6 of 10000, MaxSubmitJobs of your association 3 of 3" \
+        in checked.stdout, checked.stdout

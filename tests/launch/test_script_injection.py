@@ -54,14 +54,16 @@ def test_submitit_job_script_keeps_paths_whole(tmp_path, template):
     (script,) = slurm.scripts(spec, 1, folder)
     headers = {k: v for k, v in (shlex.split(line[len("#SBATCH "):])[0].split("=", 1)
                                  for line in script.splitlines() if line.startswith("#SBATCH --") and "=" in line)}
-    assert headers["--output"] == f"{folder}/%j_0_log.out" and headers["--job-name"] == "n"
+    # the job is named after its sweep (a submit killed after sbatch leaves a job found by that name)
+    assert headers["--output"] == f"{folder}/%j_0_log.out" and headers["--job-name"] == "n-<stamp>"
     python = shlex.quote(sys.executable)
     shimmed = script.replace(python + " ", PRINT_ARGS + " ").replace("\nsrun ", f"\n{PRINT_ARGS} srun ")
     args = run_bash(shimmed, tmp_path, {"SLURM_ARRAY_TASK_ID": "0"})
     srun_at = args.index("srun")
     assert args[srun_at:srun_at + 5] == ["srun", "--unbuffered", "--output", f"{folder}/%j_%t_log.out", "--error"]
-    assert args[args.index("submitit.core._submit") + 1] == str(folder)
-    assert args[args.index("finalize") + 1] == str(folder / "<stamp>.runs.json")
+    assert args[args.index("clusterjob.run") + 1:args.index("clusterjob.run") + 3] == [
+        "--runs", str(folder / "<stamp>.p<part>.runs.json")]  # each task's run: no pickle per task
+    assert args[args.index("finalize") + 1] == str(folder / "<stamp>.p<part>.runs.json")
     assert not (tmp_path / "CANARY").exists()
 
 
@@ -73,7 +75,8 @@ def test_submit_dry_run_through_the_cli_prints_the_same_quoted_script(tmp_path, 
         slurm_shims.answer(name)
     done = cli(tmp_path, "submit", str(spec), "--executor", "slurm", "--dry-run", env=slurm_shims.env(), timeout=60)
     assert done.returncode == 0, done.stderr
-    assert shlex.quote(str(root / "n" / ".slurm")) in done.stdout
+    # the folder reaches the script inside whole quoted arguments (the runs file each task reads)
+    assert shlex.quote(str(root / "n" / ".slurm" / "<stamp>.p<part>.runs.json")) in done.stdout
     assert not root.exists() and not (tmp_path / "CANARY").exists()  # a dry run writes nothing
 
 

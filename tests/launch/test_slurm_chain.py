@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clirun import cli
-from slurmcluster import submit
+from slurmcluster import batch_script, job_of, submit
 
 pytestmark = pytest.mark.slurm
 
@@ -41,10 +41,9 @@ def info(run: Path) -> dict:
     return json.loads((run / "run.json").read_text())
 
 
-def script_of(run: Path) -> str:
-    """The sbatch script submitit sent for the run's job."""
-    job = info(run)["slurm_job_id"].split("_")[0]
-    return (run.parent / ".slurm" / f"{job}_submission.sh").read_text()
+def script_of(cluster, run: Path) -> str:
+    """The sbatch script sent for the run's job."""
+    return batch_script(cluster, job_of(run))
 
 
 def test_a_job_waits_for_one_job_and_reads_its_run(slurm_cluster, tmp_path):
@@ -52,8 +51,8 @@ def test_a_job_waits_for_one_job_and_reads_its_run(slurm_cluster, tmp_path):
     (second,) = submit(slurm_cluster, spec(tmp_path, "second", READER, args=["{after.run_dir}"]),
                        "--after", str(first), "--wait")
     assert info(first)["status"] == "completed" and info(second)["status"] == "completed", info(second)
-    assert f"#SBATCH --dependency=afterok:{info(first)['slurm_job_id']}\n" in script_of(second)
-    assert "#SBATCH --kill-on-invalid-dep=yes" in script_of(second)
+    assert f"#SBATCH --dependency=afterok:{info(first)['slurm_job_id']}\n" in script_of(slurm_cluster, second)
+    assert "#SBATCH --kill-on-invalid-dep=yes" in script_of(slurm_cluster, second)
     assert info(second)["started_at"] >= info(first)["finished_at"]
     assert info(second)["final"]["total"] == 0.5  # it read the first run's metrics
     assert json.loads((second / "args.json").read_text()) == [str(first.resolve())]
@@ -61,11 +60,11 @@ def test_a_job_waits_for_one_job_and_reads_its_run(slurm_cluster, tmp_path):
 
 def test_a_job_waits_for_every_task_of_an_array(slurm_cluster, tmp_path):
     firsts = submit(slurm_cluster, spec(tmp_path, "sweep", FIRST, sweep={"params.seed": [1, 2]}))
-    tasks = [info(run)["slurm_job_id"] for run in firsts]
+    tasks = [job_of(run) for run in firsts]
     (second,) = submit(slurm_cluster, spec(tmp_path, "second", READER, args=["{after.run_dirs}"]),
                        "--after", str(tmp_path / "results" / "sweep"), "--wait")
     assert len(tasks) == 2 and all("_" in task for task in tasks)  # one array
-    assert f"#SBATCH --dependency=afterok:{tasks[0]}:{tasks[1]}\n" in script_of(second)
+    assert f"#SBATCH --dependency=afterok:{tasks[0]}:{tasks[1]}\n" in script_of(slurm_cluster, second)
     assert all(info(run)["status"] == "completed" for run in firsts) and info(second)["status"] == "completed"
     assert info(second)["final"]["total"] == 1.5 + 2.5  # it read both runs' metrics
     assert json.loads((second / "args.json").read_text()) == [json.dumps([str(r.resolve()) for r in firsts])]
@@ -82,7 +81,7 @@ def test_a_failed_dependency_fails_the_waiting_run_instead_of_leaving_it_pending
     assert info(second)["error"]["message"] == (f"dependency failed: {first.resolve()} is failed: "
                                                 "ValueError: the first run broke")
     assert "dependency failed" in done.stdout and not (second / "args.json").exists()
-    sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", info(second)["slurm_job_id"]],
+    sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_of(second)],
                            capture_output=True, text=True, env=slurm_cluster.env()).stdout.split()
     assert sacct[:1] == ["CANCELLED"]  # Slurm ended the job that could never start
     again = cli(tmp_path, "submit", str(tmp_path / "second.yaml"), "--executor", "slurm",

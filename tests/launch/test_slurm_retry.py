@@ -9,7 +9,7 @@ import signal
 
 import pytest
 from clirun import cli
-from slurmcluster import check_cost_against_sacct, rank0_log, submit, task_pid, wait_for
+from slurmcluster import check_cost_against_sacct, job_of, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
@@ -22,7 +22,7 @@ TWO_NODES = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_va
 
 def test_a_rank_killed_with_sigkill_is_retried_from_the_last_checkpoint(slurm_cluster, tmp_path):
     (run,) = submit(slurm_cluster, write_spec(tmp_path, "retry", **TWO_NODES))
-    job = run_info(run)["slurm_job_id"]
+    job = job_of(run)  # from the sweep's record: run.json names it once the ranks started
     wait_for(lambda: "epoch 1/3 train_loss" in rank0_log(run), 180, "epoch 1 and its checkpoint")
     os.kill(task_pid(job, 1), signal.SIGKILL)
     wait_for(lambda: run_info(run).get("retries") == 1, 60, "the retry")

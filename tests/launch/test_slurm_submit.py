@@ -52,7 +52,10 @@ def test_multi_node_submit_completes(slurm_cluster, baseline):
     assert info["executor"] == "slurm" and info["slurm_job_id"]
     assert [r["epoch"] for r in epochs_of(baseline)] == [1, 2, 3]
     logs = cli(baseline, "logs", str(baseline), "--rank", "3", env=slurm_cluster.env())
-    assert logs.returncode == 0 and "global_rank=3(4)" in logs.stdout and "==> " in logs.stdout
+    # rank 3's own files (each task runs clusterjob.run from the runs file: no submitit line of its own)
+    assert logs.returncode == 0 and f"{baseline}/logs/rank3.out <==" in logs.stdout, logs.stdout
+    assert f"{baseline}/logs/rank3.err <==" in logs.stdout
+    assert (baseline / "logs" / "rank3.err").read_text() in logs.stdout
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(slurm_cluster, tmp_path):

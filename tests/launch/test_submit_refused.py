@@ -74,17 +74,23 @@ def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shim
                            "1 run(s) marked failed, `clusterjob resume RUN` starts one: ")
     runs = sorted(p for p in (tmp_path / "results" / "refused").iterdir() if not p.name.startswith("."))
     infos = [json.loads((run / "run.json").read_text()) for run in runs]
-    assert [(i["status"], i["slurm_job_id"]) for i in infos] == [("pending", "4242_0"), ("pending", "4242_1"),
+    # run.json is written once, at submit: the array's job id goes into the sweep's record
+    assert [(i["status"], i["slurm_job_id"]) for i in infos] == [("pending", None), ("pending", None),
                                                                ("failed", None)]
+    stamp = runs[0].name.rsplit("-", 1)[0]
+    record = json.loads((tmp_path / "results" / "refused" / ".sweeps" / f"{stamp}.json").read_text())
+    assert [(part["runs"], part["job"], part["array"]) for part in record["parts"]] == [
+        ("0-1", {"executor": "slurm", "id": "4242"}, True), ("2", None, False)]
     assert infos[2]["error"]["message"] == "submit failed: sbatch failed: Unable to contact slurm controller " \
                                            "(connect failure)"
     assert str(runs[2]) in line
-    # the refused part's script and pickle are gone (submitit links the submitted one's script)
+    # what status shows: the submitted runs pending in their array (the fake squeue lists nothing, sacct neither:
+    # they left the queue unaccounted, so failed), the refused one failed: none pending without a job
+    shown = cli(tmp_path, "status", str(runs[0].parent), "--runs", env=shims, timeout=120)
+    assert [row.split()[-1] for row in shown.stdout.splitlines()[2:5]] == ["4242_0", "4242_1", "-"], shown.stdout
+    # the refused part's runs file is gone; no file per task was ever written
     leftovers = sorted(p.name for p in (tmp_path / "results" / "refused" / ".slurm").iterdir())
-    assert [name for name in leftovers if not name.startswith(".submission_file_")] == [
-        f"{runs[0].name}.runs.json", "4242_0_submitted.pkl", "4242_1_submitted.pkl", "4242_submission.sh"]
-    assert [(tmp_path / "results" / "refused" / ".slurm" / name).is_symlink() for name in leftovers
-            if name.startswith(".submission_file_")] == [True]
+    assert leftovers == [f"{stamp}.p0.runs.json"]
     resumed = cli(tmp_path, "resume", str(runs[2]), env=shims, timeout=120)
     assert resumed.returncode == 1  # sbatch still fails: the run is failed again, not left pending
     assert resumed.stderr.splitlines()[-1].startswith("clusterjob: error: sbatch failed: Unable to contact")

@@ -46,7 +46,7 @@ def swept(tmp_path_factory) -> Path:
 
 
 def runs(root: Path) -> list:
-    return sorted((root / "results" / "t").iterdir())
+    return sorted(p for p in (root / "results" / "t").iterdir() if not p.name.startswith("."))
 
 
 def test_metrics_and_run_json_stay_strict_json(swept: Path):

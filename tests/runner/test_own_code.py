@@ -265,6 +265,6 @@ def test_a_relative_output_root_survives_workdir_run_when_launched_by_hand(tmp_p
     done = subprocess.run([sys.executable, "-m", "clusterjob.run", "s.yaml"], cwd=tmp_path, env=base_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    (run,) = (tmp_path / "res" / "rel").iterdir()
+    (run,) = [p for p in (tmp_path / "res" / "rel").iterdir() if not p.name.startswith(".")]
     assert (run / "here").read_text() == str(run)
     assert json.loads((run / "run.json").read_text())["status"] == "completed"

@@ -13,7 +13,7 @@ import torch
 import yaml
 from clirun import REPO, cli
 from datafiles import write_mnist
-from slurmcluster import rank0_log, submit, wait_for
+from slurmcluster import job_of, rank0_log, submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -81,7 +81,7 @@ def test_usr2_preempts_the_api_example_requeues_its_task_only_and_loses_nothing(
     assert local.returncode == 0, local.stdout + local.stderr
     spec = _api_spec(mnist_dir, "preempt", sweep={"params.seed": [0, 1]})
     first, second = submit(slurm_cluster, spec)
-    job = info(first)["slurm_job_id"]
+    job = job_of(first)
     wait_for(lambda: (first / "metrics.jsonl").exists(), 180, "the first epoch")
     subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm_cluster.env())
     wait_for(lambda: info(first).get("status") == "preempted", 60, "the preempted record")
@@ -104,7 +104,7 @@ def test_usr2_requeues_a_plain_script_which_restarts_from_its_own_checkpoint(slu
     spec = own_spec(mnist_dir, "plain-usr2", {"script": PLAIN, "args": ["--steps", "60", "--sleep", "0.1",
                                                                          "--ckpt", "{run_dir}/ckpt.pt"]})
     (run,) = submit(slurm_cluster, spec)
-    job = info(run)["slurm_job_id"]
+    job = job_of(run)
     wait_for(lambda: "iter 10:" in rank0_log(run), 180, "ten steps")
     subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm_cluster.env())
     wait_for(lambda: info(run).get("requeues") == 1, 60, "the requeue")
@@ -117,7 +117,7 @@ def test_usr2_requeues_a_plain_script_which_restarts_from_its_own_checkpoint(slu
 def test_cancel_marks_a_plain_script_cancelled_once_its_job_left_the_queue(slurm_cluster, mnist_dir):
     spec = own_spec(mnist_dir, "plain-cancel", {"script": PLAIN, "args": ["--ckpt", "{run_dir}/ckpt.pt"]})
     (run,) = submit(slurm_cluster, spec)
-    job = info(run)["slurm_job_id"]
+    job = job_of(run)
     wait_for(lambda: "iter 3:" in rank0_log(run), 180, "training")
     done = cli(mnist_dir, "cancel", str(run), timeout=120, env=slurm_cluster.env())
     assert done.returncode == 0 and f"cancelled Slurm job {job}" in done.stdout, done.stdout + done.stderr

@@ -166,7 +166,7 @@ def test_launch_styles_agree(tmp_path):
     local = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", "--set", "resources.tasks_per_node=2",
                 timeout=240)
     assert local.returncode == 0, local.stdout + local.stderr
-    (local_run,) = (tmp_path / "results" / "styles").iterdir()
+    (local_run,) = [p for p in (tmp_path / "results" / "styles").iterdir() if not p.name.startswith(".")]
     losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "tcp", "torchrun", "legacy")}
     losses["local"] = epochs_of(local_run)[-1]["val_loss"]
     assert max(losses.values()) - min(losses.values()) <= 1e-6, losses

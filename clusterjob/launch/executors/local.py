@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from clusterjob.core import claim, procs
+from clusterjob.core import claim, procs, sweep
 from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso
@@ -37,6 +37,7 @@ from clusterjob.launch.executor import (
     apply_found,
     cancel_unstarted,
     register,
+    unhanded,
 )
 from clusterjob.launch.progress import ProgressTail
 from clusterjob.launch.search import Feed
@@ -85,9 +86,10 @@ class LocalExecutor(Executor):
         process is their supervisor (``wait`` runs them) and keeps the claims. The
         supervisor waits for the runs of their run.json's ``after`` first."""
         if follow:
-            for run in runs:
-                run.update(executor="local", launcher=procs.current())
+            record_launcher(runs, procs.current())
             return []
+        for run in runs:  # each run's own claim, which the supervisor takes over
+            claim.take(run.path, "clusterjob submit")
         pid = detach(runs, spec.resources.tasks_per_node)
         claim.release(*(run.path for run in runs))  # the supervisor holds them now
         return [f"{run.path}  (local, supervisor pid {pid})" for run in runs]
@@ -219,6 +221,8 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
     and record their own stop, and the view says so meanwhile."""
     if view.record.status not in ("pending", "running"):
         return view  # stopped (preempted, timeout): its ranks recorded it
+    if view.record.status == "pending" and view.record.launcher is None and not _supervised(run):
+        return unhanded(run, view, write_back)  # no supervisor yet, and no rank started by hand
     found = processes(run, view.record)
     if found.alive or found.elsewhere or not found.gone:
         supervisor_gone = any(line.startswith(SUPERVISOR_WORD) for line in found.gone)
@@ -227,6 +231,14 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
         run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
              f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
     return apply_found(run, view, fields, write_back)
+
+
+def _supervised(run: RunDir) -> bool:
+    """Whether a process has the run though no supervisor is recorded for it yet: a
+    supervisor that holds its claim (its submit died before it said which process it
+    started), or ranks started by hand that recorded themselves."""
+    said = claim.holder(run.path)
+    return (said is not None and said[0] == claim.SUPERVISOR) or bool(_rank_refs(run, None))
 
 
 def detach(runs: list[RunDir], world: int) -> int:
@@ -241,10 +253,19 @@ def detach(runs: list[RunDir], world: int) -> int:
                                  ",".join(map(str, fds)), *(str(r.path) for r in runs)],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, pass_fds=[fd for fd in fds if fd >= 0])
-    ref = procs.current(proc.pid)
+    record_launcher(runs, procs.current(proc.pid))
+    return proc.pid
+
+
+def record_launcher(runs: list[RunDir], ref: Optional[procs.ProcessRef]) -> None:
+    """Which process supervises the runs: once, in their sweep's record (runs of no
+    sweep: each run.json), where ``status`` finds it (clusterjob.core.sweep.resolved)."""
+    found = sweep.new_part([run.path for run in runs], launcher=ref, by=procs.current())
+    if found is not None:
+        sweep.add_parts(found[0], [found[1]])
+        return
     for run in runs:
         run.update(executor="local", launcher=ref)
-    return proc.pid
 
 
 def check_gpus(tasks: int, gpus_per_node: int, visible: int, where: str) -> None:

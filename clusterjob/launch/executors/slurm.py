@@ -1,23 +1,25 @@
-"""The Slurm executor, through submitit: one job per run, one job array per sweep.
+"""The Slurm executor: one job per run, one job array per sweep (split at MaxArraySize),
+each a script submitit renders, submitted with one sbatch per array
+(clusterjob.launch.arrays).
 
-``start`` submits run folders that already exist and records each one's job id in its
-run.json. Every task runs ``RunTask``: ``python -m clusterjob.run`` on its run folder's
-spec.yaml, which owns SIGUSR2 (it checkpoints and requeues the array task itself), so the
-same behaviour holds for the raw sbatch templates. A teardown line after srun records a
-run that ended without saying so (a task killed by a signal) as failed in its run.json.
+``start`` submits run folders that already exist and records each job in the sweep's
+record (clusterjob.core.sweep), once per array, not in each run.json. Every task runs
+``python -m clusterjob.run`` on its run folder, which records the job (its array task)
+in run.json at its start and owns SIGUSR2 (it checkpoints and requeues the array task
+itself), so the same behaviour holds for the raw sbatch templates. A teardown line
+after srun records a run that ended without saying so (a task killed by a signal) as
+failed in its run.json.
 
 A run whose run.json does not say it ended is what the queue (squeue), then accounting
-(sacct) say of its job; a job that left the queue with no accounting and no final record
-is failed, never "unknown". Only an answer from Slurm counts: when squeue cannot answer,
-the recorded state is shown with a note.
+(sacct) say of its job, each array asked once for all its tasks; a job that left the
+queue with no accounting and no final record is failed, never "unknown". Only an answer
+from Slurm counts: when squeue cannot answer, the recorded state is shown with a note.
+A run no job has yet is being handed over, or its submit died: then the job it may have
+left unrecorded is looked for by the sweep's name, else the run is failed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import os
 import re
 import shlex
 import signal
@@ -27,13 +29,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from clusterjob.core import claim, procs, retry, slurmctl, stalls
+from clusterjob.core import claim, procs, retry, slurmctl, stalls, sweep
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
-from clusterjob.core.files import now_iso
-from clusterjob.core.record import SLURM, Job, RunError, RunRecord, is_job_id
+from clusterjob.core.files import batched, now_iso
+from clusterjob.core.record import SLURM, RunError, RunRecord, is_job_id
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, rank_errors, tail_lines
-from clusterjob.launch import chain
+from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
     WAITING,
     Dependency,
@@ -44,6 +46,7 @@ from clusterjob.launch.executor import (
     apply_found,
     cancel_unstarted,
     register,
+    unhanded,
     views,
 )
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
@@ -143,12 +146,16 @@ class SlurmExecutor(Executor):
         return Waited(records)
 
     def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
-        """One squeue for the jobs of all runs, one sacct for those that left the queue."""
+        """squeue for the jobs of all runs, then sacct for those that left the queue (each
+        array once for all its tasks, at most 500 jobs a call); a run no job has yet is
+        being handed over, or left by a submit that died (``_handover``)."""
         live = {job for _, view in found if is_job_id(job := view.record.slurm_job_id)}
         queued = slurmctl.queue_states(sorted(live))
         gone = [] if queued is None else sorted(live - queued.keys())
         accounted = slurmctl.accounting_states(gone)
-        return [_reconcile(run, view, queued, accounted, write_back) for run, view in found]
+        records = sweep.Records()
+        return [_handover(run, view, records, write_back) if _unhanded(view) else
+                _reconcile(run, view, queued, accounted, write_back) for run, view in found]
 
     def live(self, run: RunDir, view: RunView) -> Optional[str]:
         if view.note == UNREACHABLE:
@@ -161,6 +168,17 @@ class SlurmExecutor(Executor):
             run.update(cancel_requested_at=now_iso())
             return cancel_unstarted(run, info)
         return _cancel_job(run, job, wait_s)
+
+    def cancel_all(self, targets: list[tuple[RunDir, RunRecord]], wait_s: float) -> list[str]:
+        """Many runs (a sweep) at once: one scancel for all their jobs, an array by its
+        id when every task of it still in the queue is cancelled (never one call per
+        task), then one wait until they all left the queue; run.json written in one batch."""
+        jobs = [(run, info, job) for run, info in targets if is_job_id(job := info.slurm_job_id)]
+        lines = [line for run, info in targets if not is_job_id(info.slurm_job_id)
+                 for line in self.cancel(run, info, wait_s)]
+        if jobs:
+            lines += _cancel_jobs(jobs, wait_s)
+        return lines
 
     def reopened(self) -> dict:
         return {"job": None}
@@ -270,6 +288,80 @@ def _dependency_failed(info: RunRecord) -> Optional[str]:
     return chain.failed(chain.states(info.after))
 
 
+def _unhanded(view: RunView) -> bool:
+    """A pending run no job has yet (made, not yet handed over)."""
+    return view.record.status == "pending" and view.record.job is None
+
+
+def _handover(run: RunDir, view: RunView, records: sweep.Records, write_back: bool) -> RunView:
+    """A pending run no job has: the job a submit that died left unrecorded, found by
+    the sweep's name (with ``write_back`` recorded in the sweep's record: adopted);
+    else being handed over, or failed (``unhanded``)."""
+    where = sweep.member(run.path)
+    record = records.of(where) if where is not None else None
+    found = _orphan(record, records) if record is not None and where is not None else None
+    said = found.of(where.index, view.record.restarts or 0, record) if found and where and record else None
+    if found is None or said is None or record is None or where is None:
+        return unhanded(run, view, write_back)
+    job, state = said
+    if write_back:
+        sweep.set_part(where.parent, where.stamp, found.number, job=found.job)
+    return replace(view, record=replace(view.record, job=job), queue_state=state)
+
+
+def _orphan(record: sweep.SweepRecord, records: sweep.Records) -> Optional[arrays.Orphan]:
+    """The sweep's job a dead submit left unrecorded, asked once per sweep and refresh."""
+    key = ("orphan", record.stamp, record.name)
+    if key not in records.asked:
+        records.asked[key] = arrays.orphan(record)
+    return records.asked[key]
+
+
+def _cancel_jobs(jobs: list[tuple[RunDir, RunRecord, str]], wait_s: float) -> list[str]:
+    """``cancel_all``'s runs that have a job: asked to stop (run.json: rank 0 then records
+    cancelled, not preempted), one scancel, then cancelled once their jobs left the queue."""
+    tasks = {job for _, _, job in jobs}
+    queued = slurmctl.queue_states(sorted(tasks))
+    if queued is None:
+        raise SlurmUnreachable("squeue did not answer: Slurm is unreachable from here; nothing was cancelled: run "
+                               "`clusterjob cancel` again where squeue and scancel work")
+    ids = _scancel_ids(tasks, queued)
+    with batched():
+        for run, _, _ in jobs:
+            run.update(cancel_requested_at=now_iso())
+    if ids and not slurmctl.cancel(*ids):
+        raise SlurmUnreachable(f"scancel {' '.join(ids[:5])} failed: Slurm is unreachable from here (or refused "
+                               "the cancel); run `clusterjob cancel` again where scancel works")
+    deadline = time.monotonic() + wait_s
+    while (left := slurmctl.queue_states(sorted(tasks))) is None or tasks & left.keys():
+        if time.monotonic() > deadline:
+            return [f"scancel {' '.join(ids)}: {len(tasks & (left or {}).keys())} run(s) still ending: "
+                    "`clusterjob status` shows them cancelled once they left the queue"]
+        time.sleep(CANCEL_POLL_S)
+    with batched():
+        for run, _, _ in jobs:
+            if run.read().status not in FINAL_STATUSES:
+                run.update(status="cancelled", finished_at=now_iso())
+    return [f"scancel {' '.join(ids)}: {len(jobs)} run(s) cancelled" if ids else
+            f"{len(jobs)} run(s) had left the queue already: marked cancelled"]
+
+
+def _scancel_ids(tasks: set, queued: dict) -> list[str]:
+    """What one scancel names for ``tasks`` still in the queue: an array's id where every
+    task of it in the queue is one of them, else the tasks themselves."""
+    arrays_of: dict[str, set] = {}
+    for task in queued:
+        arrays_of.setdefault(task.split("_")[0], set()).add(task)
+    ids = []
+    for array, members in sorted(arrays_of.items()):
+        wanted = members & tasks
+        if wanted and wanted == members:
+            ids.append(array)
+        else:
+            ids += sorted(wanted)
+    return ids
+
+
 def _cancel_job(run: RunDir, job: str, wait_s: float) -> list[str]:
     """scancel (Slurm sends SIGTERM, then SIGKILL after KillWait), then wait until the job
     left the queue before the run is marked cancelled."""
@@ -288,21 +380,6 @@ def _cancel_job(run: RunDir, job: str, wait_s: float) -> list[str]:
     return [f"cancelled Slurm job {job}"]
 
 
-class RunTask:
-    """The callable a submitit task runs (pickled by reference, so the submitting process
-    never imports the trainer): it replaces the task's process with
-    ``python -m clusterjob.run SPEC``, the entry every launch uses. The runner then owns
-    the stop signals alone; submitit's own handlers go with the replaced process."""
-
-    def __init__(self, spec_file: str) -> None:
-        self.spec_file = spec_file
-
-    def __call__(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-u", "-m", "clusterjob.run", self.spec_file])
-
-
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -314,86 +391,47 @@ def _teardown(runs_file: Path) -> list[str]:
     return [f'{shlex.join(command)} "${{SLURM_ARRAY_TASK_ID:-0}}" "$?"']
 
 
-def _executor(spec: Spec, folder: Path, runs_file: Path, after_jobs: Sequence[str]):
-    import submitit
-
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=SlurmOptions.of(spec).max_requeues)
-    executor.update_parameters(**submitit_parameters(spec, _teardown(runs_file), after_jobs))
-    return executor
-
-
 def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (),
             array_max: Optional[int] = None) -> list[str]:
     """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``), each
     array at most ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
     from clusterjob.launch.preflight import array_size
 
-    params = submitit_parameters(spec, _teardown(folder / "<stamp>.runs.json"), after_jobs)
     size = array_size(points) if array_max is None else array_max
-    return [_render(params, folder, len(part) if points > 1 else None) for part in chunks(list(range(points)), size)]
+    runs_file = folder / "<stamp>.p<part>.runs.json"
+    return [_render(spec, folder, runs_file, len(part) if points > 1 else None, after_jobs,
+                    sweep.sweep_id(spec.name, "<stamp>")) for part in chunks(list(range(points)), size)]
 
 
-def _render(params: dict, folder: Path, array: Optional[int]) -> str:
-    """The script submitit writes for a job of ``params`` (an array of ``array`` tasks).
+def _render(spec: Spec, folder: Path, runs_file: Path, array: Optional[int], after_jobs: Sequence[str],
+            name: str) -> str:
+    """The script of one job (an array of ``array`` tasks) running the runs ``runs_file``
+    lists, named ``name`` (its sweep's id): submitit's, as its executor would write it.
     submitit 1.5 has no public call that renders a script without submitting it, so this
-    is the one place that calls its private ``_make_sbatch_string`` (what its executor
-    calls for each submission)."""
+    is the one place that calls its private ``_make_sbatch_string``; the task command is
+    clusterjob's own, so that no file per task is needed (clusterjob.launch.arrays)."""
     from submitit.slurm import slurm
 
-    command = shlex.join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
+    params = {**submitit_parameters(spec, _teardown(runs_file), after_jobs), "job_name": name}
+    command = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", "--runs", str(runs_file)])
     return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, **params)
 
 
 def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) -> list[str]:
     """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks), each waiting
-    for ``after_jobs``; each run.json gets its job id (``<array>_<task>`` for arrays).
-    Returns the job ids in run order."""
+    for ``after_jobs``; the sweep's record (or, for runs of no sweep, each run.json) gets
+    each part's job id (``<array>_<task>`` for a run of an array). Returns the job ids
+    in run order."""
     from clusterjob.launch.preflight import array_size
 
-    size = array_size(len(runs))
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
+    where = sweep.member(runs[0].path)
+    name = sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
+    planned = arrays.plan(runs, array_size(len(runs)), folder)
     with envmod.scrubbed_environ():
-        for part in chunks(runs, size):
-            _submit_part(spec, part, folder, after_jobs)
-    return [str(run.read().slurm_job_id) for run in runs]
-
-
-def _submit_part(spec: Spec, runs: list[RunDir], folder: Path, after_jobs: Sequence[str]) -> None:
-    runs_file = folder / f"{runs[0].run_id}.runs.json"
-    before = set(os.listdir(folder))
-    try:
-        runs_file.write_text(json.dumps([str(r.path.resolve()) for r in runs]))
-        jobs = _sbatch(spec, runs, folder, runs_file, after_jobs)
-    except BaseException as err:
-        _remove_leftovers(folder, before)
-        if isinstance(err, (OSError, RuntimeError)):  # submitit's errors are RuntimeErrors
-            raise refusal(spec, err) from None
-        raise
-    for run, job in zip(runs, jobs):
-        run.update(executor="slurm", job=Job(SLURM, job.job_id), log_dir=str(folder.resolve()))
-        _link_logs(run, folder, job.job_id, spec.world_size)
-
-
-def _sbatch(spec: Spec, runs: list[RunDir], folder: Path, runs_file: Path, after_jobs: Sequence[str]) -> list:
-    """submitit's jobs of ``runs``; submitit echoes a refusing sbatch's stderr, which the
-    error says once (``refusal``)."""
-    executor = _executor(spec, folder, runs_file, after_jobs)
-    with contextlib.redirect_stderr(io.StringIO()):
-        if len(runs) == 1:
-            return [executor.submit(RunTask(str(runs[0].spec_file.resolve())))]
-        with executor.batch():
-            jobs = [executor.submit(RunTask(str(r.spec_file.resolve()))) for r in runs]
-        return jobs
-
-
-def _remove_leftovers(folder: Path, before: set) -> None:
-    """The files a submission that failed left in ``folder``: its runs file, submitit's
-    pickles and sbatch script (named by a fresh uuid each, so never another's)."""
-    for name in set(os.listdir(folder)) - before:
-        if name.endswith((".runs.json", ".pkl")) or name.startswith(".submission_file_"):
-            with contextlib.suppress(OSError):
-                (folder / name).unlink()
+        return arrays.submit(planned, lambda part: _render(spec, folder, part.runs_file, len(part.runs) if len(
+            part.runs) > 1 else None, after_jobs, name), lambda said: refusal(spec, said))
 
 
 # sbatch's words for a request this cluster cannot take, and the spec key that asked for it
@@ -406,13 +444,12 @@ _REFUSED_KEYS = (("account", "resources.account"), ("partition", "resources.part
 _REFUSED = re.compile(r"invalid|not available|not permitted|than permitted|denied|exceeds", re.IGNORECASE)
 
 
-def refusal(spec: Spec, err: Exception) -> Exception:
-    """The error of a submission that failed: bad input (exit 2) naming the spec key when
-    sbatch refused what the spec asked for (an account, a partition, a time limit the
-    cluster does not have), else a Failure (exit 1: the controller is down, ...)."""
-    if isinstance(err, OSError):
-        return Failure(f"sbatch could not run: {err.strerror or err}; check that Slurm's commands work here")
-    reason = _sbatch_reason(str(err))
+def refusal(spec: Spec, said: str) -> Exception:
+    """The error of a submission that failed (``said``: what sbatch said): bad input
+    (exit 2) naming the spec key when sbatch refused what the spec asked for (an
+    account, a partition, a time limit the cluster does not have), else a Failure
+    (exit 1: the controller is down, ...)."""
+    reason = _sbatch_reason(said)
     if not _REFUSED.search(reason):
         return Failure(f"sbatch failed: {reason}")
     key = next((key for word, key in _REFUSED_KEYS if word in reason.lower()), "resources")
@@ -431,29 +468,24 @@ def _sbatch_reason(text: str) -> str:
     return lines[-1].removeprefix("sbatch: error: ") if lines else "no reason given"
 
 
-def _link_logs(run: RunDir, folder: Path, job_id: str, world: int) -> None:
-    """``<run>/logs/rank<N>.out`` -> submitit's per-task files, so each run holds its logs."""
-    for rank in range(world):
-        for kind in ("out", "err"):
-            link = run.logs / f"rank{rank}.{kind}"
-            if not (link.exists() or link.is_symlink()):
-                link.symlink_to(folder.resolve() / f"{job_id}_{rank}_log.{kind}")
-
-
 def finalize(runs_file: str, index: str, srun_status: str) -> int:
-    """After srun, in submitit's job script: ``settle`` the run of this array task."""
-    run = RunDir(Path(json.loads(Path(runs_file).read_text())[int(index)]))
-    return settle(run, srun_status, _batch_log(run.read()))
+    """After srun, in the job script clusterjob renders: ``settle`` the run of this array task."""
+    run = RunDir(sweep.task_run(runs_file, int(index)))
+    info = sweep.resolved(run.path, run.read())  # its job, where its ranks never recorded it
+    if info.log_dir is None:  # where the job script's logs are: beside the runs file
+        info = replace(info, log_dir=str(Path(runs_file).parent))
+    return settle(run, srun_status, _batch_log(info), info)
 
 
-def settle(run: RunDir, srun_status: str, batch_log: str) -> int:
-    """After srun, in the job script (submitit's, or the raw templates' teardown):
+def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunRecord] = None) -> int:
+    """After srun, in the job script (clusterjob's, or the raw templates' teardown):
     record how a session that srun ended badly ended, naming the rank that ended it
     (``ended_rank``: srun's report in ``batch_log``, the job script's stderr, or
     torchrun's), retry it when the machine failed it (``resources.max_retries``), and
     exit 0 only for a completed run, so that Slurm counts the job failed otherwise (a
-    job waiting for it with afterok then never starts)."""
-    info = run.read()
+    job waiting for it with afterok then never starts). ``info``: its run.json with
+    what its sweep's record adds (default: as read now)."""
+    info = info or run.read()
     log = session_log(batch_log)
     if srun_status != "0" and _unsettled(run, info, log):
         stalled = stalls.verdict(info)  # the health watchdog ended the tasks: retry off the culprit's node, or stop
@@ -572,7 +604,8 @@ def _retried(run: RunDir, cause: str, exclude: Sequence[str] = ()) -> bool:
     off the nodes of ``exclude`` (a stall's culprit; run.json's ``excluded_hosts``)
     before it may start."""
     resources = load_spec(run.spec_file).resources
-    job = run.read().slurm_job_id
+    found = sweep.job_of(run.path, run.read())
+    job = found.id if found is not None and found.executor == SLURM else None
     if job is None:
         return False
     decision = retry.decide(run, cause, resources.max_retries, resources.retry_backoff_s)

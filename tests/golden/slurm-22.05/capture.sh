@@ -5,7 +5,8 @@
 # jobs of seconds: one that completes, one that fails, a 3-task array, one requeued once
 # and then cancelled, one held (pending), and one whose name holds spaces and "=". A
 # partition "golden" (MaxNodes=1, MaxTime=5) and a QOS "golden" (MaxWall 5 min, MaxTRES
-# node=1,cpu=4) exist while it runs, so that limits are in the answers; both are removed.
+# node=1,cpu=4, MaxSubmitJobsPerUser 100) exist while it runs, so that limits are in the
+# answers; both are removed.
 set -euo pipefail
 cd "$(dirname "$0")"
 cleanup() {
@@ -14,7 +15,7 @@ cleanup() {
 }
 trap cleanup EXIT
 scontrol create PartitionName=golden Nodes=node1,node2 MaxNodes=1 MaxTime=5 State=UP
-sacctmgr -i add qos golden MaxWall=00:05:00 MaxTRESPerJob=node=1,cpu=4 >/dev/null
+sacctmgr -i add qos golden MaxWall=00:05:00 MaxTRESPerJob=node=1,cpu=4 MaxSubmitJobsPerUser=100 >/dev/null
 run() { sbatch --parsable -o /dev/null -e /dev/null -c 1 --mem=100M --chdir=/tmp "$@"; }
 ok=$(run --wrap 'sleep 2')
 bad=$(run --wrap 'sleep 1; exit 3')
@@ -41,6 +42,10 @@ scancel "$held"
 scontrol show partition -o > scontrol_show_partition.txt
 scontrol show config > scontrol_show_config.txt
 sinfo -N -p debug -o '%N|%c|%G|%f' > sinfo_nodes.txt
-sacctmgr -P show qos format=Name,MaxWall,MaxTRES > sacctmgr_show_qos.txt
-sacctmgr -P show qos golden format=Name,MaxWall,MaxTRES > sacctmgr_show_qos_golden.txt
+qos_format=format=Name,MaxWall,MaxTRES,MaxSubmitPU,MaxSubmitPA,GrpSubmit
+sacctmgr -P show qos "$qos_format" > sacctmgr_show_qos.txt
+sacctmgr -P show qos golden "$qos_format" > sacctmgr_show_qos_golden.txt
+sacctmgr -P show assoc where user="$(id -un)" format=Cluster,Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS \
+    > sacctmgr_show_assoc.txt
+squeue -r -t all -o '%i|%u|%a|%q|%T' > squeue_all.txt
 printf 'ok=%s failed=%s array=%s odd_name=%s requeued=%s held=%s\n' "$ok" "$bad" "$array" "$odd" "$requeued" "$held" > jobs.txt
