@@ -39,15 +39,21 @@ def test_a_beat_outside_a_run_does_nothing(monkeypatch):
     clusterjob.heartbeat()
 
 
-def test_the_sampler_counts_a_main_thread_inside_torch_distributed_only():
-    inside = compile("import time\ndef wait(started):\n    started.set()\n    time.sleep(0.5)\n",
-                     f"/env/torch{os.sep}distributed{os.sep}c10d.py", "exec")
+def _sleeping_in(path: str, seconds: float) -> threading.Thread:
+    """A started thread asleep for ``seconds`` in a function whose code says it is in
+    ``path`` (a file of torch's, as the sampler reads frames)."""
     space: dict = {}
-    exec(inside, space)
+    exec(compile(f"import time\ndef wait(started):\n    started.set()\n    time.sleep({seconds})\n", path, "exec"),
+         space)
     started = threading.Event()
     thread = threading.Thread(target=space["wait"], args=(started,))
     thread.start()
     started.wait()
+    return thread
+
+
+def test_the_sampler_counts_a_main_thread_inside_torch_distributed_only():
+    thread = _sleeping_in(f"/env/torch{os.sep}distributed{os.sep}c10d.py", 0.5)
     frames = sys._current_frames()
     try:
         assert health._in_collective(frames[thread.ident]) is True
@@ -81,14 +87,7 @@ def test_a_wait_clock_adds_what_is_still_on_a_device_when_read():
 
 
 def test_the_sampler_counts_a_backward_only_while_its_thread_sleeps():
-    inside = compile("import time\ndef backward(started):\n    started.set()\n    time.sleep(1.5)\n",
-                     f"/env/torch{os.sep}autograd{os.sep}graph.py", "exec")
-    space: dict = {}
-    exec(inside, space)
-    started = threading.Event()
-    thread = threading.Thread(target=space["backward"], args=(started,))
-    thread.start()
-    started.wait()
+    thread = _sleeping_in(f"/env/torch{os.sep}autograd{os.sep}graph.py", 1.5)
     try:
         frame = sys._current_frames()[thread.ident]
         deadline = time.monotonic() + 5
