@@ -16,7 +16,7 @@ import pytest
 from clirun import base_env, cli, start
 from trainutil import free_port, write_spec
 
-from clusterjob.core import procs
+from clusterjob.core import procs, sweep
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,8 @@ def test_a_killed_detached_supervisor_takes_its_ranks_with_it(tmp_path):
     out, err = done.communicate(timeout=60)
     assert done.returncode == 0, err
     run = only_run(tmp_path, "orphan")
-    launcher = procs.ProcessRef.from_dict(info(run)["launcher"])
+    launcher = sweep.resolved(run, sweep.read_record(run)[0]).launcher  # the supervisor, as status finds it
+    assert launcher is not None and procs.check(launcher) is None
     wait_for(lambda: progressed(tmp_path / "results" / "orphan"), what="a progress line")
     refs = rank_refs(run)
     os.kill(launcher.pid, signal.SIGKILL)

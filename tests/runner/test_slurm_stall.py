@@ -60,12 +60,11 @@ def spec(folder) -> object:
 
 def test_a_stalled_job_is_retried_off_the_culprits_node_and_completes(slurm_cluster, tmp_path):
     (run,) = submit(slurm_cluster, spec(tmp_path))
-    job = run_info(run)["slurm_job_id"]
     # the retry is counted, then the held job is kept off the culprit's node and recorded so
     wait_for(lambda: run_info(run).get("retries") == 1 and run_info(run).get("excluded_hosts"), 180,
              "the stall's retry off the culprit's node")
     (stall,) = run_info(run)["stalls"]
-    node = stall["host"]
+    node, job = stall["host"], run_info(run)["slurm_job_id"]  # the job's task recorded its id as it started
     line = f"rank 1 on {node}: time.sleep at train.py:20; rank 0 in all_reduce"
     assert (stall["line"], stall["rank"], stall["action"]) == (line, 1, "retry")
     assert run_info(run)["excluded_hosts"] == [node]
