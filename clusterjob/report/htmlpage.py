@@ -184,6 +184,8 @@ def _runs_section(experiment: Experiment, fold: str) -> str:
 def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> str:
     """One experiment's grouped table, curves and per-run table (``runs``: that first),
     each under a ``heading`` (h2 or h3); ``fold`` tells its toggles from another's."""
+    hours = experiment.search_hours
+    said = f'<p class="status">{html.escape(hours.line())}</p>' if hours is not None else ""
     groups = _table(group_display(experiment)[1:], _group_rows(experiment), "groups", 12, (), fold)
     legend = group_legend(experiment, "best highlighted")
     sections = [
@@ -193,7 +195,7 @@ def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> 
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    return "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
+    return said + "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
 
 
 def _sections(report: Report, runs: bool) -> str:
