@@ -50,14 +50,14 @@ resources:
 
 
 def trial(folder: Path, number: int, lr: float, status: str, lines: list, wall_s: float, job=None,
-          own: bool = False, gpus: int = 0) -> Path:
+          own: bool = False, gpus: int = 0, **more) -> Path:
     """Trial ``number`` of the search in ``folder``: run.json (one session of ``wall_s``),
     metrics.jsonl and spec.yaml."""
     run = folder / f"{SID}-{number:03d}"
     run.mkdir(parents=True)
     start = T0 + 100 * number + 10
     key = "params.lr" if own else "train.lr"
-    info = {"run_id": run.name, "name": "s", "status": status, "params": {key: lr}, "slurm_job_id": job,
+    info = {"run_id": run.name, "name": "s", "status": status, "params": {key: lr, **more}, "slurm_job_id": job,
             "world_size": 1, "requeues": 0, "amp": None if own else "off", "started_at": iso(start),
             "finished_at": iso(start + wall_s), "final": lines[-1] if lines else None, "error": None,
             "sessions": [{"at": iso(start), "job": job, "checkpoint_at": None, "knows_checkpoints": True}],
@@ -183,3 +183,38 @@ def test_a_grid_sweeps_report_has_no_search_line_nor_search_plots(tmp_path):
     assert "spent;" not in md
     page = cli(tmp_path, "report", str(folder), "--format", "html").stdout
     assert "Metric against each searched key" not in page and "data-key=" not in page
+
+
+# ----------------------------------------------------------------------------- the page's plots
+
+
+def svgs(page: str) -> dict:
+    """{searched key: its panel's SVG text} of a report page."""
+    found = re.findall(r'<img alt="[^"]*" width="\d+" height="\d+" data-key="([^"]+)" '
+                       r'src="data:image/svg\+xml;base64,([^"]+)"', page)
+    return {key: base64.b64decode(data).decode() for key, data in found}
+
+
+@pytest.mark.skipif(not plots.available(), reason="the plots need matplotlib")
+def test_the_page_plots_the_metric_against_each_searched_key(tmp_path):
+    folder = tmp_path / "results" / "s" / SID
+    folder.mkdir(parents=True)
+    (folder / "search.json").write_text(json.dumps({"id": SID, "space": {
+        "train.lr": {"log_uniform": [1e-4, 0.3]}, "train.optimizer": {"choice": ["sgd", "adamw"]}}}))
+    trial(folder, 0, 0.01, "completed", epochs(4, 0.9), 45, **{"train.optimizer": "sgd"})
+    trial(folder, 1, 0.0002, "pruned", epochs(1, 0.2), 15, **{"train.optimizer": "adamw"})
+    trial(folder, 2, 0.05, "completed", epochs(4, 0.7), 45, **{"train.optimizer": "adamw"})
+    done = cli(tmp_path, "report", str(folder), "--format", "html")
+    assert done.returncode == 0, done.stderr
+    assert "Metric against each searched key" in done.stdout
+    panels = svgs(done.stdout)
+    assert list(panels) == ["train.lr", "train.optimizer"]  # one panel per key
+    lr, optimizer = panels["train.lr"], panels["train.optimizer"]
+    assert "train.lr (log)" in lr and "(log)" not in optimizer  # log_uniform: a log x-axis
+    assert ">sgd<" in optimizer and ">adamw<" in optimizer  # a choice: one tick per value
+    for svg in panels.values():  # completed and pruned trials drawn apart, the best marked
+        assert "completed" in svg and "pruned (at its rung)" in svg and "best" in svg and "val_acc (%)" in svg
+    assert "failed, cancelled or unfinished" not in lr
+    (folder / "search.json").unlink()  # without the space: every axis linear, still a page
+    page = cli(tmp_path, "report", str(folder), "--format", "html").stdout
+    assert list(svgs(page)) == ["train.lr", "train.optimizer"] and "(log)" not in svgs(page)["train.lr"]
