@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clirun import cli
-from slurmcluster import rank0_log, wait_for
+from slurmcluster import rank0_log, sacct_sessions, wait_for
 from trainutil import TINY, epochs_of, final_state, max_abs_diff, merge, run_hand_set
 
 pytestmark = pytest.mark.slurm
@@ -199,3 +199,15 @@ def test_a_slurm_search_cancelled_mid_trial_resumes_to_completion(slurm_cluster,
         if e["op"] == "end":
             ends[e["trial"]] = e["state"]
     assert ends == dict.fromkeys(range(4), "completed")
+
+    # the report's hours: sacct's for the slots' tasks of both arrays, at least the trials' own run time
+    second = json.loads((found / "search.json").read_text())["job"]["id"]
+    rows = [r for job in (array, second) for r in sacct_sessions(slurm_cluster, job)]
+    charged = sum(int(r[4]) * int(r[5]) for r in rows) / 3600
+    report = cli(tmp_path, "report", str(found), "--format", "json", "--runs", env=slurm_cluster.env())
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    hours = data["search_hours"]
+    assert hours["source"] == "sacct" and hours["unit"] == "CPU-hours" and hours["pruned"] == 0
+    ran = sum(r["wall_time_s"] for r in data["runs"]) / 3600  # 1 CPU a trial
+    assert ran <= hours["hours_spent"] <= charged + 1e-9 and hours["hours_if_run_to_end"] == hours["hours_spent"]
