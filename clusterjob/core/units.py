@@ -90,10 +90,15 @@ def compute_hours(gpu_hours: Optional[float], cpu_hours: Optional[float]) -> str
     """What a run (or a group) used: "1.25 GPU-h", or "0.042 CPU-h" when it held no GPU;
     "-" when unknown."""
     if gpu_hours is not None and math.isfinite(gpu_hours) and gpu_hours > 0:
-        return f"{_hours(gpu_hours)} GPU-h"
+        return unit_hours(gpu_hours, "GPU")
     if cpu_hours is not None and math.isfinite(cpu_hours):
-        return f"{_hours(cpu_hours)} CPU-h"
+        return unit_hours(cpu_hours, "CPU")
     return "-"
+
+
+def unit_hours(hours: float, unit: str) -> str:
+    """"1.25 GPU-h" of ``unit`` (GPU or CPU); "-" when unknown."""
+    return f"{_hours(hours)} {unit}-h" if math.isfinite(hours) else "-"
 
 
 def _hours(value: float) -> str:

@@ -87,6 +87,8 @@ def _markdown(report: Report, runs: bool, width: int) -> str:
     for experiment in report.experiments:
         if several:
             lines += [f"### {experiment.name}", "", *termtable.wrap(status_line(experiment), width), ""]
+        if experiment.search_hours is not None:
+            lines += [*termtable.wrap(experiment.search_hours.line(), width), ""]
         lines += [*_experiment_lines(experiment, runs, width), ""]
     return "\n".join(lines[:-1]) + "\n"
 
@@ -152,15 +154,18 @@ def _records(frame: pd.DataFrame) -> list:
 
 
 def _described(experiment: Experiment) -> dict:
-    """What an experiment's rows mean: its metric, mode, group keys, best group, and why
-    its best is not clear (null when it is)."""
+    """What an experiment's rows mean: its metric, mode, group keys, best group, why its
+    best is not clear (null when it is), and a search's hours (null for a grid sweep)."""
+    hours = experiment.search_hours
     return {"name": experiment.name, "metric": experiment.primary.name, "mode": experiment.primary.mode,
-            "group_by": experiment.keys, "best": experiment.best, "best_note": lead_text(experiment).strip() or None}
+            "group_by": experiment.keys, "best": experiment.best, "best_note": lead_text(experiment).strip() or None,
+            "search_hours": hours.as_json() if hours is not None else None}
 
 
 def _json(report: Report, runs: bool) -> str:
-    """The report as one JSON object; NaN becomes null. ``metric``, ``mode``, ``group_by``
-    and ``best`` are those of its only experiment (null with several: see ``experiments``)."""
+    """The report as one JSON object; NaN becomes null. ``metric``, ``mode``, ``group_by``,
+    ``best`` and ``search_hours`` are those of its only experiment (null with several: see
+    ``experiments``)."""
     described = [_described(e) for e in report.experiments]
     only = described[0] if len(described) == 1 else dict.fromkeys(described[0])
     data = {
@@ -173,6 +178,7 @@ def _json(report: Report, runs: bool) -> str:
         "mode": only["mode"],
         "std": "sample standard deviation (ddof=1)",
         "best": only["best"],
+        "search_hours": only["search_hours"],
         "experiments": described,
         "runs" if runs else "groups": _records(_data_frame(report, runs)),
         "warnings": report.warnings,

@@ -85,6 +85,47 @@ def columns(infos: Sequence[dict], ask: Callable = slurmctl.segments, now: Optio
     return {name: np.array([getattr(cost, name) for cost in costs], dtype=float) for name in COLUMNS}
 
 
+class Answers:
+    """sacct's answers, each list of jobs asked once: the cost columns and a search's
+    hours (``shared_compute``) of one report share one query."""
+
+    def __init__(self, ask: Callable = slurmctl.segments):
+        self._ask = ask
+        self._answers: dict = {}
+
+    def __call__(self, jobs: list) -> Optional[dict]:
+        key = tuple(jobs)
+        if key not in self._answers:
+            self._answers[key] = self._ask(jobs)
+        return self._answers[key]
+
+
+def shared_compute(infos: Sequence[dict], ask: Callable = slurmctl.segments) -> Optional[tuple]:
+    """(GPU-hours, CPU-hours, {job: (GPUs, CPUs) it held}) of every Slurm job the runs
+    ran in, each job counted once however many runs shared it (a search's slots: each
+    array task runs trial after trial). Of each job only the requeue chain its runs'
+    recorded starts lie in counts (``_chain``). None when no run ran in a Slurm job,
+    sacct does not answer or does not know a job, or a session's AllocTRES is empty:
+    never a guess."""
+    records = sweep.Records()
+    jobs = [slurm_jobs(info, records) for info in infos]
+    wanted = sorted({job for listed in jobs for job in listed})
+    answer = ask(wanted) if wanted else None
+    if answer is None or any(job not in answer for job in wanted):
+        return None
+    starts = _starts([session for info in infos for session in info["sessions"]])
+    gpu = cpu = 0.0
+    held = {}
+    for job in wanted:
+        segments = _chain(answer[job], [start for start in starts if start.job == job])
+        used = _compute(segments)
+        if not segments or any(math.isnan(hours) for hours in used):
+            return None
+        gpu, cpu = gpu + used[0], cpu + used[1]
+        held[job] = (segments[-1].gpus or 0, segments[-1].cpus or 0)
+    return gpu, cpu, held
+
+
 def cost_of(info: dict, jobs: list, answer: Optional[dict], now: float) -> Cost:
     """One run's cost from sacct's ``answer`` ({job: segments}; None: no answer). A
     trial of a search on Slurm shares its slot's job with the slot's other trials, so

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import html
 
-from clusterjob.report import loggerlinks, plots
+from clusterjob.report import loggerlinks, plots, searchplots
 from clusterjob.report.cells import (
     group_display,
     group_legend,
@@ -61,6 +61,7 @@ label { color: #1a5fb4; cursor: pointer; text-decoration: underline; font-size: 
 .curvebox .panels { flex: 1 1 auto; min-width: 0; }
 .panels { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(440px, 100%), 1fr)); gap: .5em 1.2em; }
 .panels figure { margin: 0; } .panels img { width: 100%; max-width: 600px; height: auto; display: block; }
+.panels.keys { grid-template-columns: repeat(auto-fill, minmax(min(340px, 100%), 1fr)); }
 ul.curves { list-style: none; padding: 0; margin: .5em 0; flex: 0 0 15em; display: flex; flex-direction: column;
             gap: .4em; overflow-wrap: anywhere; }
 @media (max-width: 900px) { .curvebox { flex-direction: column-reverse; } ul.curves { flex: none; } }
@@ -82,6 +83,7 @@ li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
 """
 
 
+SEARCH_PLOTS = "Metric against each searched key"
 NO_CURVES = "the page has no learning curves: they need matplotlib (pip install 'clusterjob[plots]')"
 
 
@@ -165,6 +167,23 @@ def _curves(experiment: Experiment) -> str:
     return f'<div class="curvebox"><div class="panels">{figures}</div><ul class="curves">{legend}</ul></div>{note}'
 
 
+def _search_plots(experiment: Experiment) -> str:
+    """A search's metric against each searched key, one small panel per key ("" for a grid
+    sweep), or why there are none."""
+    drawn = searchplots.draw(experiment)
+    if drawn is None:
+        return f"<h3>{SEARCH_PLOTS}</h3>" + ('<p class="note">These plots need matplotlib: '
+                                             "<code>pip install 'clusterjob[plots]'</code></p>")
+    if not drawn:
+        return ""
+    size = f'width="{searchplots.WIDTH_PX}" height="{searchplots.HEIGHT_PX}"'
+    figures = "".join(
+        f'<figure><img alt="{html.escape(searchplots.alt_text(p, experiment.primary.name), quote=True)}" {size} '
+        f'data-key="{html.escape(p.key, quote=True)}" src="data:image/svg+xml;base64,'
+        f'{base64.b64encode(p.svg).decode("ascii")}"></figure>' for p in drawn)
+    return f'<h3>{SEARCH_PLOTS}</h3><div class="panels keys">{figures}</div>'
+
+
 def _warnings(report: Report) -> str:
     """The problems found, as a list (empty string when none)."""
     if not report.warnings:
@@ -184,16 +203,18 @@ def _runs_section(experiment: Experiment, fold: str) -> str:
 def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> str:
     """One experiment's grouped table, curves and per-run table (``runs``: that first),
     each under a ``heading`` (h2 or h3); ``fold`` tells its toggles from another's."""
+    hours = experiment.search_hours
+    said = f'<p class="status">{html.escape(hours.line())}</p>' if hours is not None else ""
     groups = _table(group_display(experiment)[1:], _group_rows(experiment), "groups", 12, (), fold)
     legend = group_legend(experiment, "best highlighted")
     sections = [
         ("Groups", f'<p class="legend">{html.escape(legend)}</p>{groups}'),
-        ("Learning curves", _curves(experiment)),
+        ("Learning curves", _curves(experiment) + _search_plots(experiment)),
         ("Runs", _runs_section(experiment, fold)),
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    return "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
+    return said + "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
 
 
 def _sections(report: Report, runs: bool) -> str:

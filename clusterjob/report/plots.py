@@ -93,7 +93,7 @@ def _text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _plain(text: str) -> str:
+def plain(text: str) -> str:
     """Text matplotlib draws as written: a "$" would start math mode (and may not parse)."""
     return text.replace("$", r"\$")
 
@@ -303,7 +303,7 @@ def _panel_svg(table: pd.DataFrame, panel: tuple, looks: list, metric: str, titl
         ax.set_ylim(*limits)
         _x_limits(ax, table)
         ax.set_xlabel(str(table.index.names[1]))
-        ax.set_title(_plain(title))
+        ax.set_title(plain(title))
         ax.grid(alpha=0.3)
         buffer = io.BytesIO()
         fig.savefig(buffer, format="svg", metadata={"Date": None})

@@ -26,17 +26,19 @@ import difflib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from clusterjob.core import metrics as metricsfile
+from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
 from clusterjob.core.units import default_mode
 from clusterjob.report import cost
 from clusterjob.report.reading import Results, RunStates, collect, with_states
+from clusterjob.report.searchcost import SearchHours, search_hours
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame, shown_keys, spec_keys
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
@@ -76,6 +78,7 @@ class Experiment:
     groups: pd.DataFrame  # group_table(runs, keys, primary, metrics)
     primary: Primary
     metrics: list  # the metrics of the grouped table, the primary one first
+    search_hours: Optional[SearchHours] = None  # a search's hours spent and had it run to the end
 
     @property
     def shows_cost(self) -> bool:
@@ -441,14 +444,16 @@ def _experiment_keys(parts: list, group_by: Optional[list]) -> list:
     return [(shown, keys) for shown, keys, _ in found]
 
 
-def _experiment(name: str, results: Results, costs: dict, shown: list, keys: list, primary: Primary) -> Experiment:
-    """The tables of one experiment's runs."""
+def _experiment(name: str, results: Results, costs: dict, shown: list, keys: list, primary: Primary,
+                ask: Callable = slurmctl.segments) -> Experiment:
+    """The tables of one experiment's runs (and a search's hours, sacct asked through ``ask``)."""
     columns = shown + [key for key in keys if key not in shown and key not in _EXTRA_KEYS]
     runs = runs_frame(results, _extra_columns(results, primary), columns).assign(**costs)
     runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
     metrics = group_metrics(runs, primary)
     groups = group_table(runs, keys, primary, metrics)
-    return Experiment(name, results, _sorted_runs(runs, columns), columns, keys, groups, primary, metrics)
+    return Experiment(name, results, _sorted_runs(runs, columns), columns, keys, groups, primary, metrics,
+                      search_hours(results, runs, ask))
 
 
 def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
@@ -463,12 +468,13 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
         raise no_runs(root) from None
     if not results.infos:
         raise no_runs(root)
-    costs = cost.columns(results.infos)  # one sacct call for every run
+    asked = cost.Answers()  # one sacct call for every run, the cost columns and a search's hours
+    costs = cost.columns(results.infos, asked)
     named = _by_name(results)
     parts = [results.subset(indices) for _, indices in named]
     primaries = _primaries(parts, metric, mode)
     keys = _experiment_keys(parts, group_by)
-    experiments = [_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary)
+    experiments = [_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary, asked)
                    for (name, indices), part, (shown, group), primary in zip(named, parts, keys, primaries)]
     return Report(results.root, results, experiments)
 

@@ -54,7 +54,7 @@ def _segment_reduce(results: Results, name: str, ufunc: np.ufunc) -> np.ndarray:
     return out
 
 
-def _segment_mean(results: Results, name: str) -> np.ndarray:
+def segment_mean(results: Results, name: str) -> np.ndarray:
     """Each run's mean of ``name`` over the lines that logged it."""
     col = results.columns.get(name)
     if col is None:
@@ -160,7 +160,7 @@ def _run_values(results: Results, extra: Sequence[str]) -> dict:
     values["best_val_acc"] = _segment_reduce(results, "val_acc", np.fmax)
     values["best_epoch"] = _best_epoch(results, values["best_val_acc"])
     values["wall_time_s"] = _wall_time(results)
-    values["samples_per_s"] = _segment_mean(results, "samples_per_s")
+    values["samples_per_s"] = segment_mean(results, "samples_per_s")
     _fill_from_final(results, values, names)
     epochs = np.trunc(values["epochs"])  # a user's code may log any number as epoch
     whole = np.isfinite(epochs) & (np.abs(epochs) < 2**53)

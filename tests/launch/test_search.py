@@ -150,6 +150,10 @@ def check_outcome(tmp_path: Path, found: Path, records: list, metric: str, best_
     assert sum(" pruned " in line for line in status.stdout.splitlines()) == len(pruned)
     report = cli(tmp_path, "report", str(found))
     assert report.returncode == 0 and f"12 runs: {len(completed)} completed, {len(pruned)} pruned" in report.stdout
+    hours = json.loads(cli(tmp_path, "report", str(found), "--format", "json").stdout)["search_hours"]
+    assert hours["source"] == "run time" and hours["unit"] == "CPU-hours" and hours["trials"] == 12
+    assert hours["pruned"] == len(pruned) and hours["hours_if_run_to_end"] > hours["hours_spent"] > 0
+    assert f"search {found.name}: " in report.stdout and "saved by pruning" in " ".join(report.stdout.split())
     marked = [line for line in report.stdout.splitlines() if "pruned at rung" in line]
     assert sorted(int(line.split("pruned at rung ")[1].split()[0].strip("|")) for line in marked) == \
         sorted(r["pruned"]["rung"] for r in pruned)  # each pruned trial's group says its rung

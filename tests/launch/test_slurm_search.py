@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clirun import cli
-from slurmcluster import rank0_log, wait_for
+from slurmcluster import rank0_log, sacct_sessions, wait_for
 from trainutil import TINY, epochs_of, final_state, max_abs_diff, merge, run_hand_set
 
 pytestmark = pytest.mark.slurm
@@ -123,3 +123,91 @@ def test_more_slots_than_max_array_size_is_bad_input_and_leaves_nothing(slurm_cl
     done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", "--no-preflight", env=slurm_cluster.env())
     assert done.returncode == 2 and "sbatch refused the search's array" in done.stderr
     assert not (tmp_path / "results").exists()
+
+
+# Trials of a few seconds each (the mlp), long enough to be cancelled mid-trial.
+SMALL = merge(TINY, {"name": "c", "data": {"limit_train": 2048, "limit_val": 64},
+                     "train": {"epochs": 3, "log_every": 16}, "resources": {"mem_gb": 1, "time_min": 10},
+                     "search": {"trials": 3, "parallel": 2, "seed": 0, "prune": None,
+                                "space": {"train.lr": {"log_uniform": [1.0e-3, 0.1]}}}})
+
+
+def scancel_logged(folder: Path, real: str) -> Path:
+    """A folder with an ``scancel`` that logs its arguments, one call a line, then runs Slurm's."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "scancel"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {folder / "scancel.log"}\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    return bin_dir
+
+
+def array_task_states(cluster, array: str) -> dict:
+    """{array task: its state} as accounting has it."""
+    out = cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", array)
+    return {job: state.split()[0] for job, state in (line.split("|") for line in out.splitlines())}
+
+
+def test_a_slurm_search_cancelled_mid_trial_resumes_to_completion(slurm_cluster, tmp_path):
+    """cancel SEARCH scancels every slot's array task in one call and leaves no trial
+    running; resume with a raised count runs every trial to its end exactly once."""
+    spec = merge(SMALL, {"output": {"root": str(tmp_path / "results")}})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "c.yaml", "--executor", "slurm", env=slurm_cluster.env())
+    assert done.returncode == 0, done.stderr
+    (found,) = (tmp_path / "results" / "c").iterdir()
+    array = json.loads((found / "search.json").read_text())["job"]["id"]
+    busy = [lambda slot=slot: any(info(r).get("search", {}).get("slot") == slot and info(r)["status"] == "running"
+                                  and "[progress] epoch 1/3 step 16/" in rank0_log(r) for r in trials(found))
+            for slot in (0, 1)]
+    wait_for(lambda: all(check() for check in busy), 240, "both slots to train a trial")
+
+    real = subprocess.run(["sh", "-c", "command -v scancel"], capture_output=True, text=True).stdout.strip()
+    env = {**slurm_cluster.env(), "PATH": f"{scancel_logged(tmp_path, real)}:{os.environ['PATH']}"}
+    done = cli(tmp_path, "cancel", str(found), env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"cancelled Slurm array {array}" in done.stdout
+    assert (tmp_path / "scancel.log").read_text().splitlines() == [array]  # one scancel, the whole array
+    wait_for(lambda: set(array_task_states(slurm_cluster, array).values()) == {"CANCELLED"}, 60,
+             "accounting to say both slots were cancelled")
+    assert sorted(array_task_states(slurm_cluster, array)) == [f"{array}_0", f"{array}_1"]
+    stopped = {r.name: info(r) for r in trials(found)}
+    assert len(stopped) == 2 and {r["status"] for r in stopped.values()} <= {"cancelled", "completed"}
+    assert "cancelled" in [r["status"] for r in stopped.values()]  # a trial may end first; none is taken after
+    status = cli(tmp_path, "status", str(found), env=slurm_cluster.env())
+    assert status.returncode == 0 and "running" not in status.stdout.splitlines()[0]
+    assert not any(" running " in line for line in status.stdout.splitlines()[1:])
+
+    done = cli(tmp_path, "resume", str(found), "--set", "search.trials=4", "--wait", env=slurm_cluster.env(),
+               timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    records = {r.name: info(r) for r in trials(found)}
+    assert len(records) == 4 and all(r["status"] == "completed" for r in records.values())
+    assert [r["search"]["trial"] for r in records.values()] == [0, 1, 2, 3]
+    for name, before in stopped.items():  # the stopped trials went on in their own folders, with their values
+        assert records[name]["params"] == before["params"]
+        assert len(records[name]["sessions"]) == (2 if before["status"] == "cancelled" else 1)
+    for run in trials(found):
+        assert [e["epoch"] for e in epochs_of(run)] == [1, 2, 3]  # every epoch once: none redone, none lost
+    study = [json.loads(line) for line in (found / "study.jsonl").read_text().splitlines()]
+    news = [e for e in study if e["op"] == "new"]
+    assert sorted(e["trial"] for e in news) == [0, 1, 2, 3]  # none taken twice, none lost
+    assert len({json.dumps(e["params"], sort_keys=True) for e in news}) == 4
+    assert {e["trial"]: e["params"] for e in news} == {r["search"]["trial"]: r["params"] for r in records.values()}
+    ends = {}
+    for e in study:
+        if e["op"] == "end":
+            ends[e["trial"]] = e["state"]
+    assert ends == dict.fromkeys(range(4), "completed")
+
+    # the report's hours: sacct's for the slots' tasks of both arrays, at least the trials' own run time
+    second = json.loads((found / "search.json").read_text())["job"]["id"]
+    rows = [r for job in (array, second) for r in sacct_sessions(slurm_cluster, job)]
+    charged = sum(int(r[4]) * int(r[5]) for r in rows) / 3600
+    report = cli(tmp_path, "report", str(found), "--format", "json", "--runs", env=slurm_cluster.env())
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    hours = data["search_hours"]
+    assert hours["source"] == "sacct" and hours["unit"] == "CPU-hours" and hours["pruned"] == 0
+    ran = sum(r["wall_time_s"] for r in data["runs"]) / 3600  # 1 CPU a trial
+    assert ran <= hours["hours_spent"] <= charged + 1e-9 and hours["hours_if_run_to_end"] == hours["hours_spent"]
