@@ -17,6 +17,7 @@ import html
 
 from clusterjob.report import loggerlinks, plots
 from clusterjob.report.cells import (
+    gpu_warnings,
     group_display,
     group_legend,
     group_states,
@@ -165,6 +166,20 @@ def _curves(experiment: Experiment) -> str:
     return f'<div class="curvebox"><div class="panels">{figures}</div><ul class="curves">{legend}</ul></div>{note}'
 
 
+def _gpu_curves(experiment: Experiment) -> str:
+    """Each run's GPU utilisation over time, one line per GPU (the first runs of the table)."""
+    if not plots.available():
+        return '<p class="note">The GPU curves need matplotlib: <code>pip install \'clusterjob[plots]\'</code></p>'
+    paths = [p for p in experiment.runs["path"] if p in experiment.gpu_series][:plots.MAX_GPU_RUNS]
+    ids = dict(zip(experiment.runs["path"], experiment.runs["run_id"]))
+    figures = "".join(_panel("gpu_util", f"{ids[path]}: GPU utilisation", plots.gpu_panel(
+        f"{ids[path]}: GPU utilisation", experiment.gpu_series[path]), "second") for path in paths)
+    more = len(experiment.gpu_series) - len(paths)
+    note = f'<p class="legend">The first {len(paths)} runs are drawn; {more} more sampled their GPUs.</p>' if more \
+        else ""
+    return f'<div class="curvebox"><div class="panels">{figures}</div></div>{note}'
+
+
 def _warnings(report: Report) -> str:
     """The problems found, as a list (empty string when none)."""
     if not report.warnings:
@@ -177,7 +192,8 @@ def _runs_section(experiment: Experiment, fold: str) -> str:
     """The per-run table with each run's error, failed runs marked."""
     prefix = ""  # the page has room for whole run ids, and people copy them from it
     rows = [f"st-{status}" for status in experiment.runs["status"].astype(str)]
-    table = _table(runs_display(experiment, prefix), rows, "runs", 25, tuple(run_errors(experiment)), fold)
+    notes = tuple(" / ".join(filter(None, pair)) for pair in zip(run_errors(experiment), gpu_warnings(experiment)))
+    table = _table(runs_display(experiment, prefix), rows, "runs", 25, notes, fold)
     return f'<p class="legend">{html.escape(runs_legend(experiment, prefix))}</p>{table}'
 
 
@@ -193,6 +209,8 @@ def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> 
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
+    if experiment.gpu_series:
+        sections.append(("GPU utilisation", _gpu_curves(experiment)))
     return "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
 
 
