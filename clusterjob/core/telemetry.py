@@ -219,7 +219,7 @@ def recent_line(samples: list) -> Optional[str]:
 @dataclass(frozen=True)
 class LowStretch:
     """The longest stretch of whole minutes in which the run's GPUs were, on the mean,
-    under the threshold: its start and end (unix s), mean, and the samples in it."""
+    under the threshold: its first and last sample's time (unix s), mean, and the samples in it."""
 
     start: float
     end: float
@@ -250,7 +250,7 @@ def low_stretch(samples: list, threshold: float) -> Optional[LowStretch]:
     if not best:
         return None
     inside = [s for index in best for s in bins[index]]
-    return LowStretch(first + best[0] * BIN_S, first + (best[-1] + 1) * BIN_S,
+    return LowStretch(min(s.time for s in inside), max(s.time for s in inside),
                       statistics.fmean(s.util_pct for s in inside), inside)
 
 

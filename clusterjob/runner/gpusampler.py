@@ -187,7 +187,12 @@ class Sampler:
             return 0
 
     def _follow(self) -> None:
-        """Every rank's new records to the listeners (rank 0's loggers)."""
+        """Every rank's new records to the listeners (rank 0's loggers); none listens
+        before the training opened its loggers: the records wait in the file till then."""
+        with _listening:
+            listeners = list(_listeners)
+        if not listeners:
+            return
         fd, st, _ = open_regular(self.run.telemetry_file)
         if fd is None or self.offset is None:
             return
@@ -200,8 +205,6 @@ class Sampler:
         self.offset += len(data)
         *whole, self.rest = (self.rest + data).split(b"\n")
         samples = [s for s in map(telemetry.parse, whole) if s is not None]
-        with _listening:
-            listeners = list(_listeners)
         for receive in listeners if samples else []:
             receive(samples)
 
