@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, MutableMapping, Optional, Sequence, TypeVar
 
-from clusterjob.core.errors import EnvError, brief
+from clusterjob.core.errors import BadInput, EnvError, brief
 from clusterjob.core.hostlist import HostlistError, expand_hostlist, parse_tasks_per_node
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -750,3 +750,37 @@ def _parse_int(
             f"{label}={raw!r} is out of range: it must be below {below[1]}. Hint: {hint}"
         )
     return value
+
+
+# ----------------------------------------------------------------------------- the GPU of a rank
+
+
+def listed_gpus(text: str, machine: Optional[int]) -> list[str]:
+    """The GPUs CUDA makes of CUDA_VISIBLE_DEVICES: the entries up to the first that names
+    no GPU of the machine ("", -1, an index past its GPUs); a repeated entry hides all."""
+    listed: list[str] = []
+    for entry in (part.strip() for part in text.split(",")):
+        uuid = entry.startswith(("GPU-", "MIG-"))
+        index_ok = entry.isascii() and entry.isdigit() and (machine is None or int(entry) < machine)
+        if not (uuid or index_ok):
+            break
+        if entry in listed:
+            return []
+        listed.append(entry)
+    return listed
+
+
+def cuda_index(local_rank: int, local_world_size: int, cuda_count: int) -> int:
+    """The GPU of this rank among the ones it sees.
+
+    As many GPUs as ranks on the node (or more): LOCAL_RANK picks. One GPU: Slurm gave
+    each task its own (``--gpus-per-task``, MIG), or the ranks share it, which
+    ``check_unique_gpus`` refuses after the rendezvous. Fewer than the ranks, but
+    several: no rule maps ranks to GPUs without sharing."""
+    if local_rank < cuda_count and local_world_size <= cuda_count:
+        return local_rank
+    if cuda_count == 1:
+        return 0
+    raise BadInput(f"LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world_size} ranks on this node, but "
+                   f"{cuda_count} GPUs are visible; run one task per GPU "
+                   "(resources.tasks_per_node <= gpus_per_node, or --gpus-per-task=1)")

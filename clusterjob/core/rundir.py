@@ -33,6 +33,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
+TELEMETRY_FILE = "telemetry.jsonl"  # each rank's GPU samples (clusterjob.core.telemetry)
 
 STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled", "pruned")
 # pruned: a trial of a search that its search stopped early (clusterjob.core.asha): a result, never a failure
@@ -60,6 +61,10 @@ class RunDir:
     @property
     def metrics_file(self) -> Path:
         return self.path / METRICS_FILE
+
+    @property
+    def telemetry_file(self) -> Path:
+        return self.path / TELEMETRY_FILE
 
     @property
     def checkpoints(self) -> Path:

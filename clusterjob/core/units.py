@@ -101,6 +101,16 @@ def unit_hours(hours: float, unit: str) -> str:
     return f"{_hours(hours)} {unit}-h" if math.isfinite(hours) else "-"
 
 
+def gpu_cell(name: str, value: Optional[float]) -> str:
+    """A GPU efficiency value: utilisation "87%", memory "29.8 GiB", idle GPU-hours as
+    hours are written ("0.417"); "-" when unknown."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if name == "gpu_util_pct":
+        return f"{value:.0f}%"
+    return f"{value:.1f} GiB" if name == "gpu_mem_peak_gib" else _hours(value)
+
+
 def _hours(value: float) -> str:
     """Three significant digits, never in e-notation: 0.00417, 0.417, 2.00, 41.7, 417, 4170;
     "<0.001" below that (a few seconds of one CPU), "0" for none."""

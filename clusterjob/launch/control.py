@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, rankhealth, stalls, sweep, units
+from clusterjob.core import claim, rankhealth, stalls, sweep, telemetry, units
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -116,7 +116,29 @@ def _health_lines(run: RunDir, info: RunRecord) -> list[str]:
     slow = rankhealth.slowest(rankhealth.of_session(run, info.world_size or 1))
     if slow is not None and slow.others_wait_pct >= rankhealth.SHOWN_FROM_PCT:
         lines.append(slow.line())
-    return lines
+    return lines + _gpu_lines(run, info)
+
+
+def _gpu_lines(run: RunDir, info: RunRecord) -> list[str]:
+    """A running run's GPUs over the last minute, and the warning when they stayed under
+    health.low_util_pct for the last LOW_UTIL_S (read from the end of telemetry.jsonl)."""
+    now = time.time()
+    window = telemetry.recent(run.telemetry_file, now - telemetry.LOW_UTIL_S - telemetry.BIN_S)
+    line = telemetry.recent_line([s for s in window if s.time >= now - telemetry.RECENT_S])
+    if line is None:
+        return []
+    threshold = low_util_pct(run)
+    wait = telemetry.input_wait_pct(run, info.world_size or 1)
+    warning = telemetry.low_util_warning(window, threshold, wait)
+    return [line, *([f"warning: {warning}"] if warning else [])]
+
+
+def low_util_pct(run: RunDir) -> float:
+    """The run's health.low_util_pct as its spec.yaml says (the report's one rule; pandas with
+    it: only where a running run sampled its GPUs)."""
+    from clusterjob.report import efficiency, specfile
+
+    return efficiency.low_util_pct(specfile.flat_spec(str(run.path)))
 
 
 def _restarts(info: RunRecord) -> str:

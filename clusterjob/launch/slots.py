@@ -17,6 +17,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+from clusterjob.core.env import listed_gpus
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -95,27 +97,12 @@ def gpu_entries(cuda_visible_devices: Optional[str], smi_listing: Optional[str])
     machine = None if smi_listing is None else sum(line.startswith("GPU ") for line in smi_listing.splitlines())
     if cuda_visible_devices is None:
         return [str(index) for index in range(machine or 0)]
-    return _listed_gpus(cuda_visible_devices, machine)
+    return listed_gpus(cuda_visible_devices, machine)
 
 
 def visible_gpus(cuda_visible_devices: Optional[str], smi_listing: Optional[str]) -> int:
     """How many GPUs a rank started here will see (``gpu_entries``)."""
     return len(gpu_entries(cuda_visible_devices, smi_listing))
-
-
-def _listed_gpus(text: str, machine: Optional[int]) -> list[str]:
-    """The GPUs CUDA makes of CUDA_VISIBLE_DEVICES: the entries up to the first that names
-    no GPU of the machine ("", -1, an index past its GPUs); a repeated entry hides all."""
-    listed: list[str] = []
-    for entry in (part.strip() for part in text.split(",")):
-        uuid = entry.startswith(("GPU-", "MIG-"))
-        index_ok = entry.isascii() and entry.isdigit() and (machine is None or int(entry) < machine)
-        if not (uuid or index_ok):
-            break
-        if entry in listed:
-            return []
-        listed.append(entry)
-    return listed
 
 
 def machine_gpus() -> Optional[str]:

@@ -43,9 +43,10 @@ import pandas as pd
 
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import atomic_open
-from clusterjob.report import cost, htmlpage, plots, termtable
+from clusterjob.report import cost, efficiency, htmlpage, plots, termtable
 from clusterjob.report.cells import (
     error_lines,
+    gpu_warning_lines,
     group_display,
     group_legend,
     id_prefix,
@@ -100,7 +101,7 @@ def _experiment_lines(experiment: Experiment, runs: bool, width: int) -> list:
         prefix = id_prefix([str(r) for r in experiment.runs["run_id"]])
         legend = runs_legend(experiment, prefix)
         columns, heading = runs_display(experiment, prefix), 2 + len(experiment.swept)
-        errors = error_lines(experiment, prefix, width)
+        errors = error_lines(experiment, prefix, width) + gpu_warning_lines(experiment, prefix, width)
     else:
         legend, columns, heading = group_legend(experiment), group_display(experiment), 1 + len(experiment.keys)
     lines = [*termtable.wrap(legend, width), "", *termtable.fit(columns, heading, width)]
@@ -110,22 +111,24 @@ def _experiment_lines(experiment: Experiment, runs: bool, width: int) -> list:
 def _runs_columns(experiment: Experiment) -> list:
     """Columns of the per-run table, in parts: run_id and status, key columns, the run
     metrics, then (last, so that the columns before keep their places) the epochs the
-    spec asked for, the error, when some run ran on Slurm its cost, and when some run
-    recorded one, the rank its others waited for."""
+    spec asked for, the error, when some run ran on Slurm its cost, when some run sampled
+    its GPUs their use, and when some run recorded one, the rank its others waited for."""
     metrics = run_metrics(experiment)
     planned = ["planned_epochs"] if "epochs" in metrics else []
     costs = list(cost.COLUMNS) if experiment.shows_cost else []
+    gpus = [*efficiency.COLUMNS, efficiency.WARNING] if experiment.shows_gpu else []
     stragglers = ["straggler"] if experiment.runs["straggler"].notna().any() else []
-    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], costs, stragglers]
+    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], costs, gpus, stragglers]
 
 
 def _group_columns(experiment: Experiment) -> list:
     """Columns of the grouped table, in parts: keys, n, metric mean/std, then completed
-    and counted (last, so that the columns before keep their places), and the summed
-    cost when some run ran on Slurm."""
+    and counted (last, so that the columns before keep their places), the summed cost
+    when some run ran on Slurm, and the GPUs' use when some run sampled them."""
     stats = [f"{m}_{s}" for m in experiment.metrics for s in ("mean", "std")]
     costs = [f"{c}_sum" for c in cost.COLUMNS] if experiment.shows_cost else []
-    return [experiment.keys, ["n"], stats, ["completed", "counted"], costs]
+    gpus = list(efficiency.COLUMNS) if experiment.shows_gpu else []
+    return [experiment.keys, ["n"], stats, ["completed", "counted"], costs, gpus]
 
 
 def _data_frame(report: Report, runs: bool) -> pd.DataFrame:

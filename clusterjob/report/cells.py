@@ -110,6 +110,8 @@ def group_display(experiment: Experiment) -> list:
         columns.append(Column(header, short, full, compact))
     if experiment.shows_cost:
         columns += cost_columns(groups, "_sum")
+    if experiment.shows_gpu:
+        columns += gpu_columns(groups)
     others = [escape(text) for text in groups["not_completed"]]
     if any(others):
         columns.append(Column("not completed", "not completed", others, others, right=False, css="state"))
@@ -125,6 +127,32 @@ def cost_columns(frame: pd.DataFrame, suffix: str = "") -> list:
         cells = [_value(name, v) for v in frame[f"{name}{suffix}"]]
         columns.append(Column(header, header, cells, cells))
     return columns
+
+
+def gpu_columns(frame: pd.DataFrame) -> list:
+    """Display columns of how runs (or groups) used their GPUs: the mean utilisation, the
+    peak memory, the idle GPU-hours."""
+    cells = [[units.gpu_cell(name, value) for value in frame[name]] for name in
+             ("gpu_util_pct", "gpu_mem_peak_gib", "idle_gpu_hours")]
+    return [Column(header, header, column, column) for header, column in
+            zip(("gpu_util", "gpu_mem_peak", "idle GPU-h"), cells)]
+
+
+def gpu_warnings(experiment: Experiment) -> list:
+    """Each run's low-utilisation warning ("" when none), in the runs table's order."""
+    if not experiment.shows_gpu:
+        return [""] * len(experiment.runs)
+    return ["" if not isinstance(w, str) else escape(w) for w in experiment.runs["gpu_warning"]]
+
+
+def gpu_warning_lines(experiment: Experiment, prefix: str, width: int) -> list:
+    """"GPU warnings:" and one wrapped item per run whose GPUs stayed idle (none: [])."""
+    lines = []
+    for run_id, warning in zip(experiment.runs["run_id"], gpu_warnings(experiment)):
+        if warning:
+            item = f"- {escape(str(run_id)[len(prefix):])}: {warning}"
+            lines += textwrap.wrap(item, width=width, subsequent_indent="  ", break_on_hyphens=False)
+    return ["GPU warnings:", *lines] if lines else []
 
 
 def id_prefix(ids: list) -> str:
@@ -160,6 +188,7 @@ def runs_display(experiment: Experiment, prefix: str) -> list:
         cells = _epoch_cells(runs) if metric == "epochs" else [_value(metric, v) for v in runs[metric]]
         columns.append(Column(header, short, cells, cells))
     columns += cost_columns(runs) if experiment.shows_cost else []
+    columns += gpu_columns(runs) if experiment.shows_gpu else []
     if runs["straggler"].notna().any():  # the rank the others waited for (health, several ranks)
         stragglers = ["-" if pd.isna(s) else escape(str(s)) for s in runs["straggler"]]
         columns.append(Column("straggler", "straggler", stragglers, stragglers, right=False))
@@ -245,13 +274,20 @@ def group_legend(experiment: Experiment, marker: str = "* = best") -> str:
             f"none for one run);{_best_text(experiment.metrics)} {ranking_text(experiment)}")
     text += f" ({marker})." if experiment.best is not None else "."
     text += lead_text(experiment) + _counting_text(experiment)
-    return text + (f" {COST_TEXT} Groups sum every run's." if experiment.shows_cost else "")
+    text += f" {COST_TEXT} Groups sum every run's." if experiment.shows_cost else ""
+    return text + (f" {GPU_TEXT} Groups: the mean over their runs' GPU-hours, the highest peak, the idle GPU-hours "
+                   "summed." if experiment.shows_gpu else "")
 
 
 COST_TEXT = ("compute: GPU-hours (CPU-hours where a run held no GPU) of every Slurm session of a run, requeues and "
              "retries included; queued: time from each (re)submission to its start; lost: run time redone after "
              "a stop, from the last checkpoint to the stop; -: not known (no Slurm job, no accounting, or your "
              "code keeps its checkpoints elsewhere). From sacct.")
+
+
+GPU_TEXT = ("gpu_util: the GPUs' utilisation over the run, weighted by time, over all its GPUs; gpu_mem_peak: the "
+            "most memory any of its GPUs used; idle GPU-h: the GPU-hours sampled times (1 - utilisation); -: no "
+            "sample. From the run's telemetry.jsonl.")
 
 
 def runs_legend(experiment: Experiment, prefix: str) -> str:
@@ -263,4 +299,5 @@ def runs_legend(experiment: Experiment, prefix: str) -> str:
         legend = f"One row per run; {escape(experiment.primary.name)} at the last value logged;"
     legend = (legend + _best_text(run_metrics(experiment))).rstrip(";") + "."
     legend += f" {COST_TEXT}" if experiment.shows_cost else ""
+    legend += f" {GPU_TEXT}" if experiment.shows_gpu else ""
     return legend + (f" Run ids: {escape(prefix)}<run>." if prefix else "")

@@ -17,6 +17,7 @@ import html
 
 from clusterjob.report import loggerlinks, plots, searchplots
 from clusterjob.report.cells import (
+    gpu_warnings,
     group_display,
     group_legend,
     group_states,
@@ -184,6 +185,20 @@ def _search_plots(experiment: Experiment) -> str:
     return f'<h3>{SEARCH_PLOTS}</h3><div class="panels keys">{figures}</div>'
 
 
+def _gpu_curves(experiment: Experiment) -> str:
+    """Each run's GPU utilisation over time, one line per GPU (the first runs of the table)."""
+    if not plots.available():
+        return '<p class="note">The GPU curves need matplotlib: <code>pip install \'clusterjob[plots]\'</code></p>'
+    paths = [p for p in experiment.runs["path"] if p in experiment.gpu_series][:plots.MAX_GPU_RUNS]
+    ids = dict(zip(experiment.runs["path"], experiment.runs["run_id"]))
+    figures = "".join(_panel("gpu_util", f"{ids[path]}: GPU utilisation", plots.gpu_panel(
+        f"{ids[path]}: GPU utilisation", experiment.gpu_series[path]), "second") for path in paths)
+    more = len(experiment.gpu_series) - len(paths)
+    note = f'<p class="legend">The first {len(paths)} runs are drawn; {more} more sampled their GPUs.</p>' if more \
+        else ""
+    return f'<div class="curvebox"><div class="panels">{figures}</div></div>{note}'
+
+
 def _warnings(report: Report) -> str:
     """The problems found, as a list (empty string when none)."""
     if not report.warnings:
@@ -196,7 +211,8 @@ def _runs_section(experiment: Experiment, fold: str) -> str:
     """The per-run table with each run's error, failed runs marked."""
     prefix = ""  # the page has room for whole run ids, and people copy them from it
     rows = [f"st-{status}" for status in experiment.runs["status"].astype(str)]
-    table = _table(runs_display(experiment, prefix), rows, "runs", 25, tuple(run_errors(experiment)), fold)
+    notes = tuple(" / ".join(filter(None, pair)) for pair in zip(run_errors(experiment), gpu_warnings(experiment)))
+    table = _table(runs_display(experiment, prefix), rows, "runs", 25, notes, fold)
     return f'<p class="legend">{html.escape(runs_legend(experiment, prefix))}</p>{table}'
 
 
@@ -214,6 +230,8 @@ def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> 
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
+    if experiment.gpu_series:
+        sections.append(("GPU utilisation", _gpu_curves(experiment)))
     return said + "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
 
 

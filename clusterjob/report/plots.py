@@ -369,3 +369,30 @@ def draw(experiment: "Experiment") -> Optional[Curves]:
     notes = [f"The {len(looks)} best of {len(experiment.groups)} groups by mean {experiment.primary.name}."
              if len(experiment.groups) > len(looks) else "", CLIPPED_NOTE if any(c for *_, c in drawn) else ""]
     return Curves([(m, t, svg) for m, t, svg, _ in drawn], [looks[g] for g in groups], " ".join(filter(None, notes)))
+
+
+MAX_GPU_RUNS = 12  # the HTML page draws the GPUs of this many runs at most (the first in the runs table)
+
+
+def gpu_panel(title: str, series: dict) -> bytes:
+    """One run's GPU utilisation over time as an SVG: one line per GPU ({label: (seconds, util %)})."""
+    from matplotlib import rc_context
+    from matplotlib.figure import Figure
+
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "clusterjob", "font.size": _FONT}):
+        fig = Figure(figsize=_SIZE, dpi=100, layout="constrained")
+        ax = fig.subplots()
+        minutes = max((x.max() for x, _ in series.values() if len(x)), default=0.0) > 600
+        for index, (label, (x, y)) in enumerate(series.items()):
+            ax.plot(x / 60 if minutes else x, y, color=COLORS[index % len(COLORS)], linewidth=1.2,
+                    marker="o" if len(x) <= MARKED else None, markersize=3, label=plain(label))
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("minutes" if minutes else "seconds")
+        ax.set_ylabel("GPU utilisation %")
+        ax.set_title(plain(title))
+        ax.grid(alpha=0.3)
+        if len(series) <= MAX_GROUPS:
+            ax.legend(fontsize=_FONT - 3, loc="lower right")
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()

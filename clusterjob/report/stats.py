@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -36,7 +36,7 @@ from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
 from clusterjob.core.units import default_mode
-from clusterjob.report import cost
+from clusterjob.report import cost, efficiency
 from clusterjob.report.reading import Results, RunStates, collect, with_states
 from clusterjob.report.searchcost import SearchHours, search_hours
 from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame, shown_keys, spec_keys
@@ -79,11 +79,17 @@ class Experiment:
     primary: Primary
     metrics: list  # the metrics of the grouped table, the primary one first
     search_hours: Optional[SearchHours] = None  # a search's hours spent and had it run to the end
+    gpu_series: dict = field(default_factory=dict)  # {run path: {GPU: (seconds, util %)}} (efficiency.curves)
 
     @property
     def shows_cost(self) -> bool:
         """Whether the tables have the cost columns: some run ran in a Slurm job."""
         return cost.COLUMNS[0] in self.runs.columns
+
+    @property
+    def shows_gpu(self) -> bool:
+        """Whether the tables have the efficiency columns: some run sampled its GPUs."""
+        return efficiency.COLUMNS[0] in self.runs.columns and bool(self.runs[efficiency.COLUMNS[0]].notna().any())
 
     @property
     def best(self) -> Optional[dict]:
@@ -344,6 +350,8 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
     not_completed ("1 failed") and state; ranked as the module docstring says."""
     counted = counted_runs(runs, keys)
     frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
+    if efficiency.WEIGHT in frame.columns:
+        frame["_gpu_busy_hours"] = efficiency.busy_hours(frame)
     for metric in metrics:  # a run that does not count has no value in its group
         frame[metric] = frame[metric].where(counted)
     grouped = frame.groupby(keys or ["_all"], dropna=False, sort=False, observed=True)
@@ -354,6 +362,9 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
     for column in cost.COLUMNS:  # every run cost, counted or not; unknown when one run's is
         if column in frame.columns:
             table[f"{column}_sum"] = grouped[column].sum().where(grouped[column].count() == table["n"])
+    if efficiency.WEIGHT in frame.columns:  # every run's GPUs, counted or not
+        for column, values in efficiency.group_columns(grouped).items():
+            table[column] = values
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
     table["counted"] = grouped["_counted"].sum().astype(np.int64)
     table["not_completed"] = _not_completed(_with_rungs(frame), grouped.ngroup().to_numpy())
@@ -445,15 +456,18 @@ def _experiment_keys(parts: list, group_by: Optional[list]) -> list:
 
 
 def _experiment(name: str, results: Results, costs: dict, shown: list, keys: list, primary: Primary,
-                ask: Callable = slurmctl.segments) -> Experiment:
-    """The tables of one experiment's runs (and a search's hours, sacct asked through ``ask``)."""
+                ask: Callable = slurmctl.segments, gpu_series: Optional[dict] = None) -> Experiment:
+    """The tables of one experiment's runs (``costs``: the cost and efficiency columns; a
+    search's hours, sacct asked through ``ask``; ``gpu_series``: efficiency.curves)."""
     columns = shown + [key for key in keys if key not in shown and key not in _EXTRA_KEYS]
     runs = runs_frame(results, _extra_columns(results, primary), columns).assign(**costs)
     runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
     metrics = group_metrics(runs, primary)
     groups = group_table(runs, keys, primary, metrics)
+    series = {info["path"]: (gpu_series or {})[info["path"]] for info in results.infos
+              if info["path"] in (gpu_series or {})}
     return Experiment(name, results, _sorted_runs(runs, columns), columns, keys, groups, primary, metrics,
-                      search_hours(results, runs, ask))
+                      search_hours(results, runs, ask), series)
 
 
 def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
@@ -468,13 +482,17 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
         raise no_runs(root) from None
     if not results.infos:
         raise no_runs(root)
+    gpus = efficiency.read(results.infos)  # telemetry.jsonl of every run
+    if any(gpus.problems):  # a copy: the cache keeps what the run folders' own files hold
+        results = replace(results, problems=[[*old, *new] for old, new in zip(results.problems, gpus.problems)])
     asked = cost.Answers()  # one sacct call for every run, the cost columns and a search's hours
-    costs = cost.columns(results.infos, asked)
+    costs = {**cost.columns(results.infos, asked), **gpus.columns}
     named = _by_name(results)
     parts = [results.subset(indices) for _, indices in named]
     primaries = _primaries(parts, metric, mode)
     keys = _experiment_keys(parts, group_by)
-    experiments = [_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary, asked)
+    experiments = [_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary, asked,
+                               gpus.series)
                    for (name, indices), part, (shown, group), primary in zip(named, parts, keys, primaries)]
     return Report(results.root, results, experiments)
 

@@ -22,8 +22,10 @@
   (there the collective released the GIL), and those inside a backward while the main
   thread sleeps (DDP's all-reduce waits in C++ at the end of the backward: a thread
   that computes runs, one that waits for the other ranks sleeps). A monitor thread
-  writes them to the rank's health file every ``WRITE_EVERY_S``; later probes (GPU
-  telemetry) add their readings to the same file from the same thread.
+  writes them to the rank's health file every ``WRITE_EVERY_S``, with the share of its
+  time the built-in trainer waited for its next batch (``timed_input``).
+- **GPU telemetry.** The rank's GPU sampler (clusterjob.runner.gpusampler) starts and
+  stops with the rest (``health.gpu_sample_s``).
 
 Importing this module loads no torch (``clusterjob.heartbeat`` is part of the API).
 """
@@ -45,12 +47,12 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
-from clusterjob.core import procs, rankhealth
+from clusterjob.core import procs, rankhealth, telemetry
 from clusterjob.core.env import DistEnv
 from clusterjob.core.rundir import RunDir
-from clusterjob.runner import stacks
+from clusterjob.runner import gpusampler, stacks
 
 if TYPE_CHECKING:  # the spec (and YAML) is not loaded by ``clusterjob.heartbeat()`` outside a run
     from clusterjob.spec.schema import Spec
@@ -122,6 +124,25 @@ def clock() -> Optional[WaitClock]:
     return _current.clock if _current is not None else None
 
 
+def timed_input(batches: Iterable) -> Iterable:
+    """``batches`` as they come, the time each took to come added to this rank's input
+    wait (the built-in trainer's loader; the low-utilisation warning names it); as they
+    are with health off. Two clock reads a batch, no host sync."""
+    return batches if _current is None else _timed(batches, _current.inputs)
+
+
+def _timed(batches: Iterable, inputs: WaitClock) -> Iterator:
+    found = iter(batches)
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(found)
+        except StopIteration:
+            return
+        inputs.add(time.perf_counter() - start)
+        yield batch
+
+
 class Health:
     """This rank's part of the watchdog, from ``start`` to ``stop``."""
 
@@ -134,7 +155,9 @@ class Health:
             threading.main_thread().ident, rankhealth.Waits(self.clock.method))
         self.done = threading.Event()
         self.watcher: Optional[subprocess.Popen] = None
-        self.probes: list[Callable[[], dict]] = []  # further readings for the health file (GPU telemetry)
+        self.inputs = WaitClock("timed")  # the built-in trainer's wait for its next batch
+        self.probes: list[Callable[[], dict]] = [self._input_wait]  # further readings for the health file
+        self.sampler: Optional[gpusampler.Sampler] = None
         self.write_lock = threading.Lock()
         self.marks: collections.deque = collections.deque()  # (when, seconds waited by then), from the first wait
 
@@ -154,7 +177,16 @@ class Health:
         _let_trace(self.watcher.pid)
         _current = self
         threading.Thread(target=self._monitor, daemon=True, name="clusterjob-health").start()
+        self.sampler = gpusampler.start(self.run, self.env, self.spec, self.identity.node)
         return self
+
+    def _input_wait(self) -> dict:
+        """The share of its time the trainer waited for its next batch (none before its first)."""
+        first = self.inputs.first
+        if first is None:
+            return {}
+        total = time.monotonic() - first
+        return {telemetry.INPUT_WAIT: 100 * min(1.0, self.inputs.read() / total)} if total > 0 else {}
 
     def config(self) -> dict:
         """What the watcher is told (it reads the rest from the rank's health file)."""
@@ -172,6 +204,8 @@ class Health:
         global _beat_path, _current
         self.done.set()
         _beat_path, _current = None, None
+        if self.sampler is not None:
+            self.sampler.stop()
         self.write()
         with _quiet_errors():  # before its connections close: a rank they fail knows this one ended first
             rankhealth.mark_ended(self.run, self.env.rank, self.session)

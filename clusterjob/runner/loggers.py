@@ -38,6 +38,7 @@ MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}  # any other end (
 MAX_PARAM_CHARS = 500  # what every MLflow version takes as a param value
 MAX_KEY_CHARS = 250  # what every MLflow store takes as a metric or param name
 MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
+SYSTEM_AXIS = "system_s"  # W&B's x axis of the system metrics: seconds since the run started
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class Logger(Protocol):
         """``name`` as the tool takes it; "" when nothing of it is left."""
 
     def send(self, step: float, values: dict) -> None: ...
+
+    def send_system(self, step: float, values: dict) -> None:
+        """System metrics (the GPUs' samples) at ``step``, the whole seconds since the run started."""
 
     def close(self, status: str) -> None: ...
 
@@ -179,6 +183,8 @@ class TensorBoard:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         self._event(int(step), Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()]))
+
+    send_system = send  # a scalar at the seconds since the run started
 
     def _event(self, step: int, summary: Any) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -319,6 +325,8 @@ class Mlflow:
         for start in range(0, len(found), MAX_METRICS_PER_CALL):
             self.client.log_batch(self.run_id, metrics=found[start:start + MAX_METRICS_PER_CALL])
 
+    send_system = send  # a metric at the seconds since the run started
+
     def close(self, status: str) -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "KILLED"))
@@ -344,7 +352,7 @@ class Wandb:
 
     def __init__(self, target: Target, spec: WandbSpec):
         self.target, self.spec = target, spec
-        self.reserved = (target.axis,)
+        self.reserved = (target.axis, SYSTEM_AXIS)
         self.handle: Any = None
         self._held: dict = {}
         self._continues = False
@@ -371,6 +379,8 @@ class Wandb:
             config={"params": self.target.params, "spec": spec_to_dict(self.target.spec)},
             settings=wandb.Settings(console="off", quiet=True))  # console off: the run's logs/ keep the output
         self.handle.define_metric(self.target.axis)
+        self.handle.define_metric(SYSTEM_AXIS)
+        self.handle.define_metric("system/*", step_metric=SYSTEM_AXIS)  # before "*": the GPUs' own axis
         self.handle.define_metric("*", step_metric=self.target.axis)
         if self.spec.mode == "online" and self.handle.url != self.target.info.wandb_url:
             self.target.run.update(wandb_url=self.handle.url)
@@ -396,6 +406,9 @@ class Wandb:
 
     def send(self, step: float, values: dict) -> None:
         self.handle.log({self.target.axis: step, **values})
+
+    def send_system(self, step: float, values: dict) -> None:
+        self.handle.log({SYSTEM_AXIS: step, **values})
 
     def close(self, status: str) -> None:
         if self.handle is not None:

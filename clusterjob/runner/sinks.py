@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -33,7 +34,8 @@ from clusterjob.core import asha, metrics, units
 from clusterjob.core import search as searchmod
 from clusterjob.core.files import is_number, shown
 from clusterjob.core.rundir import RunDir
-from clusterjob.runner import health
+from clusterjob.core.telemetry import Sample
+from clusterjob.runner import gpusampler, health
 from clusterjob.runner import loggers as loggermod
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec
@@ -65,6 +67,24 @@ class Sinks:
         self.run, self.commit, self.sinks = run, commit, sinks
         self._lock = threading.Lock()
         self._closed = False
+        self._since: Optional[float] = None  # the run's start (unix s): system metrics' steps count from it
+        if any(isinstance(sink, Courier) for sink in sinks):
+            gpusampler.listen(self.system)
+
+    def system(self, samples: list) -> None:
+        """GPU samples (every rank's, from rank 0's sampler) to the loggers as system
+        metrics, never to metrics.jsonl: ``system/gpu<rank>_util`` (and ``_mem_mib``,
+        ``_power_w``) at the whole seconds since the run's first start."""
+        if self._since is None:
+            self._since = _unix(self.run.read().started_at) or min(s.time for s in samples)
+        points = [system_point(sample, self._since) for sample in samples]
+        with self._lock:
+            if self._closed:
+                return
+            for sink in self.sinks:
+                if isinstance(sink, Courier):
+                    for point in points:
+                        sink.send_point(point)
 
     def log(self, step: Any, values: dict) -> Optional[dict]:
         health.beat()  # a metric record is progress (the watchdog's)
@@ -82,6 +102,7 @@ class Sinks:
             if self._closed:
                 return
             self._closed = True
+        gpusampler.unlisten(self.system)
         budget = STOP_BUDGET_S if status == "stopped" else CLOSE_BUDGET_S
         raised = [err for sink in self.sinks if (err := _raised_by(sink.close, status)) is not None]
         raised += [err for sink in self.sinks if (err := _raised_by(sink.wait, budget)) is not None]
@@ -94,6 +115,14 @@ class Sinks:
     def __exit__(self, kind: Optional[type], *rest: object) -> None:
         if not self._closed:  # the completed and stopped paths closed them already: no run.json to read
             self.close("failed" if kind is not None else (self.run.read().status or "running"))
+
+
+def _unix(text: Optional[str]) -> Optional[float]:
+    """Unix seconds of one of run.json's times; None when absent or unreadable."""
+    try:
+        return datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:
+        return None
 
 
 def _raised_by(call: Callable, *args: Any) -> Optional[BaseException]:
@@ -234,10 +263,21 @@ def epoch_line(record: dict, epochs: int) -> str:
 
 @dataclass(frozen=True)
 class Point:
-    """One record as the loggers take it: its position and its metrics."""
+    """One record as the loggers take it: its position and its metrics (``system``: a
+    system metric's, at its own axis, the seconds since the run started)."""
 
     step: float
     values: dict
+    system: bool = False
+
+
+def system_point(sample: Sample, since: float) -> Point:
+    """A GPU sample as the loggers take it: ``system/gpu<rank>_...`` at the whole seconds since ``since``."""
+    head = f"system/gpu{sample.rank}_"
+    values = {f"{head}util": sample.util_pct, f"{head}mem_mib": sample.mem_used_mib}
+    if sample.power_w is not None:
+        values[f"{head}power_w"] = sample.power_w
+    return Point(float(max(0, int(sample.time - since))), values, system=True)
 
 
 class Axis:
@@ -302,7 +342,9 @@ class Courier:
         self.thread.start()
 
     def send(self, record: dict) -> None:
-        point = self.axis.point(record)  # here, in commit order: the step of a line without one counts
+        self.send_point(self.axis.point(record))  # here, in commit order: the step of a line without one counts
+
+    def send_point(self, point: Optional[Point]) -> None:
         self._check_stall()
         if point is None or self.off:
             return
@@ -369,7 +411,7 @@ class Courier:
         if problem is not None:
             self._note(point.step, problem)
             return
-        self._call(self.logger.send, point.step, new)
+        self._call(self.logger.send_system if point.system else self.logger.send, point.step, new)
         self.held.update(dict.fromkeys(new, point.step))
 
     def _step_problem(self, step: float) -> Optional[str]:

@@ -27,7 +27,7 @@ HOLDS_OPTIONS = "holds_options"  # the metadata flag of a field that holds execu
 def opt(default: Any, doc: str = "", **checks: Any) -> Any:
     """A spec field: its default, a one-line doc, and checks run by ``Section.__post_init__``.
 
-    checks: ``choices`` (allowed values), ``ge``/``gt``/``lt`` (bounds for numbers),
+    checks: ``choices`` (allowed values), ``ge``/``gt``/``lt``/``le`` (bounds for numbers),
     ``pattern`` ((regex, words) that a string must match in full), ``max_len`` (characters),
     ``path`` (True: ``~`` is expanded and the length fits file system limits).
     """
@@ -79,7 +79,8 @@ def _check_value(key: str, value: Any, meta: Any) -> None:
         raise SpecError(key, f"{brief(value)} is not allowed; use {pattern[1]}")
 
 
-_BOUNDS = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<"))
+_BOUNDS = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"), ("lt", lambda v, b: v < b, "<"),
+           ("le", lambda v, b: v <= b, "<="))
 
 
 def check_kind(key: str, value: Any, meta: Any) -> None:

@@ -453,6 +453,7 @@ def _package_installed(name: str) -> bool:
 
 
 MAX_STALL_S = 1_000_000  # about 11.6 days: longer than any job's time limit
+MAX_SAMPLE_S = 3600.0  # a GPU sampled less than once an hour tells nothing
 
 
 @dataclass(frozen=True)
@@ -469,6 +470,10 @@ class HealthSpec(Section):
                                           "their time over a minute", ge=1, lt=100)
     output_is_progress: Union[Literal["auto"], bool] = opt(
         "auto", "an output line of a rank is progress; auto: true for your own code without metrics or metrics_file")
+    gpu_sample_s: Optional[float] = opt(10.0, "each rank's GPUs are sampled (utilisation, memory, power) this often "
+                                              "into <run>/telemetry.jsonl; null: no sampling", ge=0.1, le=MAX_SAMPLE_S)
+    low_util_pct: float = opt(30.0, "warn when a run's mean GPU utilisation stays under this % for 10 minutes",
+                              ge=1, le=100)
 
     def action(self, max_retries: int) -> str:
         """``on_stall`` resolved: retry, stop or warn."""

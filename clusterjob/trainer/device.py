@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
+from clusterjob.core.env import cuda_index
 from clusterjob.core.errors import BadInput
 
 # Compute capability (major * 10 + minor) from which bf16 runs natively (Ampere, 8.0);
@@ -104,22 +105,6 @@ def amp_mode(amp: str, on_gpu: bool, capability: Optional[int]) -> str:
     if not on_gpu or (capability is not None and capability >= BF16_CAPABILITY):
         return "bf16"
     return "fp16"
-
-
-def cuda_index(local_rank: int, local_world_size: int, cuda_count: int) -> int:
-    """The GPU of this rank among the ones it sees.
-
-    As many GPUs as ranks on the node (or more): LOCAL_RANK picks. One GPU: Slurm gave
-    each task its own (``--gpus-per-task``, MIG), or the ranks share it, which
-    ``check_unique_gpus`` refuses after the rendezvous. Fewer than the ranks, but
-    several: no rule maps ranks to GPUs without sharing."""
-    if local_rank < cuda_count and local_world_size <= cuda_count:
-        return local_rank
-    if cuda_count == 1:
-        return 0
-    raise BadInput(f"LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world_size} ranks on this node, but "
-                   f"{cuda_count} GPUs are visible; run one task per GPU "
-                   "(resources.tasks_per_node <= gpus_per_node, or --gpus-per-task=1)")
 
 
 def check_unique_gpus(identities: Sequence[tuple[str, str]], backend: str) -> None:

@@ -387,7 +387,7 @@ def train_epoch(t: Trainer, loader: Any, epoch: int, progress: Progress, stop: C
     meter = Meter(done, device, t.step)
     no_sync = getattr(t.model, "no_sync", None)  # once: a module misses an attribute slowly
     n_batches, clock, first_step = done.batches + len(loader), Clock(done.seconds), t.step
-    for i, (x, y) in enumerate(loader, start=done.batches):
+    for i, (x, y) in enumerate(health.timed_input(loader), start=done.batches):
         # non_blocking: a copy from pinned memory overlaps the GPU's work. A batch of the
         # tensor pipeline is on the device in the model's memory format: returned as it is
         x = x.to(device, non_blocking=True, memory_format=t.memory_format)

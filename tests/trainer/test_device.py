@@ -3,13 +3,13 @@
 
 import pytest
 
+from clusterjob.core.env import cuda_index
 from clusterjob.core.errors import BadInput
 from clusterjob.spec.schema import spec_from_dict
 from clusterjob.trainer.device import (
     RankFacts,
     amp_mode,
     check_unique_gpus,
-    cuda_index,
     job_plan,
     plan_device,
     sync_bn_choice,

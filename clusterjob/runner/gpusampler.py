@@ -1,0 +1,223 @@
+"""Each rank's GPU sampler (docs/design.md, "GPU efficiency"): a thread of the runner,
+never of the training loop, reads through NVML (``nvidia-ml-py``, the ``[gpu]`` extra)
+every ``health.gpu_sample_s`` the utilisation, memory used and power draw of the GPU
+the rank uses, and appends them to ``<run>/telemetry.jsonl`` (clusterjob.core.telemetry).
+
+The rank's GPU is the CUDA device it trains on, found as CUDA finds it: among the
+entries of CUDA_VISIBLE_DEVICES (a UUID names its GPU, an index is NVML's; unset: every
+GPU NVML counts), the one ``cuda_index`` gives its local rank (the built-in trainer's
+rule). Off under ``resources.gpus_per_node: 0`` (the spec means CPU), and off with one
+line in the rank's log where no GPU is visible, there is no NVML (the package missing,
+no driver), or no rule maps the rank to a GPU. NVML is imported only once a GPU is visible. A GPU whose readings fail
+three times in a row (it fell off the bus) is dropped with one line, a power reading
+NVML does not give is null; nothing the sampler meets fails the rank.
+
+On rank 0 the sampler also hands every rank's samples (it follows the file) to the
+loggers as system metrics (``listen``): ``system/gpu<rank>_util``, ``_mem_mib`` and
+``_power_w``.
+
+``CLUSTERJOB_FAKE_GPUS``, for tests on machines without a GPU only: CUDA_VISIBLE_DEVICES
+entries that stand for the node's GPUs in the sampler alone (the training stays as the
+spec says), so that a fake NVML module on the path can answer for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from clusterjob.core import telemetry
+from clusterjob.core.env import DistEnv, cuda_index, listed_gpus
+from clusterjob.core.errors import BadInput
+from clusterjob.core.files import open_regular
+from clusterjob.core.rundir import RunDir
+from clusterjob.core.telemetry import Sample
+from clusterjob.spec.schema import Spec
+
+FAKE_GPUS = "CLUSTERJOB_FAKE_GPUS"
+FAILURES_TO_DROP = 3  # readings of a GPU that failed in a row: it is gone
+CPU = "resources.gpus_per_node is 0 (CPU)"
+FOLLOW_MAX_BYTES = 1 << 20  # rank 0 hands the loggers at most this much of the file per sample
+
+_listeners: list = []
+_listening = threading.Lock()
+
+
+def listen(receive: Callable[[list], None]) -> None:
+    """``receive`` gets each new list of samples of every rank (rank 0's loggers)."""
+    with _listening:
+        _listeners.append(receive)
+
+
+def unlisten(receive: Callable[[list], None]) -> None:
+    with _listening:
+        with contextlib.suppress(ValueError):
+            _listeners.remove(receive)
+
+
+def _say(rank: int, text: str) -> None:
+    print(f"clusterjob: gpu telemetry on rank {rank}: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Gpu:
+    """One GPU the rank uses: NVML's handle, its UUID, failures in a row, whether its
+    power reading was found missing already."""
+
+    handle: Any
+    uuid: str
+    failures: int = 0
+    no_power: bool = False
+
+
+def visible_entries(spec: Spec) -> tuple[Optional[list], str]:
+    """(the CUDA_VISIBLE_DEVICES entries the rank sees, None: every GPU NVML counts; why
+    there are none)."""
+    fake = os.environ.get(FAKE_GPUS)
+    if fake is not None:
+        return listed_gpus(fake, None), f"{FAKE_GPUS} lists none"
+    if spec.resources.gpus_per_node == 0:
+        return [], CPU
+    text = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (None, "") if text is None else (listed_gpus(text, None), "no GPU is visible (CUDA_VISIBLE_DEVICES)")
+
+
+def open_gpus(env: DistEnv, spec: Spec) -> tuple[Any, list, str]:
+    """(NVML, the rank's GPUs, "") or (None, [], why the sampler is off)."""
+    entries, why = visible_entries(spec)
+    if entries == []:
+        return None, [], why
+    try:
+        import pynvml
+    except ImportError:
+        return None, [], 'nvidia-ml-py is not installed (pip install "clusterjob[gpu]")'
+    try:
+        pynvml.nvmlInit()
+        if entries is None:
+            entries = [str(index) for index in range(pynvml.nvmlDeviceGetCount())]
+        if not entries:
+            return None, [], "NVML sees no GPU"
+        entry = entries[cuda_index(env.local_rank, env.local_world_size, len(entries))]
+        handle = (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+                  else pynvml.nvmlDeviceGetHandleByUUID(entry.encode()))
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+    except BadInput as err:
+        return None, [], str(err)
+    except Exception as err:  # noqa: BLE001 -- NVML's errors (no driver, no such GPU) all mean: no telemetry
+        return None, [], f"NVML did not answer ({type(err).__name__}: {err})"
+    return pynvml, [Gpu(handle, uuid.decode() if isinstance(uuid, bytes) else str(uuid))], ""
+
+
+class Sampler:
+    """The thread that samples the rank's GPUs every ``period`` seconds until ``stop``."""
+
+    def __init__(self, run: RunDir, env: DistEnv, host: str, nvml: Any, gpus: list, period: float, follow: bool):
+        self.run, self.env, self.host, self.nvml, self.gpus, self.period = run, env, host, nvml, gpus, period
+        self.done = threading.Event()
+        self.offset = self._size() if follow else None  # rank 0 follows the file from here for the loggers
+        self.rest = b""
+        self.write_failed = False
+        self.thread = threading.Thread(target=self._loop, name="clusterjob-gpu", daemon=True)
+
+    def start(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """The thread ends, and NVML is shut down."""
+        self.done.set()
+        self.thread.join(timeout=max(2.0, self.period))
+
+    def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # nothing the sampler meets may end the rank
+                self.tick()
+            if not self.gpus or self.done.wait(self.period):
+                break
+        with contextlib.suppress(Exception):
+            self.nvml.nvmlShutdown()
+
+    def tick(self) -> None:
+        now = time.time()
+        samples = [s for s in (self._read(gpu, now) for gpu in list(self.gpus)) if s is not None]
+        try:
+            telemetry.append(self.run.telemetry_file, samples)
+        except OSError as err:
+            if not self.write_failed:
+                self.write_failed = True
+                _say(self.env.rank, f"{self.run.telemetry_file} cannot be written ({err.strerror or err}); "
+                                    "samples are lost until it can")
+        if self.offset is not None:
+            self._follow()
+
+    def _read(self, gpu: Gpu, now: float) -> Optional[Sample]:
+        """One reading of ``gpu``; None when NVML failed (the third failure in a row drops it)."""
+        try:
+            util = float(self.nvml.nvmlDeviceGetUtilizationRates(gpu.handle).gpu)
+            mem = float(self.nvml.nvmlDeviceGetMemoryInfo(gpu.handle).used) / 2**20
+        except Exception as err:  # noqa: BLE001 -- a lost GPU raises NVML's own errors
+            gpu.failures += 1
+            if gpu.failures >= FAILURES_TO_DROP:
+                self.gpus.remove(gpu)
+                _say(self.env.rank, f"{gpu.uuid} stopped answering ({type(err).__name__}: {err}); no more "
+                                    f"samples of it{'' if self.gpus else ', the sampler stops'}")
+            return None
+        gpu.failures = 0
+        return Sample(now, self.env.rank, self.host, gpu.uuid, util, mem, self._power(gpu))
+
+    def _power(self, gpu: Gpu) -> Optional[float]:
+        if gpu.no_power:
+            return None
+        try:
+            return float(self.nvml.nvmlDeviceGetPowerUsage(gpu.handle)) / 1000  # mW
+        except Exception as err:  # noqa: BLE001 -- NVML has no power reading for MIG slices and some boards
+            gpu.no_power = True
+            _say(self.env.rank, f"{gpu.uuid} gives no power reading ({type(err).__name__}: {err}); power_w is null")
+            return None
+
+    def _size(self) -> int:
+        try:
+            return os.stat(self.run.telemetry_file).st_size
+        except OSError:
+            return 0
+
+    def _follow(self) -> None:
+        """Every rank's new records to the listeners (rank 0's loggers); none listens
+        before the training opened its loggers: the records wait in the file till then."""
+        with _listening:
+            listeners = list(_listeners)
+        if not listeners:
+            return
+        fd, st, _ = open_regular(self.run.telemetry_file)
+        if fd is None or self.offset is None:
+            return
+        try:
+            if st.st_size < self.offset:  # replaced or cut short: from its start
+                self.offset, self.rest = 0, b""
+            data = os.pread(fd, min(st.st_size - self.offset, FOLLOW_MAX_BYTES), self.offset)
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        *whole, self.rest = (self.rest + data).split(b"\n")
+        samples = [s for s in map(telemetry.parse, whole) if s is not None]
+        for receive in listeners if samples else []:
+            receive(samples)
+
+
+def start(run: RunDir, env: DistEnv, spec: Spec, host: str) -> Optional[Sampler]:
+    """The rank's sampler, started; None (with one line) where it is off."""
+    if spec.health is None or spec.health.gpu_sample_s is None:
+        return None
+    nvml, gpus, why = open_gpus(env, spec)
+    if not gpus:
+        if why != CPU:  # a spec that means CPU expects no GPU: nothing to say
+            _say(env.rank, f"off: {why}")
+        return None
+    _say(env.rank, f"sampling {', '.join(g.uuid for g in gpus)} every {spec.health.gpu_sample_s:g} s "
+                   f"into {run.telemetry_file.name}")
+    return Sampler(run, env, host, nvml, gpus, spec.health.gpu_sample_s, env.rank == 0 and spec.logging.any).start()
