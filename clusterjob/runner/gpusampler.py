@@ -67,12 +67,14 @@ def _say(rank: int, text: str) -> None:
 @dataclass
 class Gpu:
     """One GPU the rank uses: NVML's handle, its UUID, failures in a row, whether its
-    power reading was found missing already."""
+    power reading was found missing already, whether it has only NVML's version-1
+    memory reading."""
 
     handle: Any
     uuid: str
     failures: int = 0
     no_power: bool = False
+    v1_memory: bool = False
 
 
 def visible_entries(spec: Spec) -> tuple[Optional[list], str]:
@@ -159,7 +161,7 @@ class Sampler:
         """One reading of ``gpu``; None when NVML failed (the third failure in a row drops it)."""
         try:
             util = float(self.nvml.nvmlDeviceGetUtilizationRates(gpu.handle).gpu)
-            mem = float(self.nvml.nvmlDeviceGetMemoryInfo(gpu.handle).used) / 2**20
+            mem = float(memory_used(self.nvml, gpu)) / 2**20
         except Exception as err:  # noqa: BLE001 -- a lost GPU raises NVML's own errors
             gpu.failures += 1
             if gpu.failures >= FAILURES_TO_DROP:
@@ -221,3 +223,15 @@ def start(run: RunDir, env: DistEnv, spec: Spec, host: str) -> Optional[Sampler]
     _say(env.rank, f"sampling {', '.join(g.uuid for g in gpus)} every {spec.health.gpu_sample_s:g} s "
                    f"into {run.telemetry_file.name}")
     return Sampler(run, env, host, nvml, gpus, spec.health.gpu_sample_s, env.rank == 0 and spec.logging.any).start()
+
+
+def memory_used(nvml: Any, gpu: Gpu) -> int:
+    """Bytes in use on ``gpu``: NVML's version-2 reading where the driver has it, whose
+    ``used`` leaves out the memory the driver reserves for itself (the version-1 reading
+    counts it: about half a GiB on an idle H200, not the training's); else version 1."""
+    if not gpu.v1_memory and hasattr(nvml, "nvmlMemory_v2"):
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(gpu.handle, version=nvml.nvmlMemory_v2).used)
+        except Exception:  # noqa: BLE001 -- an older driver or binding: NotSupported, FunctionNotFound, TypeError
+            gpu.v1_memory = True
+    return int(nvml.nvmlDeviceGetMemoryInfo(gpu.handle).used)

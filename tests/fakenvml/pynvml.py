@@ -107,9 +107,19 @@ def nvmlDeviceGetUtilizationRates(handle: str) -> SimpleNamespace:
     return SimpleNamespace(gpu=value, memory=0)
 
 
-def nvmlDeviceGetMemoryInfo(handle: str) -> SimpleNamespace:
+nvmlMemory_v2 = 0x02000028
+DRIVER_RESERVED = 512 * 2**20  # what the version-1 reading counts on top of the GPU's processes
+
+
+def nvmlDeviceGetMemoryInfo(handle: str, version: int = 1) -> SimpleNamespace:
+    """Version 2 (``version=nvmlMemory_v2``) as the script says, unless the script has
+    ``"memory_v1_only": true``; version 1 counts the driver's reserve as used, as NVML's does."""
     _check("nvmlDeviceGetMemoryInfo", handle)
     used = int(_gpus()[handle].get("mem_mib", 0) * 2**20)
+    if version == 1:
+        used += DRIVER_RESERVED
+    elif _script().get("memory_v1_only"):
+        raise NVMLError("FunctionNotFound")
     return SimpleNamespace(used=used, total=80 * 2**30, free=80 * 2**30 - used)
 
 

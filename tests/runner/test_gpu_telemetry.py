@@ -74,12 +74,14 @@ def test_two_ranks_sample_their_own_gpu_and_the_report_sums_the_samples(tmp_path
 def test_a_power_reading_nvml_refuses_is_null_and_no_nvml_is_one_line(tmp_path):
     spec = gpu_spec(tmp_path)
     script = {"gpus": {"GPU-aaaa": {"util": 50, "mem_mib": 100}, "GPU-bbbb": {"util": 50, "mem_mib": 100}},
-              "raise": {"nvmlDeviceGetPowerUsage": "NotSupported"}}
+              "raise": {"nvmlDeviceGetPowerUsage": "NotSupported"}, "memory_v1_only": True}
     done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait",
                env=fake_env(script, visible="GPU-aaaa,GPU-bbbb"), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run = the_run(tmp_path)
     assert {r["power_w"] for r in records(run)} == {None} and {r["util_pct"] for r in records(run)} == {50.0}
+    # a driver without NVML's version-2 memory reading: version 1, the driver's own reserve counted in
+    assert {r["mem_used_mib"] for r in records(run)} == {100.0 + 512}
     assert "GPU-aaaa gives no power reading (NVMLError: NotSupported)" in (run / "logs" / "rank0.err").read_text()
 
     for path in (tmp_path / "results").iterdir():
