@@ -83,7 +83,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
         with contextlib.suppress(ValueError):  # (a thread other than the main one may not; none does here)
             # DataLoader's SIGCHLD handler raises again for each dead worker: not while this error is recorded
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        runrecord.on_failure(run, env.rank, exc, watched.ended_before() if watched is not None else "")
+        runrecord.on_failure(run, env.rank, exc, watched.ended_before(exc) if watched is not None else "")
         dist.abort()
         raise
     finally:

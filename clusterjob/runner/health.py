@@ -215,9 +215,13 @@ class Health:
             with _quiet_errors():
                 self.watcher.wait(timeout=2.0)
 
-    def ended_before(self) -> str:
+    def ended_before(self, exc: BaseException) -> str:
         """`` (rank 1 had ended already: ...)`` when other ranks of this session ended
-        before this rank failed (a rank that ends early fails the others' collectives), else ""."""
+        before this rank failed in a collective (a rank that ends early fails the others'
+        collectives), else "": an error of the code's own (a ValueError of its own lines)
+        is no consequence of a rank that ended first, however the two were timed."""
+        if not _raised_in_collective(exc):
+            return ""
         try:
             ended = [r for r in range(self.env.world_size)
                      if r != self.env.rank and rankhealth.ended_in(self.run, r, self.session)]
@@ -360,3 +364,19 @@ def start(run: RunDir, env: DistEnv, spec: Spec) -> Optional[Health]:
         print(f"clusterjob: warning: health: the watchdog could not start on rank {env.rank} "
               f"({err.strerror or err}); this rank runs without it", file=sys.stderr, flush=True)
         return None
+
+
+_DISTRIBUTED = os.path.join("torch", "distributed", "")
+
+
+def _raised_in_collective(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of torch.distributed (a collective, a barrier, the store):
+    its type is torch's DistError, or its traceback passes through torch/distributed/."""
+    if any(cls.__name__ == "DistError" and cls.__module__.startswith("torch") for cls in type(exc).__mro__):
+        return True
+    tb = exc.__traceback__
+    while tb is not None:
+        if _DISTRIBUTED in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False

@@ -98,3 +98,19 @@ def test_the_sampler_counts_a_backward_only_while_its_thread_sleeps():
         assert health._waiting(sys._current_frames()[threading.get_ident()], thread.native_id) is False
     finally:
         thread.join()
+
+
+def test_only_an_error_out_of_torch_distributed_is_blamed_on_a_rank_that_ended_first():
+    from clusterjob.runner.health import _raised_in_collective
+
+    def raised(code: str, filename: str) -> BaseException:
+        try:
+            exec(compile(code, filename, "exec"), {})
+        except Exception as err:  # noqa: BLE001 -- the error under test
+            return err
+        raise AssertionError("nothing raised")
+
+    collective = os.path.join("site-packages", "torch", "distributed", "distributed_c10d.py")
+    assert _raised_in_collective(raised("raise RuntimeError('Connection closed by peer')", collective))
+    assert not _raised_in_collective(raised("raise ValueError('rank one says no')", "train.py"))
+    assert not _raised_in_collective(raised("raise RuntimeError('x')", os.path.join("torch", "nn", "modules.py")))
