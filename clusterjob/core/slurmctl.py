@@ -23,7 +23,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from clusterjob.core.errors import BadInput, SlurmUnreachable, brief, escape
 
@@ -156,6 +156,43 @@ def _run(cmd: list[str], env: Optional[dict] = None) -> Optional[str]:
 def ask(cmd: list[str], stdin: Optional[str] = None) -> Optional[subprocess.CompletedProcess]:
     """A read-only Slurm command's result (any exit status), None when it could not run."""
     return _query(cmd, stdin=stdin)
+
+
+class AskedAtOnce:
+    """An ``ask`` (cmd, stdin=None) whose commands named in ``start`` run at once, each in
+    a thread of its own, so that a caller with several independent questions (the
+    preflight: partitions, config, queue, association, test-only) waits about as long
+    as the slowest, not for their sum: each is a round trip to the controller, seconds
+    on a busy one. A command asked that was started is answered from its run (once);
+    any other runs then. Only for read-only commands: a started one that nobody asks
+    has still run."""
+
+    def __init__(self, asker: Callable[..., Optional[object]]) -> None:
+        from concurrent.futures import ThreadPoolExecutor  # here: status and the other commands never need it
+
+        self._ask = asker
+        self._started: dict[tuple, Any] = {}  # (command, stdin) -> its Future
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="slurm-ask")
+
+    def start(self, *commands: "list[str] | tuple[list[str], str]") -> "AskedAtOnce":
+        """Run ``commands`` (a command, or (command, stdin)) now, in the background."""
+        for command in commands:
+            cmd, stdin = command if isinstance(command, tuple) else (command, None)
+            key = (tuple(cmd), stdin)
+            if key not in self._started:
+                self._started[key] = self._pool.submit(self._call, list(cmd), stdin)
+        return self
+
+    def _call(self, cmd: list[str], stdin: Optional[str]) -> Optional[object]:
+        return self._ask(cmd) if stdin is None else self._ask(cmd, stdin=stdin)
+
+    def __call__(self, cmd: list[str], stdin: Optional[str] = None) -> Optional[object]:
+        started = self._started.get((tuple(cmd), stdin))
+        return started.result() if started is not None else self._call(cmd, stdin)
+
+    def close(self) -> None:
+        """Wait for what was started (read-only commands: nothing to undo) and end the threads."""
+        self._pool.shutdown(wait=True)
 
 
 def reachable(timeout_s: float = 10.0) -> bool:

@@ -29,6 +29,7 @@ from clusterjob.core import slurmctl
 from clusterjob.core.errors import SlurmUnreachable
 
 QUEUE = "squeue -t all"
+QUEUE_CMD = ["squeue", "-r", "-t", "all", "-o", "%i|%u|%a|%q|%T"]
 ASSOC = "sacctmgr show assoc"
 # The states of a job that has ended: it counts for MaxJobCount while the controller
 # holds it, never for a submit limit.
@@ -113,6 +114,12 @@ def over(points: int, found: list[Limit]) -> Optional[Limit]:
     return next((limit for limit in found if limit.counted + points > limit.most), None)
 
 
+def assoc_cmd(user: str) -> list[str]:
+    """The sacctmgr command of ``user``'s associations."""
+    return ["sacctmgr", "-P", "show", "assoc", "where", f"user={user}",
+            "format=Cluster,Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS"]
+
+
 def _user() -> str:
     """The user Slurm counts this process's jobs for."""
     try:
@@ -123,7 +130,7 @@ def _user() -> str:
 
 def _queue(ask: Ask, unanswered_fix: str, unread_fix: str) -> list[Job]:
     """Every job the controller holds, each array task apart."""
-    done = ask(["squeue", "-r", "-t", "all", "-o", "%i|%u|%a|%q|%T"])
+    done = ask(QUEUE_CMD)
     if done is None or getattr(done, "returncode", 1) != 0:
         raise Unknown(slurmctl.unanswered(QUEUE, done), unanswered_fix)
     text = getattr(done, "stdout", "") or ""
@@ -138,8 +145,7 @@ def _association(user: str, account: Optional[str], partition: str, cluster: Opt
     """(account, its default QOS, the association's row) of the user's jobs: the spec's
     account, else the user's only or default one; the row of the partition where there
     is one."""
-    done = ask(["sacctmgr", "-P", "show", "assoc", "where", f"user={user}",
-                "format=Cluster,Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS"])
+    done = ask(assoc_cmd(user))
     if done is None or getattr(done, "returncode", 1) != 0:
         raise Unknown(slurmctl.unanswered(ASSOC, done), unanswered_fix)
     rows = [row for row in slurmctl.table(getattr(done, "stdout", "") or "")

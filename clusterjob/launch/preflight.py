@@ -310,7 +310,7 @@ def node_rows(text: str) -> list[dict]:
 
 
 def check_test_only(script: str, ask: Ask) -> Check:
-    done = ask(["sbatch", "--test-only"], stdin=script)
+    done = ask(TEST_ONLY, stdin=script)
     said = " ".join(((getattr(done, "stderr", "") or "") + (getattr(done, "stdout", "") or "")).split())
     if done is None or getattr(done, "returncode", 1) != 0:
         return Check("sbatch --test-only", False, said.removeprefix("sbatch: error: ") or "sbatch did not run",
@@ -325,17 +325,41 @@ def _answer(done: Optional[object], command: str) -> tuple[str, Optional[str]]:
     return getattr(done, "stdout", "") or "", None
 
 
+PARTITIONS_CMD = ["scontrol", "show", "partition", "-o"]
+TEST_ONLY = ["sbatch", "--test-only"]
+
+
+def nodes_cmd(partition: str) -> list[str]:
+    return ["sinfo", "-N", "-p", partition, "-o", "%N|%c|%G|%f"]
+
+
+def qos_cmd(name: str) -> list[str]:
+    return ["sacctmgr", "-P", "show", "qos", name, "format=Name,MaxWall,MaxTRES,MaxSubmitPU,MaxSubmitPA,GrpSubmit"]
+
+
 def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.ask) -> list[Check]:
-    """Every check of ``spec`` (``points`` runs, rendered as ``scripts``) against the cluster."""
-    shown, problem = _answer(ask(["scontrol", "show", "partition", "-o"]), PARTITIONS)
+    """Every check of ``spec`` (``points`` runs, rendered as ``scripts``) against the
+    cluster. The questions that depend on no answer are asked at once, then those that
+    depend on the partition (slurmctl.AskedAtOnce): a round trip each, not their sum."""
+    asked = slurmctl.AskedAtOnce(ask).start(PARTITIONS_CMD, slurmctl.CONFIG, limits.QUEUE_CMD,
+                                            *((TEST_ONLY, script) for script in scripts[:1]))
+    try:
+        return _checks(spec, points, scripts, asked)
+    finally:
+        asked.close()
+
+
+def _checks(spec: Spec, points: int, scripts: list[str], ask: slurmctl.AskedAtOnce) -> list[Check]:
+    shown, problem = _answer(ask(PARTITIONS_CMD), PARTITIONS)
     if problem is not None:
         return [Check("slurm", False, problem, "check SLURM_CONF and that slurmctld is up")]
     first, part = check_partition(spec, parse_partitions(shown))
     if part is None:
         return [first]
-    listed, unlisted = _answer(ask(["sinfo", "-N", "-p", part.name, "-o", "%N|%c|%G|%f"]), NODES)
-    nodes = node_rows(listed)
     qos = SlurmOptions.of(spec).qos or part.qos
+    ask.start(nodes_cmd(part.name), *([qos_cmd(qos)] if qos else []))
+    listed, unlisted = _answer(ask(nodes_cmd(part.name)), NODES)
+    nodes = node_rows(listed)
     rows: dict = {}
 
     def qos_row(name: str) -> tuple[Optional[dict], Optional[str]]:
@@ -353,8 +377,7 @@ def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.
 
 def _qos_row(name: str, ask: Ask) -> tuple[Optional[dict], Optional[str]]:
     """sacctmgr's row of QOS ``name`` (None: no such QOS), or why sacctmgr did not answer."""
-    said, problem = _answer(ask(["sacctmgr", "-P", "show", "qos", name,
-                                 "format=Name,MaxWall,MaxTRES,MaxSubmitPU,MaxSubmitPA,GrpSubmit"]), QOS)
+    said, problem = _answer(ask(qos_cmd(name)), QOS)
     return next((row for row in slurmctl.table(said) if row.get("Name") == name), None), problem
 
 

@@ -328,3 +328,30 @@ def test_a_sweep_past_max_job_count_or_max_submit_is_refused_in_one_line(tmp_pat
                   env=slurm_shims.env(alone=True), errors="replace")
     assert "ok    jobs: 1 job(s) fit: MaxJobCount 6 of 10000, MaxSubmitJobs of your association 3 of 3" \
         in checked.stdout, checked.stdout
+
+
+def test_the_questions_that_need_no_answer_are_asked_at_once_and_each_once(tmp_path):
+    import threading
+    import time
+
+    inner, lock = fake_ask(), threading.Lock()
+    state = {"now": 0, "most": 0, "asked": []}
+
+    def slow(cmd, stdin=None):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            state["asked"].append(" ".join(cmd[:3]))
+        time.sleep(0.2)  # a controller's round trip: the questions asked at once overlap in it
+        with lock:
+            state["now"] -= 1
+        return inner(cmd, stdin)
+
+    checks = preflight.run_checks(spec_of(tmp_path, nodes=1, tasks_per_node=1), 3, ["#!/bin/sh\n"], slow)
+    assert all(check.ok for check in checks), [c.line() for c in checks if not c.ok]
+    # partitions, config, the queue and sbatch --test-only together; then the partition's nodes
+    assert state["most"] >= 4
+    asked = state["asked"]
+    assert sorted(asked) == sorted(set(asked)), asked  # no command twice (config serves two checks)
+    assert {"scontrol show partition", "scontrol show config", "squeue -r -t", "sbatch --test-only",
+            "sinfo -N -p"} <= set(asked)
