@@ -51,16 +51,25 @@ def wandb_records(run_dir: Path, wandb_id: str) -> list:
     return records
 
 
+def wandb_history(records: list) -> list:
+    """The history rows among W&B records (``wandb_records``)."""
+    return [r["history"]["item"] for r in records if r["type"] == "history"]
+
+
 def wandb_series(run_dir: Path, wandb_id: str, axis: str) -> dict:
     """{metric: [(position, value)]} from the history of every session, the position
     being the run's x axis (``axis``: epoch or step)."""
+    return history_series(wandb_history(wandb_records(run_dir, wandb_id)), axis)
+
+
+def history_series(rows: list, axis: str) -> dict:
+    """{metric: [(position, value)]} of W&B history rows, the position being their x axis
+    (``axis``: epoch or step, system_s)."""
     series: dict = {}
-    for record in wandb_records(run_dir, wandb_id):
-        if record["type"] == "history":
-            item = record["history"]["item"]
-            for name, value in item.items():
-                if not name.startswith("_") and name != axis:
-                    series.setdefault(name, []).append((item[axis], value))
+    for item in rows:
+        for name, value in item.items():
+            if not name.startswith("_") and name != axis:
+                series.setdefault(name, []).append((item[axis], value))
     return series
 
 

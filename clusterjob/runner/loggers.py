@@ -344,8 +344,9 @@ class Wandb:
     """One W&B run per run (``id`` kept in run.json, resumed with ``resume="allow"``),
     named after the run id, grouped by its sweep; its x axis is the record's position
     (``define_metric``), so each metric keeps its own steps and W&B's own step only counts
-    calls. Offline it writes under ``<run>/wandb/`` (a folder per session, one run id:
-    ``wandb sync --id ID <run>/wandb/offline-run-*`` uploads them as one run)."""
+    calls; the system metrics have their own axis, ``system_s``, each by its name. Offline
+    it writes under ``<run>/wandb/`` (a folder per session, one run id: ``wandb sync --id
+    ID <run>/wandb/offline-run-*`` uploads them as one run)."""
 
     name, whole_steps = "wandb", False
     naming = "W&B keeps names that begin with _ for itself, and the x axis"
@@ -356,6 +357,7 @@ class Wandb:
         self.handle: Any = None
         self._held: dict = {}
         self._continues = False
+        self._system: set = set()  # the system metrics given their axis in this session
 
     def open(self, fresh: bool) -> None:
         import wandb
@@ -380,7 +382,6 @@ class Wandb:
             settings=wandb.Settings(console="off", quiet=True))  # console off: the run's logs/ keep the output
         self.handle.define_metric(self.target.axis)
         self.handle.define_metric(SYSTEM_AXIS)
-        self.handle.define_metric("system/*", step_metric=SYSTEM_AXIS)  # before "*": the GPUs' own axis
         self.handle.define_metric("*", step_metric=self.target.axis)
         if self.spec.mode == "online" and self.handle.url != self.target.info.wandb_url:
             self.target.run.update(wandb_url=self.handle.url)
@@ -408,6 +409,11 @@ class Wandb:
         self.handle.log({self.target.axis: step, **values})
 
     def send_system(self, step: float, values: dict) -> None:
+        # Each system metric is put on its own axis by name, before its first value: W&B
+        # picks any of the globs a name matches ("system/*" and "*" alike), not the first.
+        for name in values.keys() - self._system:
+            self.handle.define_metric(name, step_metric=SYSTEM_AXIS)
+        self._system.update(values)
         self.handle.log({SYSTEM_AXIS: step, **values})
 
     def close(self, status: str) -> None:

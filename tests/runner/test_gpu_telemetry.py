@@ -1,17 +1,27 @@
 """GPU telemetry through the command line with real processes and a fake NVML
 (tests/fakenvml): two local ranks on two scripted GPUs (one at 90%, one at 10% that falls
 off the bus after four readings), the telemetry file, the report's columns and their
-sums, TensorBoard's system metrics; a power reading NVML refuses; no NVML at all."""
+sums, the system metrics in TensorBoard, MLflow and W&B (offline), read back with each
+library's own reader; a power reading NVML refuses; no NVML at all."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 from clirun import cli
 from gpufake import fake_env, records
-from loggerread import tensorboard_series
-from trainutil import write_spec
+from loggerread import (
+    as_float32,
+    history_series,
+    jsonl_series,
+    mlflow_series,
+    tensorboard_series,
+    wandb_history,
+    wandb_records,
+)
+from trainutil import run_info, write_spec
 
 from clusterjob.core import telemetry
 
@@ -20,6 +30,9 @@ pytestmark = pytest.mark.slow
 SCRIPT = {"gpus": {"GPU-aaaa": {"util": 90, "mem_mib": 2048, "power_w": 250.5},
                    "GPU-bbbb": {"util": 10, "mem_mib": 512, "power_w": 80.0, "lost_after": 4}}}
 FIELDS = ["time", "rank", "host", "gpu", "util_pct", "mem_used_mib", "power_w"]
+SYSTEM = {"system/gpu0_util": {90.0}, "system/gpu0_mem_mib": {2048.0}, "system/gpu0_power_w": {250.5},
+          "system/gpu1_util": {10.0}, "system/gpu1_mem_mib": {512.0}, "system/gpu1_power_w": {80.0}}
+LOGGERS = {"tensorboard": True, "mlflow": {"tracking_uri": "file:./mlruns"}, "wandb": {"mode": "offline"}}
 
 
 def gpu_spec(folder, **sections):
@@ -34,7 +47,7 @@ def the_run(folder):
 
 
 def test_two_ranks_sample_their_own_gpu_and_the_report_sums_the_samples(tmp_path):
-    spec = gpu_spec(tmp_path, logging={"tensorboard": True})
+    spec = gpu_spec(tmp_path, logging=LOGGERS)
     env = fake_env(SCRIPT, visible="GPU-aaaa,GPU-bbbb")
     done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -69,6 +82,37 @@ def test_two_ranks_sample_their_own_gpu_and_the_report_sums_the_samples(tmp_path
     assert {v for _, v in series["system/gpu0_power_w"]} == {250.5}
     steps = [s for s, _ in series["system/gpu0_util"]]
     assert steps == sorted(set(steps)) and "system/gpu0_util" not in (run / "metrics.jsonl").read_text()
+    check_system_metrics(run)
+
+
+def check_system_metrics(run):
+    """Each logger holds each rank's samples as system metrics, at their scripted values
+    and at whole seconds since the run started (each once, rising), and the trainer's
+    metrics just as metrics.jsonl holds them, which has none of the samples."""
+    info, epochs = run_info(run), jsonl_series(run, "epoch")
+    assert "system/" not in (run / "metrics.jsonl").read_text()
+    records = wandb_records(run, info["wandb_run_id"])
+    rows = wandb_history(records)
+    system_rows = [row for row in rows if "system_s" in row]
+    assert system_rows and not [row for row in system_rows if "epoch" in row]  # no epoch axis on a sample
+    defined = {r["metric"].get("name"): r["metric"].get("step_metric") for r in records if r["type"] == "metric"}
+    assert {name: defined.get(name) for name in SYSTEM} == dict.fromkeys(SYSTEM, "system_s")
+    found = {"tensorboard": tensorboard_series(run / "tensorboard"),
+             "mlflow": mlflow_series(info["mlflow_tracking_uri"], info["mlflow_run_id"]),
+             "wandb": {**history_series(system_rows, "system_s"),
+                       **history_series([row for row in rows if "system_s" not in row], "epoch")}}
+    started, finished = (datetime.fromisoformat(info[key]) for key in ("started_at", "finished_at"))
+    seconds = (finished - started).total_seconds()
+    for name, series in found.items():
+        assert {k: v for k, v in series.items() if not k.startswith("system/")} == (
+            as_float32(epochs) if name == "tensorboard" else epochs), name
+        system = {k: v for k, v in series.items() if k.startswith("system/")}
+        assert {k: {value for _, value in points} for k, points in system.items()} == SYSTEM, name
+        assert len(system["system/gpu0_util"]) >= 2, name
+        for points in system.values():
+            steps = [step for step, _ in points]
+            assert steps == sorted(set(steps)), name
+            assert all(float(s).is_integer() and 0 <= s <= seconds + 1 for s in steps), (name, steps, seconds)
 
 
 def test_a_power_reading_nvml_refuses_is_null_and_no_nvml_is_one_line(tmp_path):
