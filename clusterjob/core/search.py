@@ -102,8 +102,19 @@ def space_of(raw: Any) -> list[Dimension]:
 def draw(space: list[Dimension], seed: int, number: int) -> dict:
     """Trial ``number``'s values under the random method: its own generator, seeded by
     (seed, number), so a trial's values never depend on which slot drew it or when."""
-    rng = random.Random(f"clusterjob-search:{seed}:{number}")
+    rng = _trial_random(seed, number)
     return {dim.key: dim.draw(rng) for dim in space}
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of trial ``number``'s own sampler under the tpe method (Optuna's, given a
+    fresh one per trial): from (seed, number) alone, as ``draw``'s generator, so that the
+    slots' processes (each its own sampler) and a resumed search never draw alike."""
+    return _trial_random(seed, number).getrandbits(32)
+
+
+def _trial_random(seed: int, number: int) -> random.Random:
+    return random.Random(f"clusterjob-search:{seed}:{number}")
 
 
 # ----------------------------------------------------------------------------- search.json

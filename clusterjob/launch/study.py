@@ -14,9 +14,11 @@ Two stores, one contract:
   trial n's values drawn from a generator seeded by (seed, n). Stdlib only: a random
   search needs no Optuna.
 - ``OptunaStudy`` (method tpe): Optuna's JournalStorage with its file backend
-  (``study.optuna.log``), TPESampler seeded by the search's seed. Each trial is an Optuna
-  trial (its slot a system attribute); a pruned trial is told PRUNED with the values of
-  its rungs as intermediate values, so TPE sees it as pruned. ``optuna.load_study`` (and
+  (``study.optuna.log``). Each trial is an Optuna trial (its slot a system attribute),
+  its values drawn by a TPESampler of its own seeded by (seed, number): one sampler
+  seeded once would draw the same values in every slot's process and again after a
+  resume (its first trials are random draws). A pruned trial is told PRUNED with the
+  values of its rungs as intermediate values, so TPE sees it as pruned. ``optuna.load_study`` (and
   optuna-dashboard) open it as any Optuna study.
 """
 
@@ -174,10 +176,14 @@ class OptunaStudy(Study):
 
     def __init__(self, folder: Path, record: searchmod.SearchRecord):
         super().__init__(folder, record)
-        optuna = _optuna()
-        self.study = optuna.load_study(study_name=record.id, storage=_storage(folder),
-                                       sampler=optuna.samplers.TPESampler(seed=record.seed or 0))
+        self.optuna = _optuna()
+        self.study = self.optuna.load_study(study_name=record.id, storage=_storage(folder),
+                                            sampler=self._sampler(0))
         self.distributions = distributions(record.dimensions)
+
+    def _sampler(self, number: int) -> Any:
+        """Trial ``number``'s own TPESampler (module docstring)."""
+        return self.optuna.samplers.TPESampler(seed=searchmod.trial_seed(self.record.seed or 0, number))
 
     @classmethod
     def create(cls, folder: Path, record: searchmod.SearchRecord) -> None:
@@ -197,6 +203,7 @@ class OptunaStudy(Study):
         return found
 
     def _new(self, number: int, slot: int) -> Trial:
+        self.study.sampler = self._sampler(number)
         trial = self.study.ask(self.distributions)
         self.study._storage.set_trial_system_attr(trial._trial_id, SLOT_ATTR, slot)
         return Trial(trial.number, dict(trial.params), slot)
@@ -204,10 +211,9 @@ class OptunaStudy(Study):
     def _assign(self, trial: Trial, slot: int) -> Trial:
         """An orphan (a take cut short between Optuna's steps may have left some of its
         values undrawn): its values completed, its slot set."""
-        import optuna
-
         frozen = self.study.get_trials(deepcopy=False)[trial.number]
-        live = optuna.trial.Trial(self.study, frozen._trial_id)
+        self.study.sampler = self._sampler(trial.number)
+        live = self.optuna.trial.Trial(self.study, frozen._trial_id)
         params = {name: live._suggest(name, dist) for name, dist in self.distributions.items()}
         self.study._storage.set_trial_system_attr(frozen._trial_id, SLOT_ATTR, slot)
         return Trial(trial.number, params, slot)

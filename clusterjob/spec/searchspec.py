@@ -59,18 +59,21 @@ class SearchSpec(Section):
         if not self.space:
             raise SpecError("space", f"is empty: nothing to search; give at least one key, e.g. train.lr: {_EXAMPLE}")
         object.__setattr__(self, "space", {key: _distribution(key, value) for key, value in self.space.items()})
-        if self.method == "tpe" and not _optuna_installed():
-            raise SpecError("method", f"tpe needs Optuna, which is not installed in this Python; {OPTUNA_EXTRA}, "
+        why = _optuna_missing() if self.method == "tpe" else None
+        if why is not None:
+            raise SpecError("method", f"tpe needs Optuna, which this Python cannot import ({why}); {OPTUNA_EXTRA}, "
                                       "or use method: random")
 
 
-def _optuna_installed() -> bool:
-    from importlib.util import find_spec
-
+def _optuna_missing() -> Optional[str]:
+    """Why Optuna cannot be imported here (None: it can). Imported for real (a fifth of a
+    second), as the slots will: an install that is there but broken (a dependency
+    missing) is refused here too, not when the search's folder is made."""
     try:
-        return find_spec("optuna") is not None
-    except (ImportError, ValueError):
-        return False
+        import optuna  # noqa: F401
+    except Exception as err:  # whatever its import raises, tpe cannot run
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _distribution(key: Any, value: Any) -> dict:

@@ -3,17 +3,19 @@ values refused in one line with exit 2 before anything exists; a local ASHA sear
 built-in trainer (synthetic data, the mlp, lr decides the quality) and of an unmodified
 script whose metric comes from a regex: trials pruned, the best trial's lr in the good
 range, no trial run twice, every trial folder complete, status and the report truthful;
-cancel and resume of a search as a whole."""
+cancel and resume of a search as a whole; a tpe search (Optuna's study, its journal read
+by Optuna) and its resume, and tpe refused where Python cannot import Optuna."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli, start
+from clirun import base_env, cli, start
 from slurmcluster import wait_for
 from trainutil import TINY, merge
 
@@ -75,17 +77,22 @@ HOSTILE = [
 ]
 
 
+def without_optuna(folder: Path) -> dict:
+    """An environment whose Python cannot import Optuna, installed or not: first on its
+    PYTHONPATH, a package of that name whose import fails."""
+    package = folder / "hidden" / "optuna"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError(\"No module named 'optuna' (hidden by the test)\")\n")
+    return {**base_env(), "PYTHONPATH": str(folder / "hidden")}
+
+
 @pytest.mark.parametrize("change,said", HOSTILE, ids=[said[:40] for _, said in HOSTILE])
 def test_hostile_search_values_are_one_line_and_exit_2(tmp_path, change, said):
-    """Each through validate (in this process): one line naming the field and the value."""
-    if change.get("method") == "tpe":
-        try:
-            import optuna  # noqa: F401
-            pytest.skip("Optuna is installed here: tpe is valid")
-        except ImportError:
-            pass
+    """Each through validate (in this process; tpe in a process whose Python cannot
+    import Optuna): one line naming the field and the value."""
+    env = without_optuna(tmp_path) if change.get("method") == "tpe" else None
     write(tmp_path, {**SEARCH, **change})
-    done = cli(tmp_path, "validate", "s.yaml")
+    done = cli(tmp_path, "validate", "s.yaml", env=env)
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.splitlines()
     assert said in line, line
@@ -100,6 +107,10 @@ def test_a_hostile_search_submits_nothing(tmp_path):
     write(tmp_path, SEARCH, sweep={"train.seed": [0, 1]})
     done = cli(tmp_path, "submit", "s.yaml", "--executor", "local")
     assert done.returncode == 2 and "search: a spec has a sweep or a search, not both" in done.stderr
+    write(tmp_path, {**SEARCH, "method": "tpe"})
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "local", env=without_optuna(tmp_path))
+    assert done.returncode == 2 and "search.method: tpe needs Optuna, which this Python cannot import" in done.stderr
+    assert "hidden by the test" in done.stderr and len(done.stderr.splitlines()) == 1
     assert not (tmp_path / "results").exists()
 
 
@@ -251,3 +262,88 @@ def test_cancel_and_resume_a_local_search(tmp_path):
     assert alone.returncode == 2 and "is a trial of a search" in alone.stderr
     lower = cli(tmp_path, "resume", str(found), "--set", "search.trials=3")
     assert lower.returncode == 2 and "resume can only raise it" in lower.stderr
+
+
+# ----------------------------------------------------------------------------- tpe (Optuna)
+
+TPE = {"method": "tpe", "trials": 6, "parallel": 2, "seed": 7,
+       "space": {"train.lr": {"log_uniform": [1.0e-4, 0.5]}, "train.weight_decay": {"choice": [0.0, 5.0e-4]}},
+       "prune": {"method": "asha", "min_epochs": 1, "reduction": 2}}
+
+
+def optuna_journal(found: Path, scratch: Path) -> list:
+    """The trials of the search's study as Optuna reads its journal, from a copy (nothing
+    in the search's folder is opened for writing)."""
+    optuna = pytest.importorskip("optuna")
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    copy = scratch / "journal-copy.log"
+    shutil.copyfile(found / "study.optuna.log", copy)
+    return optuna.load_study(study_name=found.name, storage=JournalStorage(JournalFileBackend(str(copy)))).get_trials()
+
+
+def tpe_proposal(number: int) -> dict:
+    """What Optuna's TPESampler seeded for trial ``number`` proposes first: TPE draws its
+    first 10 trials at random whatever the others gave, so these are trial ``number``'s
+    values whichever slot took it."""
+    optuna = pytest.importorskip("optuna")
+    from clusterjob.core.search import space_of, trial_seed
+    from clusterjob.launch.study import distributions
+
+    sampler = optuna.samplers.TPESampler(seed=trial_seed(TPE["seed"], number))
+    return optuna.create_study(sampler=sampler).ask(distributions(space_of(TPE["space"]))).params
+
+
+def check_tpe(found: Path, scratch: Path, count: int) -> list:
+    """Every trial of a finished tpe search run once, its values within the space, drawn
+    by Optuna for its number and none twice; Optuna's journal holds each trial with its
+    run's end (the metric, or the rung values it was pruned by). The runs' records."""
+    optuna = pytest.importorskip("optuna")
+    held, runs = optuna_journal(found, scratch), trials(found)
+    assert [t.number for t in held] == list(range(count)) and len(runs) == count
+    assert len({tuple(sorted(t.params.items())) for t in held}) == count
+    states = {"completed": optuna.trial.TrialState.COMPLETE, "pruned": optuna.trial.TrialState.PRUNED}
+    verdicts = lines(found / "rungs.jsonl")
+    records = []
+    for number, (trial, run) in enumerate(zip(held, runs)):
+        record = info(run)
+        records.append(record)
+        assert run.name == f"{found.name}-{number:03d}" and record["search"]["trial"] == number
+        assert len(record["sessions"]) == 1  # started once, never again
+        assert record["status"] in states and trial.state == states[record["status"]]
+        assert record["params"] == trial.params == pytest.approx(tpe_proposal(number))
+        assert 1.0e-4 <= trial.params["train.lr"] <= 0.5 and trial.params["train.weight_decay"] in (0.0, 5.0e-4)
+        assert yaml.safe_load((run / "spec.yaml").read_text())["train"]["lr"] == trial.params["train.lr"]
+        assert trial.system_attrs["clusterjob_slot"] in (0, 1)
+        assert trial.intermediate_values == {int(v["at"]): pytest.approx(v["value"]) for v in verdicts
+                                             if v["trial"] == number} != {}  # every trial reached rung 0
+        if record["status"] == "completed":
+            assert trial.value == pytest.approx(record["final"]["val_acc"])
+    return records
+
+
+@pytest.mark.slow
+def test_local_tpe_search_and_its_resume(tmp_path):
+    """6 trials of 2 epochs, 2 slots, ASHA: Optuna's study holds what ran; resume with
+    ``--set search.trials=8`` continues that study with trials 6 and 7 (drawn for their
+    numbers, not the first trials' values again)."""
+    pytest.importorskip("optuna", reason="Optuna is not installed here (scripts/setup-venv installs it)")
+    write(tmp_path, TPE, train={"epochs": 2, "log_every": 8})
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "local", "--wait", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = search_folder(tmp_path)
+    assert (found / "study.optuna.log").is_file() and not (found / "study.jsonl").exists()
+    records = check_tpe(found, tmp_path, 6)
+    counts = {status: sum(r["status"] == status for r in records) for status in ("completed", "pruned")}
+    status = cli(tmp_path, "status", str(found))
+    assert status.returncode == 0
+    assert f"6 of 6 trial(s) taken ({counts['completed']} completed, {counts['pruned']} pruned)" in status.stdout
+    report = cli(tmp_path, "report", str(found), "--runs", "--format", "json")
+    assert report.returncode == 0
+    assert sorted(row["run_id"] for row in json.loads(report.stdout)["runs"]) == [r["run_id"] for r in records]
+
+    done = cli(tmp_path, "resume", str(found), "--set", "search.trials=8", "--wait", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = check_tpe(found, tmp_path, 8)
+    assert again[:6] == records  # the first six untouched
