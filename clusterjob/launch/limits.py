@@ -114,9 +114,9 @@ def over(points: int, found: list[Limit]) -> Optional[Limit]:
     return next((limit for limit in found if limit.counted + points > limit.most), None)
 
 
-def assoc_cmd(user: str) -> list[str]:
-    """The sacctmgr command of ``user``'s associations."""
-    return ["sacctmgr", "-P", "show", "assoc", "where", f"user={user}",
+def assoc_cmd(user: Optional[str] = None) -> list[str]:
+    """The sacctmgr command of the associations of ``user`` (default: this process's)."""
+    return ["sacctmgr", "-P", "show", "assoc", "where", f"user={user or _user()}",
             "format=Cluster,Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS"]
 
 

@@ -339,9 +339,10 @@ def qos_cmd(name: str) -> list[str]:
 
 def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.ask) -> list[Check]:
     """Every check of ``spec`` (``points`` runs, rendered as ``scripts``) against the
-    cluster. The questions that depend on no answer are asked at once, then those that
-    depend on the partition (slurmctl.AskedAtOnce): a round trip each, not their sum."""
-    asked = slurmctl.AskedAtOnce(ask).start(PARTITIONS_CMD, slurmctl.CONFIG, limits.QUEUE_CMD,
+    cluster. The questions that depend on no answer are asked at once (the user's
+    associations too: sacctmgr answers at once where there is no accounting), then those
+    that depend on the partition (slurmctl.AskedAtOnce): a round trip each, not their sum."""
+    asked = slurmctl.AskedAtOnce(ask).start(PARTITIONS_CMD, slurmctl.CONFIG, limits.QUEUE_CMD, limits.assoc_cmd(),
                                             *((TEST_ONLY, script) for script in scripts[:1]))
     try:
         return _checks(spec, points, scripts, asked)

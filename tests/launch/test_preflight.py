@@ -349,9 +349,9 @@ def test_the_questions_that_need_no_answer_are_asked_at_once_and_each_once(tmp_p
 
     checks = preflight.run_checks(spec_of(tmp_path, nodes=1, tasks_per_node=1), 3, ["#!/bin/sh\n"], slow)
     assert all(check.ok for check in checks), [c.line() for c in checks if not c.ok]
-    # partitions, config, the queue and sbatch --test-only together; then the partition's nodes
+    # partitions, config, the queue, the associations and sbatch --test-only together; then the nodes
     assert state["most"] >= 4
     asked = state["asked"]
     assert sorted(asked) == sorted(set(asked)), asked  # no command twice (config serves two checks)
     assert {"scontrol show partition", "scontrol show config", "squeue -r -t", "sbatch --test-only",
-            "sinfo -N -p"} <= set(asked)
+            "sinfo -N -p", "sacctmgr -P show"} <= set(asked)
