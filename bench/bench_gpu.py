@@ -3,6 +3,7 @@
     python bench/bench_gpu.py                        # 50,000 images, 5 epochs, eager and compiled
     python bench/bench_gpu.py --images 20000 --epochs 3 --json /tmp/bench.json
     python bench/bench_gpu.py --cpu-smoke            # tiny, on CPU, no compile, no Lightning
+    python bench/bench_gpu.py --sampler-rounds 3     # clusterjob with the GPU sampler on and off, alternately
 
 The work, the same in every row: ResNet-18 (CIFAR stem), synthetic images held as uint8
 on the GPU, batch 512, per-sample random crop (pad 4) + horizontal flip on the GPU, bf16
@@ -22,6 +23,12 @@ pays for warm-up and compilation); "vs bare" divides by the bare loop's img/s of
 mode; start-up is the seconds from starting the process to its first optimizer step
 returning (imports, data, process group, model; for compile, the first compilation too).
 Without a CUDA GPU it says so and runs nothing, unless ``--cpu-smoke``.
+
+``--sampler-rounds N`` measures instead what the GPU sampler (``health.gpu_sample_s``)
+costs a step: N rounds, each the clusterjob row eager with the sampler every 0.5 s (20
+times its default rate) and then with it off (``gpu_sample_s: null``), alternately, so
+that the machine's drift touches both alike; it prints each round's img/s and their
+ratio, and the median ratio.
 """
 
 from __future__ import annotations
@@ -255,10 +262,12 @@ def runner_child(spec: str, run_dir: str) -> None:
 # ----------------------------------------------------------------------------- the parent
 
 
-def clusterjob_spec(work: Work, folder: Path) -> dict:
-    """The spec for clusterjob's runner: the work above, as its keys say it."""
+def clusterjob_spec(work: Work, folder: Path, gpu_sample_s: Optional[float] = 10.0) -> dict:
+    """The spec for clusterjob's runner: the work above, as its keys say it (the GPU
+    sampler at its default rate unless ``gpu_sample_s`` says otherwise)."""
     mode = "compile" if work.compiled else "eager"
     return {
+        "health": {"gpu_sample_s": gpu_sample_s},
         "name": f"bench-gpu-{mode}", "output": {"root": str(folder / "results")},
         "data": {"dataset": "synthetic", "loader": "tensor", "limit_train": work.images,
                  "limit_val": work.val_images, "augment": True, "drop_last": True},
@@ -325,11 +334,12 @@ def measure_child(runner: str, work: Work, folder: Path, timeout: float) -> Row:
     return row
 
 
-def measure_runner(work: Work, folder: Path, timeout: float) -> Row:
+def measure_runner(work: Work, folder: Path, timeout: float, gpu_sample_s: Optional[float] = 10.0,
+                   tag: str = "") -> Row:
     """The clusterjob row: the runner on a spec written for ``work``."""
     row = Row("clusterjob", "compile" if work.compiled else "eager")
-    spec, run_dir = folder / f"{row.mode}.yaml", folder / f"run-{row.mode}"
-    spec.write_text(yaml.safe_dump(clusterjob_spec(work, folder)))
+    spec, run_dir = folder / f"{row.mode}{tag}.yaml", folder / f"run-{row.mode}{tag}"
+    spec.write_text(yaml.safe_dump(clusterjob_spec(work, folder, gpu_sample_s)))
     cmd = [sys.executable, __file__, "--child", "clusterjob", "--spec", str(spec), "--run-dir", str(run_dir)]
     done, row.note = _run_child(cmd, timeout, folder / f"caches-clusterjob-{row.mode}")
     if done is not None:
@@ -395,6 +405,27 @@ def run_all(args: argparse.Namespace, say: Callable[[str], None] = print) -> lis
     return with_ratios(rows)
 
 
+def sampler_rounds(args: argparse.Namespace, say: Callable[[str], None] = print) -> str:
+    """The sampler's cost: ``args.sampler_rounds`` rounds of the clusterjob row, sampler on
+    (every 0.5 s) then off; a markdown table of img/s and on/off per round, and the median."""
+    work, lines, ratios = replace(work_for(args), compiled=False), [], []
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-sampler-") as folder:
+        for index in range(args.sampler_rounds):
+            got = {}
+            for label, period in (("on", 0.5), ("off", None)):
+                say(f"bench_gpu: round {index + 1}, sampler {label} ...")
+                got[label] = measure_runner(work, Path(folder), args.timeout, period, f"-{index}-{label}")
+            on, off = got["on"].img_s, got["off"].img_s
+            ratio = on / off if on and off else None
+            ratios += [ratio] if ratio else []
+            lines.append(f"| {index + 1} | {f'{on:,.0f}' if on else got['on'].note} | "
+                         f"{f'{off:,.0f}' if off else got['off'].note} | "
+                         f"{f'{ratio:.4f}' if ratio else '-'} |")
+    median = f"{statistics.median(ratios):.4f}" if ratios else "-"
+    return "\n".join(["| round | img/s, sampler every 0.5 s | img/s, sampler off | on / off |",
+                      "| ---: | ---: | ---: | ---: |", *lines, f"| median | | | {median} |"])
+
+
 def cuda_visible() -> bool:
     import torch
 
@@ -410,6 +441,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--cpu-smoke", action="store_true", help="tiny, on CPU, eager, no Lightning: checks the script")
     p.add_argument("--timeout", type=float, default=300, help="seconds per row (default 300)")
     p.add_argument("--json", type=Path, help="also write the rows to this file as JSON")
+    p.add_argument("--sampler-rounds", type=int, default=0,
+                   help="instead: the GPU sampler's cost, this many rounds of the clusterjob row on and off")
     p.add_argument("--child", choices=("bare", "lightning", "clusterjob"), help=argparse.SUPPRESS)
     p.add_argument("--work", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
@@ -434,6 +467,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return child_main(args)
     if not args.cpu_smoke and not cuda_visible():
         print("bench_gpu: no CUDA GPU is visible on this machine; nothing run")
+        return 0
+    if args.sampler_rounds:
+        print(sampler_rounds(args))
         return 0
     rows = run_all(args)
     print(table(rows))
