@@ -348,6 +348,15 @@ def resolved(folder: "str | os.PathLike", record: RunRecord, records: Optional[R
         record, job=job, launcher=launcher)
 
 
+def has_job_of(executor: str, folder: "str | os.PathLike", records: Optional[Records] = None) -> bool:
+    """Whether the sweep record of the run in ``folder`` gives any of its parts a job of
+    ``executor``: where not, a run whose run.json names no job has none of that executor
+    (the report's cost asks this first, so as not to read 10,000 run.json files again)."""
+    where = member(folder)
+    found = (records or Records()).of(where) if where is not None else None
+    return found is not None and any(part.job is not None and part.job.executor == executor for part in found.parts)
+
+
 def job_of_folder(folder: "str | os.PathLike", records: Optional[Records] = None) -> Optional[Job]:
     """``job_of`` for a run known by its folder alone (the report's rows): its run.json read here."""
     return job_of(folder, read_record(folder)[0], records)

@@ -63,8 +63,9 @@ def slurm_jobs(info: dict, records: Optional[sweep.Records] = None) -> list:
     """The Slurm jobs the run ran in, in order: each session's, then the recorded one
     (its run.json's, else its sweep's record's: clusterjob.core.sweep.job_of)."""
     recorded = info["slurm_job_id"]
-    if recorded is None and not info["sessions"] and info.get("path"):  # it never started: its job, if any
-        job = sweep.job_of_folder(info["path"], records)
+    never_started = recorded is None and not info["sessions"] and info.get("path")
+    if never_started and sweep.has_job_of(SLURM, info["path"], records):
+        job = sweep.job_of_folder(info["path"], records)  # its job in its sweep's record
         recorded = job.id if job is not None and job.executor == SLURM else None
     jobs = [session.get("job") for session in info["sessions"]] + [recorded]
     return list(dict.fromkeys(job for job in jobs if is_job_id(job)))

@@ -261,3 +261,24 @@ def test_a_sacct_answer_that_cannot_be_read_is_a_dash_in_the_report(tmp_path, sl
     assert (run["queue_wait_s"], run["lost_s"]) == ((10, 0) if queue_known else (None, None))
     md = cli(tmp_path, "report", "exp", "--runs", env=slurm_shims.env(alone=True), errors="replace")
     assert md.returncode == 0 and "compute - ·" in md.stdout and not re.search(r"[0-9] [CG]PU-h", md.stdout), md.stdout
+
+
+def test_a_run_that_never_started_has_the_job_its_sweeps_record_gives_it_and_a_local_one_none(tmp_path):
+    from clusterjob.core import sweep
+    from clusterjob.core.record import Job
+    from clusterjob.core.rundir import make_runs
+
+    def pending(executor: str, job):
+        runs = make_runs(tmp_path / executor, "s", [(i, "name: s\n", {"train.seed": i}) for i in range(3)],
+                         executor=executor)
+        where, part = sweep.new_part([run.path for run in runs], job=job, array=job is not None)
+        sweep.add_parts(where, [part])
+        return [{"path": str(run.path), "slurm_job_id": None, "sessions": []} for run in runs]
+
+    slurm = pending("slurm", Job("slurm", "77"))
+    assert [cost.slurm_jobs(run, sweep.Records()) for run in slurm] == [["77_0"], ["77_1"], ["77_2"]]
+    # a local sweep's record has no Slurm job: none, without its run.json read again
+    local = pending("local", None)
+    for run in local:
+        (Path(run["path"]) / "run.json").unlink()
+    assert [cost.slurm_jobs(run, sweep.Records()) for run in local] == [[], [], []]
