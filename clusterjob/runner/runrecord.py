@@ -200,7 +200,7 @@ def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -
         run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
             f"{decision.line}. Fix: `clusterjob resume {run.path}` continues it from the last checkpoint")))
         return FAILED
-    left = decision.wait_s - _since_requeue_s(job.run_key)
+    left = round(decision.wait_s - _since_requeue_s(job.run_key), 1)  # one value, said and returned
     print(decision.line + (f" ({left:.0f} s left after Slurm's own hold)" if left > 0 else ""), flush=True)
     return f"{WAIT} {left:.1f}" if left > 0 else GO
 
