@@ -39,6 +39,7 @@ import faulthandler
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import socket
@@ -326,14 +327,38 @@ def _register_stacks(path: "os.PathLike") -> None:
 
 
 def nccl_environ(run: RunDir, environ: Any) -> None:
-    """torch's flight recorder under NCCL: its ring buffer on (unless set), its dump
-    written under logs/ (``nccl-trace-rank<R>``) when the watcher writes to the rank's
-    pipe (``nccl-pipe-rank<R>.pipe``). Read by torch when the NCCL group is made, so
-    before the code's first collective."""
-    environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-    for name in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):
-        environ.setdefault(name, str(run.logs / NCCL_TRACE))
+    """torch's flight recorder under NCCL: its ring buffer on, its dump written under
+    logs/ (``nccl-trace-rank<R>``) when the watcher writes to the rank's pipe
+    (``nccl-pipe-rank<R>.pipe``). Each is left alone when set under either of its names
+    (torch reads the newer name first), else set under the name the installed torch reads
+    without a warning. Read by torch when the NCCL group is made, so before the code's
+    first collective."""
+    newer = _torch_version() >= (2, 11)
+    for names, value in ((FR_BUFFER, "2000"), (FR_DUMP, str(run.logs / NCCL_TRACE))):
+        if not set(names) & set(environ):
+            environ[names[0] if newer else names[1]] = value
     environ.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", str(run.logs / NCCL_PIPE))
+
+
+# (newer name, older name): torch 2.11 warns of the older one
+FR_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_DUMP = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def nccl_dump_prefix(environ: Any) -> Optional[str]:
+    """Where torch writes its flight recorder's dump (then the rank), as torch reads it."""
+    return environ.get(FR_DUMP[0]) or environ.get(FR_DUMP[1]) or None
+
+
+def _torch_version() -> tuple:
+    """(major, minor) of the installed torch, read without importing it; (0, 0) when unknown."""
+    from importlib import metadata
+
+    try:
+        found = re.match(r"(\d+)\.(\d+)", metadata.version("torch"))
+    except metadata.PackageNotFoundError:
+        return (0, 0)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def _start_watcher(config: dict) -> subprocess.Popen:

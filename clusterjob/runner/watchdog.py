@@ -44,7 +44,7 @@ from clusterjob.core import procs, rankhealth, stackdump, stalls
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import Stall, Straggler
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir
-from clusterjob.runner import stacks
+from clusterjob.runner import health, stacks
 
 POLL_S = 1.0
 ANSWER_WAIT_S = 15.0  # the leader waits this long for every rank's stacks
@@ -351,7 +351,7 @@ def _native(pid: int) -> Optional[str]:
 
 def _nccl_trace(rank: int, folder: Path) -> None:
     """Ask torch (under NCCL) to dump its flight recorder, and copy the dump beside the stacks."""
-    pipe, trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    pipe, trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), health.nccl_dump_prefix(os.environ)
     if not pipe or not trace:
         return
     target = Path(f"{trace}{rank}")

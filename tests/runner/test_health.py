@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import health
 
@@ -65,15 +67,34 @@ def test_the_sampler_counts_a_main_thread_inside_torch_distributed_only():
 
 def test_the_nccl_flight_recorder_goes_to_the_run_unless_set(tmp_path):
     run = RunDir(tmp_path)
-    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/mine/pipe"}
+    environ = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/mine/pipe",
+               "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mine/trace"}
     health.nccl_environ(run, environ)
     assert environ == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/mine/pipe",
-                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "logs" / "nccl-trace-rank"),
-                       "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "logs" / "nccl-trace-rank")}
+                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mine/trace"}  # the older names are still read
+    assert health.nccl_dump_prefix(environ) == "/mine/trace"
     fresh: dict = {}
     health.nccl_environ(run, fresh)
-    assert fresh["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
-    assert fresh["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == str(tmp_path / "logs" / "nccl-pipe-rank")
+    assert fresh == {"TORCH_FR_BUFFER_SIZE": "2000",  # torch 2.14: the names it reads without a warning
+                     "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "logs" / "nccl-trace-rank"),
+                     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "logs" / "nccl-pipe-rank")}
+    assert health.nccl_dump_prefix(fresh) == str(tmp_path / "logs" / "nccl-trace-rank")
+
+
+@pytest.mark.parametrize("version, names", [
+    ((2, 5), ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]),
+    ((2, 11), ["TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"]),
+    ((3, 0), ["TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"])])
+def test_the_flight_recorder_is_set_under_the_names_the_torch_reads(tmp_path, monkeypatch, version, names):
+    monkeypatch.setattr(health, "_torch_version", lambda: version)
+    environ: dict = {}
+    health.nccl_environ(RunDir(tmp_path), environ)
+    assert sorted(environ) == sorted([*names, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]) and environ[names[0]] == "2000"
+    assert health.nccl_dump_prefix(environ) == str(tmp_path / "logs" / "nccl-trace-rank")
+    mine = {"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mine/trace"}
+    health.nccl_environ(RunDir(tmp_path), mine)
+    assert (mine["TORCH_FR_BUFFER_SIZE"], health.nccl_dump_prefix(mine)) == ("64", "/mine/trace")
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in mine and "TORCH_FR_DUMP_TEMP_FILE" not in mine
 
 
 def test_a_wait_clock_adds_what_is_still_on_a_device_when_read():
