@@ -28,15 +28,17 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import dist
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 CTRL_C = "SIGINT"  # the stop that a plain script sees as KeyboardInterrupt
+REDELIVER_S = 0.01  # a stop whose raise Python swallowed comes again this much later
 CANCEL_POLL_S = 1.0  # how often rank 0 of a plain script reads run.json for a cancel
 PRUNE = "prune"  # the stop of a trial its search pruned
 _STICKY = ("cancel", PRUNE)  # stops that a signal arriving after them does not rename
@@ -68,6 +70,8 @@ class StopSignal:
         self.grace_s = 10.0
         self.before_kill: Callable[[], object] = lambda: None  # rank 0 records the stop
         self._raised = False
+        self._raised_exc: Optional[BaseException] = None  # what was raised, until the script has it
+        self._signum: int = signal.SIGTERM  # the last stop signal, to deliver again when a raise was lost
         self._said: Optional[str] = None  # the last stop signal this process said it received
         self._armed = False
         self._arm_lock = threading.RLock()  # the handler may run while the main thread holds it
@@ -80,7 +84,29 @@ class StopSignal:
         signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         threading.Thread(target=self._wakeups, args=(read,), daemon=True, name="clusterjob-stop").start()
         os.register_at_fork(after_in_child=_forget_in_child)
+        chained = sys.unraisablehook
+
+        def hook(unraisable: Any) -> None:
+            self._lost(unraisable)
+            chained(unraisable)
+
+        sys.unraisablehook = hook
         return self
+
+    def _lost(self, unraisable: Any) -> None:
+        """A raise of the stop that Python only printed: the handler ran while the main
+        thread was in a finalizer (``__del__``, a weakref callback, the garbage
+        collector's), where an exception goes nowhere. The script never saw its stop and
+        would run on to the kill: deliver the signal again, from a thread a moment later
+        (from here its handler would run inside this hook, which swallows too), so that it
+        is raised at the script's next line (once more where that is a finalizer again)."""
+        if self._raised_exc is not None and unraisable.exc_value is self._raised_exc:
+            self._raised, self._raised_exc = False, None
+            os.write(2, b"clusterjob: the stop was raised inside a finalizer, where Python drops it; "
+                        b"raising it again\n")
+            timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), self._signum))
+            timer.daemon = True
+            timer.start()
 
     def watch(self, run: RunDir) -> None:
         """Rank 0: also stop when ``clusterjob cancel`` asked for it in run.json."""
@@ -89,6 +115,7 @@ class StopSignal:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         first = self.received_at is None
+        self._signum = signum
         self.received_at = self.received_at or time.time()
         name = signal.Signals(signum).name
         said = self._said == name  # the same stop twice (cancel and the supervisor both send SIGTERM): one line
@@ -109,9 +136,8 @@ class StopSignal:
         if self.requested and self.is_plain_script() and not self._raised:
             self._raised = True
             self._arm_kill()
-            if self.signal == CTRL_C:
-                raise KeyboardInterrupt
-            raise StopRequested(self.signal)
+            self._raised_exc = KeyboardInterrupt() if self.signal == CTRL_C else StopRequested(self.signal)
+            raise self._raised_exc
 
     def _wakeups(self, read: int) -> None:
         """Woken by every signal, even while the main thread is stuck in C code: arm the

@@ -50,7 +50,7 @@ def test_it_redraws_a_running_run_and_ctrl_c_leaves_at_once(tmp_path):
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         out, err = proc.communicate(timeout=10)
-        assert time.monotonic() - sent < 2
+        assert time.monotonic() - sent < 5  # at once: well before the next frame's work ends, even on a loaded machine
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,6 +1,7 @@
 """runner.preempt's StopSignal in a plain script's process, without a run: the stop is
 raised in the main thread, the kill comes after the grace period even while the main
-thread is stuck in C code, and a forked child's SIGTERM is not this process's stop."""
+thread is stuck in C code, a forked child's SIGTERM is not this process's stop, and a stop
+raised where Python drops it (a finalizer) comes again at the script's next line."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from clirun import REPO, base_env
 
 PRELUDE = """
@@ -53,3 +55,30 @@ def test_a_forked_childs_sigterm_is_not_this_process_stop():
                   "os.kill(pid, signal.SIGTERM)\nprint('child', os.waitpid(pid, 0)[1])\ntime.sleep(2.5)\n"
                   "print('alive')\n")
     assert done.returncode == 0 and "child 15" in done.stdout and "alive" in done.stdout, done.stderr
+
+
+SWALLOWED = """
+class Finalized:
+    def __del__(self):  # Python runs a pending signal's handler here: what it raises is only printed
+        os.kill(os.getpid(), signal.{sig})
+        for _ in range(1000):
+            pass
+try:
+    Finalized()
+    for _ in range(50):
+        time.sleep(0.01)
+    print("not stopped", flush=True)
+except {caught} as e:
+    print("stopped by", type(e).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig, caught", [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "StopRequested")])
+def test_a_stop_raised_inside_a_finalizer_is_raised_again_in_the_script(sig, caught):
+    # A handler that runs while the main thread is in a __del__ (or a weakref callback, or
+    # the garbage collector's) raises where Python only prints the error: the script would
+    # train on to the kill. The stop comes again at the script's next line.
+    done, took = run(SWALLOWED.format(sig=sig, caught=caught))
+    assert done.returncode == 0 and f"stopped by {caught}" in done.stdout, (done.stdout, done.stderr)
+    assert done.stdout.count(f"received {sig}") == 1 and took < 10
+    assert "the stop was raised inside a finalizer, where Python drops it; raising it again" in done.stderr
