@@ -908,22 +908,76 @@ def dump_spec(spec: Spec) -> str:
     return "".join(_section_text(spec, f.name) for f in key_fields(Spec) if _written(spec, f.name))
 
 
-_SECTION_TEXTS: dict = {}  # (key, id(section)) -> (section, its YAML): the section held, so its id stays its own
+_SECTION_TEXTS: dict = {}  # a section's key (_text_key) -> (the section, its YAML)
 _MOST_SECTION_TEXTS = 4096
 
 
 def _section_text(spec: Spec, name: str) -> str:
-    """``name: <section>`` as YAML, written once per section object."""
+    """``name: <section>`` as YAML, written once per section: a dataclass section once
+    per object (held, so that its id stays its own), a plain value (the name, the sweep,
+    params, env with its secrets shown as ***) once per content (in its order), as the
+    points of a sweep each hold a copy of the same mapping."""
     section = getattr(spec, name)
-    if name == "env":  # secrets shown as ***: written anew each time
-        return _yaml({name: envmod.shown_env(spec.env)})
-    key = (name, id(section))
+    if is_dataclass(section):
+        found = _SECTION_TEXTS.get((name, id(section)))
+        if found is None or found[0] is not section:
+            data = spec_to_dict(section)
+            composed = _composed(name, data)
+            found = _keep((name, id(section)), section, {name: data}, composed)
+        return found[1]
+    data = envmod.shown_env(spec.env) if name == "env" else spec_to_dict(section)
+    key = (name, json.dumps(data, default=repr))
     found = _SECTION_TEXTS.get(key)
-    if found is None or found[0] is not section:
-        if len(_SECTION_TEXTS) >= _MOST_SECTION_TEXTS:
-            _SECTION_TEXTS.clear()
-        found = _SECTION_TEXTS[key] = (section, _yaml({name: spec_to_dict(section)}))
-    return found[1]
+    return (found or _keep(key, key, {name: data}))[1]
+
+
+def _keep(key: tuple, section: Any, data: dict, text: Optional[str] = None) -> tuple:
+    if len(_SECTION_TEXTS) >= _MOST_SECTION_TEXTS:
+        _SECTION_TEXTS.clear()
+    found = _SECTION_TEXTS[key] = (section, text if text is not None else _yaml(data))
+    return found
+
+
+_ITEM_TEXTS: dict = {}  # (section, key, value's own key) -> the key's lines, indented as in its section
+_SHORT = 40  # the longest key or word _composed takes
+_NARROW = 70  # a line this long at the top is one line at the section's depth too (YAML folds past 80)
+
+
+def _composed(name: str, data: dict) -> Optional[str]:
+    """A section's text from the texts of its keys, each written once per value: the
+    points of a sweep each change a key or two of a section (train.lr, train.seed), and
+    writing the whole section again per point is most of what writing 10,000 spec.yaml
+    costs. Only where the text is the same as the whole section's: every value a number,
+    a bool, null, a short one-line word, or a list of them (no folding, no nesting); else
+    None, and the section is written whole."""
+    parts = []
+    for key, value in data.items():
+        own = _value_key(value)
+        if own is None or not isinstance(key, str) or len(key) > _SHORT:
+            return None
+        found = _ITEM_TEXTS.get((name, key, own))
+        if found is None:
+            lines = _yaml({key: value}).splitlines()
+            if len(lines) != 1 + (len(value) if isinstance(value, list) else 0) or max(map(len, lines)) > _NARROW:
+                return None  # folded, or it might be at the section's depth: the section is written whole
+            if len(_ITEM_TEXTS) >= _MOST_SECTION_TEXTS:
+                _ITEM_TEXTS.clear()
+            found = _ITEM_TEXTS[(name, key, own)] = "".join(f"  {line}\n" for line in lines)
+        parts.append(found)
+    return f"{name}:\n{''.join(parts)}" if parts else None
+
+
+def _value_key(value: Any) -> Optional[tuple]:
+    """What tells ``value``'s text apart (its type and repr: 0.0 and -0.0, 1 and True
+    differ), for a value ``_composed`` may write on its own; None for any other."""
+    if isinstance(value, list):
+        items = [_value_key(v) for v in value]
+        return None if any(item is None or item[0] == "list" for item in items) else ("list", tuple(items))
+    if value is None or isinstance(value, (bool, int, float)):
+        return (type(value).__name__, repr(value))
+    if isinstance(value, str) and len(value) <= _SHORT and value.isprintable():
+        return ("str", value)
+    return None
 
 
 def _yaml(data: dict) -> str:

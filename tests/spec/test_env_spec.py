@@ -117,3 +117,39 @@ def test_set_keeps_a_variables_value_as_typed(tmp_path):
 def test_env_is_a_mapping():
     with pytest.raises(SpecError, match="^env: expected a mapping"):
         spec_from_dict({"name": "x", "env": ["A=1"]})
+
+
+def test_each_points_spec_text_is_the_whole_spec_written_out_whatever_it_shares():
+    # plain values (name, env, params, sweep) are written once per content and reused: a
+    # point's text must still be exactly its own spec's, in its own key order
+    code = {"entrypoint": {"script": "tests/scripts/early_exit.py"}}
+    spec = spec_from_dict({"name": "x", "env": {"HF_TOKEN": SECRET, "B": "1", "A": "2"}, "params": {"z": 1, "y": -0.0},
+                           "sweep": {"env.NCCL_ALGO": ["Ring", "Tree"], "params.y": [0.0, -0.0, 0.5],
+                                     "params.z": [1, 2]}, **code})
+    points = expand_sweep(spec)
+    again = spec_from_dict({"name": "x", "env": {"A": "2", "B": "1"}, "params": {"y": 0.0, "z": 1}, **code})
+    for one in [*(p.spec for p in points), again, spec]:
+        whole = yaml.dump(spec_to_dict(one), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False,
+                          default_flow_style=False)
+        assert dump_spec(one) == whole and SECRET not in whole
+    assert [yaml.safe_load(dump_spec(p.spec))["params"]["y"] for p in points[0:6:2]] == [0.0, -0.0, 0.5]
+    assert str(yaml.safe_load(dump_spec(points[2].spec))["params"]["y"]) == "-0.0"
+
+
+WORDS = ["", "yes", "null", "~", "1e3", "0x1F", "a: b", "#x", " a", "a ", "it's", "'" * 40, "\"q\"", "é" * 40,
+         "a b " * 10, "x" * 40, "- a", "[1]", "{a: 1}", "*ref", "&a", "!tag", "%", "@", "`", "=", "<<", "2026-11-26"]
+VALUES = [None, True, False, 0, -0, 1, -1, 10**20, 0.0, -0.0, 1e-300, float("inf"), float("-inf"), float("nan"), 0.1,
+          [], [1, 2], ["yes", "no"], [None], [[1]], {}, {"a": 1}, *WORDS]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_a_section_written_key_by_key_is_the_same_text_as_written_whole(value):
+    from clusterjob.spec import schema
+
+    for key in ("lr", "k" * 40, "a key"):
+        data = {"first": 1, key: value, "last": [0.5, "x"]}
+        composed = schema._composed("train", data)
+        whole = yaml.dump({"train": data}, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False,
+                          default_flow_style=False)
+        assert composed in (None, whole), (composed, whole)
+        assert schema._composed("train", data) == composed  # from the keys' texts kept the first time
