@@ -50,7 +50,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
-from clusterjob.core import procs, rankhealth, telemetry
+from clusterjob.core import procs, provenance, rankhealth, telemetry
 from clusterjob.core.env import DistEnv
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import gpusampler, stacks
@@ -352,12 +352,7 @@ def nccl_dump_prefix(environ: Any) -> Optional[str]:
 
 def _torch_version() -> tuple:
     """(major, minor) of the installed torch, read without importing it; (0, 0) when unknown."""
-    from importlib import metadata
-
-    try:
-        found = re.match(r"(\d+)\.(\d+)", metadata.version("torch"))
-    except metadata.PackageNotFoundError:
-        return (0, 0)
+    found = re.match(r"(\d+)\.(\d+)", provenance.versions().get("torch", ""))
     return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 

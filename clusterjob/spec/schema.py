@@ -908,7 +908,7 @@ def dump_spec(spec: Spec) -> str:
     return "".join(_section_text(spec, f.name) for f in key_fields(Spec) if _written(spec, f.name))
 
 
-_SECTION_TEXTS: dict = {}  # a section's key (_text_key) -> (the section, its YAML)
+_SECTION_TEXTS: dict = {}  # (name, id of a dataclass section, or a plain value's JSON) -> (what it holds, YAML)
 _MOST_SECTION_TEXTS = 4096
 
 
