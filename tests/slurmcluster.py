@@ -21,6 +21,8 @@ import pytest
 from clirun import cli
 from trainutil import run_info
 
+from clusterjob.core.rundir import RunDir
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 STATE = Path(os.environ.get("CLUSTERJOB_SLURM_DIR", "/tmp/clusterjob-slurm"))
@@ -167,8 +169,9 @@ def slurm_cluster():
 def submit(cluster, spec: Path, *extra: str, extra_env: Optional[dict] = None) -> list[Path]:
     done = cli(spec.parent, "submit", str(spec), "--executor", "slurm", *extra, env={**cluster.env(), **(extra_env or {})})
     assert done.returncode in (0, 1), done.stdout + done.stderr
+    # a run folder, made or left to its task to make (clusterjob.core.unmade), as the tool's readers find it
     return sorted({Path(line.split()[-1]) for line in done.stdout.splitlines() if line.split()[-1:] and
-                   (Path(line.split()[-1]) / "run.json").exists()})
+                   RunDir(Path(line.split()[-1])).exists()})
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeGuard
 
+from clusterjob.core import unmade
 from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, publish, read_text, shown, write_atomic
 from clusterjob.core.procs import ProcessRef
 
@@ -255,6 +256,10 @@ def read_raw(path: "str | os.PathLike") -> tuple[dict, list[str]]:
     """(fields, problems) of a run.json as JSON holds it; never raises. A damaged file yields the fields
     that can still be read, and a problem saying what was wrong."""
     text, why = read_text(path, MAX_INFO_BYTES)
+    if text is None and why == "is missing":  # a run its task has not made yet: its sweep's store says what it holds
+        found = unmade.raw_record(os.path.dirname(os.fspath(path)))
+        if found is not None:
+            return found, []
     if text is None:
         suffix = "; status unknown" if why == "is missing" else "; ignored it, status unknown"
         return {}, [f"{INFO_FILE} {why}{suffix}"]
@@ -582,6 +587,21 @@ def _slurm_id(job: Any) -> Optional[str]:
     return job.id if isinstance(job, Job) and job.executor == SLURM else None
 
 
+def materialize(folder: "str | os.PathLike") -> bool:
+    """Make the run ``folder`` that its sweep left to its task (clusterjob.core.unmade)
+    as submit would have, run.json last (True); False when it holds run.json already or
+    is no such run. Any number of processes may make it at once (the ranks of its task,
+    a cancel): each file is made once, whole, and none replaces another's."""
+    path = info_path(folder)
+    if os.path.lexists(path):
+        return False
+    raw = unmade.make_folder(folder)
+    if raw is None:
+        return False
+    unmade.create_once(Path(path), json.dumps(raw, indent=2, default=str) + "\n")
+    return True
+
+
 def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
     folder's run.json, atomically; returns the new record. Only the given keys change
@@ -591,6 +611,7 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
     failed, but for its retry (``_stands``). Updates take turns (a lock file beside
     run.json): each reads what the one before wrote, so none undoes another's fields."""
     path = info_path(folder)
+    materialize(folder)  # a run its task has not made yet: made here first
     with locked(Path(folder) / LOCK_FILE):
         raw, _ = read_raw(path)
         record, _ = checked(raw)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import claim, record, sweep
+from clusterjob.core import claim, record, sweep, unmade
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import batched, loads, now_iso, read_text, write_atomic, write_new
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -87,7 +87,9 @@ class RunDir:
         return self.path.name
 
     def exists(self) -> bool:
-        return self.info_file.exists()
+        """Whether the folder is a run: it holds run.json, or its task will make it
+        (clusterjob.core.unmade)."""
+        return self.info_file.exists() or unmade.listed(self.path)
 
     def read(self) -> RunRecord:
         """The run's record (what is readable when damaged; problems dropped)."""
@@ -166,41 +168,51 @@ def sweep_of(run_id: str, name: str) -> Optional[str]:
 
 
 def make_runs(root: Path, name: str, points: list, claim_as: Optional[str] = None, executor: Optional[str] = None,
-              **fields: Any) -> list[RunDir]:
-    """One run folder per sweep point ``(index, resolved spec YAML, params[, its own
-    run.json fields])``, ids sharing
-    this submission's stamp; ``fields`` (and ``executor``) go into each run.json. First
-    the submission's sweep record (clusterjob.core.sweep) and, with ``claim_as``, the
-    sweep's claim for this process, so that no other command finds a run unclaimed
-    before it is handed over. Each file is written once and not synced one by one: the
-    caller's batch (clusterjob.core.files.batched), or this call's own, syncs them.
-    All or none: whatever stops it (an error, Ctrl-C) removes what it made (and the
-    claim), and a folder that cannot be made is bad input."""
+              by_tasks: bool = False, **fields: Any) -> list[RunDir]:
+    """One run per sweep point ``(index, resolved spec YAML as the texts it is joined
+    from, params[, its own run.json fields])``, ids sharing this submission's stamp;
+    ``fields`` (and ``executor``) go into each run.json. First the submission's sweep
+    record (clusterjob.core.sweep) and, with ``claim_as``, the sweep's claim for this
+    process, so that no other command finds a run unclaimed before it is handed over.
+    Then each run folder, or with ``by_tasks`` one file that says what each will hold,
+    for the runs' tasks to make them (clusterjob.core.unmade). Each file is written
+    once and not synced one by one: the caller's batch (clusterjob.core.files.batched),
+    or this call's own, syncs them. All or none: whatever stops it (an error, Ctrl-C)
+    removes what it made (and the claim), and a folder that cannot be made is bad input."""
     stamp, parent = new_run_id(), Path(root) / name
     existed, made = parent.exists(), []
+    runs = [RunDir(parent / sweep.run_name(stamp, point[0], len(points))) for point in points]
+    common = {**({"executor": executor} if executor else {}), **fields}
     try:
         with batched():
             if claim_as is not None:
                 claim.take_sweep(parent, stamp, claim_as)
             sweep.create(parent, stamp, name, len(points), executor or "")
-            for index, spec_yaml, params, *own in points:
-                run = RunDir(parent / sweep.run_name(stamp, index, len(points)))
+            if by_tasks:
+                unmade.write(parent, stamp, len(points), [(i, parts, params, own[0] if own else {})
+                                                          for i, parts, params, *own in points], common)
+                return runs
+            for run, (_, parts, params, *own) in zip(runs, points):
                 made.append(run)  # before it is made: a half-made folder goes too
-                _write_run(run, spec_yaml, params, **({"executor": executor} if executor else {}), **fields,
-                           **(own[0] if own else {}))
+                _write_run(run, "".join(parts), params, **common, **(own[0] if own else {}))
     except BaseException as err:
-        claim.release_sweep(parent, stamp)
-        for run in made:
-            shutil.rmtree(run.path, ignore_errors=True)
-        for path in (sweep.record_file(parent, stamp), sweep.lock_file(parent, stamp)):
-            path.unlink(missing_ok=True)
-        if not existed:
-            shutil.rmtree(parent, ignore_errors=True)
+        _unmake(parent, stamp, made, existed)
         if not isinstance(err, OSError):
             raise
         raise BadInput(f"output.root: cannot make run folders under {str(parent)!r}: {err.strerror or err}; "
                        "choose a writable output.root") from None
-    return made
+    return runs
+
+
+def _unmake(parent: Path, stamp: str, made: list, existed: bool) -> None:
+    """What ``make_runs`` made, removed: its claim, runs, record and store."""
+    claim.release_sweep(parent, stamp)
+    for run in made:
+        shutil.rmtree(run.path, ignore_errors=True)
+    for path in (sweep.record_file(parent, stamp), sweep.lock_file(parent, stamp), unmade.store_file(parent, stamp)):
+        path.unlink(missing_ok=True)
+    if not existed:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _write_run(run: RunDir, spec_yaml: str, params: dict, **fields: Any) -> None:
@@ -210,9 +222,7 @@ def _write_run(run: RunDir, spec_yaml: str, params: dict, **fields: Any) -> None
     os.mkdir(run.path)
     os.mkdir(run.logs)
     write_new(run.spec_file, spec_yaml)
-    record.create(run.path, **{"run_id": run.run_id, "name": run.path.parent.name, "status": "pending",
-                               "params": params, "job": None, "hosts": [], "world_size": None, "requeues": 0,
-                               "started_at": None, "finished_at": None, "final": None, "error": None, **fields})
+    record.create(run.path, **unmade.pending_fields(run.run_id, run.path.parent.name, params, **fields))
 
 
 def run_dir_of_spec(spec_path: Path) -> Optional[RunDir]:
@@ -247,7 +257,10 @@ def file_stamp(path: str) -> tuple:
 def found_run(path: str, key: str) -> Optional[FoundRun]:
     """The run in folder ``path``, or None when it holds neither run.json nor metrics.jsonl."""
     stamp = file_stamp(record.info_path(path)) + file_stamp(os.path.join(path, METRICS_FILE))
-    return None if stamp == NO_STAMP + NO_STAMP else FoundRun(path, key, stamp)
+    if stamp == NO_STAMP + NO_STAMP:
+        store = unmade.stamp(path)  # a run its task has not made yet
+        return None if store is None else FoundRun(path, key, store + NO_STAMP)
+    return FoundRun(path, key, stamp)
 
 
 _DIGITS = re.compile(r"(\d+)")
@@ -274,6 +287,8 @@ def _subdirs(path: str, plain: bool) -> list:
                         entries.append((entry.name, entry.path, real))
     except OSError:
         return []
+    seen = {entry[0] for entry in entries}
+    entries += [(name, os.path.join(path, name), None) for name in unmade.names(path) if name not in seen]
     return sorted(entries, key=lambda e: natural_key(e[0]))
 
 

@@ -33,61 +33,20 @@ from typing import Any, Callable, Optional
 
 from clusterjob.core.files import loads, locked, now_iso, read_text, write_atomic
 from clusterjob.core.procs import ProcessRef
-from clusterjob.core.record import INFO_FILE, Job, RunRecord, info_path, read_record
+from clusterjob.core.record import INFO_FILE, Job, RunRecord, info_path, materialize, read_record
+from clusterjob.core.sweepnames import (  # noqa: F401  (this module's names, where its readers look)
+    FOLDER,
+    Member,
+    lock_file,
+    member,
+    parse_id,
+    record_file,
+    run_name,
+    sweep_id,
+)
 
-FOLDER = ".sweeps"  # a dot-folder: never a run
-_RUN_ID = re.compile(r"(\d{8}-\d{6}-[0-9a-f]{4})(?:-(\d{3,9}))?")  # rundir.new_run_id, -NNN for a point
-_SWEEP_ID = re.compile(r"(.+)-(\d{8}-\d{6}-[0-9a-f]{4})")
 _MOST_RUNS = 1_000_000  # far past any sweep (the spec allows 10,000 points); a range past it is garbage
 _RANGE = re.compile(r"(\d{1,9})(?:-(\d{1,9}))?")
-
-
-@dataclass(frozen=True)
-class Member:
-    """A run's place in its sweep: the folder of its name, the sweep's stamp, its index."""
-
-    parent: str
-    stamp: str
-    index: int
-
-    @property
-    def record_file(self) -> Path:
-        return record_file(self.parent, self.stamp)
-
-
-def member(folder: "str | os.PathLike") -> Optional[Member]:
-    """Where the run in ``folder`` belongs, from its name alone; None for a run of no
-    submission (a raw sbatch template's ``slurm-<job>``, a folder named by hand)."""
-    path = os.path.abspath(folder)
-    found = _RUN_ID.fullmatch(os.path.basename(path))
-    if found is None:
-        return None
-    return Member(os.path.dirname(path), found.group(1), int(found.group(2) or 0))
-
-
-def run_name(stamp: str, index: int, count: int) -> str:
-    """The run id of point ``index`` of a submission of ``count`` runs."""
-    return stamp if count == 1 else f"{stamp}-{index:03d}"
-
-
-def sweep_id(name: str, stamp: str) -> str:
-    """What ``submit`` prints and ``status``, ``cancel``, ``resume`` and ``logs`` take."""
-    return f"{name}-{stamp}"
-
-
-def parse_id(text: str) -> Optional[tuple[str, str]]:
-    """(name, stamp) of a sweep id; None when ``text`` is none."""
-    found = _SWEEP_ID.fullmatch(text)
-    return (found.group(1), found.group(2)) if found else None
-
-
-def record_file(parent: "str | os.PathLike", stamp: str) -> Path:
-    return Path(parent) / FOLDER / f"{stamp}.json"
-
-
-def lock_file(parent: "str | os.PathLike", stamp: str) -> Path:
-    """The sweep's claim (clusterjob.core.claim)."""
-    return Path(parent) / FOLDER / f"{stamp}.lock"
 
 
 # ----------------------------------------------------------------------------- index ranges
@@ -378,6 +337,7 @@ def task_run(runs_file: "str | os.PathLike", task: int) -> Path:
     if not isinstance(listed, list) or not 0 <= task < len(listed) or not isinstance(listed[task], str):
         raise ValueError(f"{runs_file}: {why or 'no run folder for task ' + str(task)}")
     folder = Path(listed[task])
+    materialize(folder)  # the task makes its run folder where submit left that to it
     if not os.path.exists(info_path(folder)):
         raise ValueError(f"{runs_file}: task {task}'s run folder {folder} holds no {INFO_FILE}")
     return folder

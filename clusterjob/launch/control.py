@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, rankhealth, stalls, sweep, telemetry, units
+from clusterjob.core import claim, rankhealth, stalls, sweep, telemetry, units, unmade
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -289,7 +289,8 @@ def sweep_runs(parent: Path, stamp: str) -> list[RunDir]:
             stamp + "-")]
     except OSError:
         return []
-    return [run for run in (RunDir(parent / name) for name in sorted(names, key=natural_key)) if run.exists()]
+    names = sorted({*names, *unmade.names(parent, stamp)}, key=natural_key)  # with those their tasks will make
+    return [run for run in (RunDir(parent / name) for name in names) if run.exists()]
 
 
 def selected(target: Target, only: Optional[str]) -> tuple[list[RunDir], list[RunView]]:
@@ -393,9 +394,10 @@ def resolve_run(text: str, root: str = "results") -> RunDir:
 
 def readable_record(run: RunDir) -> RunRecord:
     """The run's checked run.json, for a command that writes it back (resume, cancel):
-    one that cannot be read would be overwritten with a few fields, so it is refused."""
+    one that cannot be read would be overwritten with a few fields, so it is refused.
+    A run its task has not made yet is read from its sweep's store (clusterjob.core.unmade)."""
     text, why = read_text(run.info_file, MAX_INFO_BYTES)
-    if text is None:
+    if text is None and not (why == "is missing" and unmade.listed(run.path)):
         raise BadInput(f"{run.info_file} {why}; restore it as a readable file (it is the run's record) "
                        "and try again")
     return run.read_checked()[0]

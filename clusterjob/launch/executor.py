@@ -129,6 +129,12 @@ class Executor(abc.ABC):
         ``clusterjob.launch.preflight.Check`` each; none by default."""
         return []
 
+    def makes_runs_at_start(self, points: int) -> bool:
+        """Whether the runs of a sweep of ``points`` are made by their tasks as they start
+        (clusterjob.core.unmade), not by ``submit``: none of this executor's writes goes
+        into a run folder before its run starts. False by default."""
+        return False
+
     @abc.abstractmethod
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         """What a submission would send (``--dry-run``), writing nothing."""

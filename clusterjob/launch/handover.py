@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Iterator, Optional
 
-from clusterjob.core import sweep
+from clusterjob.core import sweep, unmade
 from clusterjob.core.errors import BadInput, Failure, escape
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError
@@ -163,7 +163,8 @@ def _removed(runs: list[RunDir], made: list[Path]) -> bool:
         return False
     for where in {(w.parent, w.stamp) for run in runs if (w := sweep.member(run.path)) is not None}:
         record = sweep.record_file(*where)
-        for path in (record, record.with_name(record.name + ".lock"), sweep.lock_file(*where)):
+        for path in (record, record.with_name(record.name + ".lock"), sweep.lock_file(*where),
+                     unmade.store_file(*where)):
             path.unlink(missing_ok=True)
     for folder in made:
         with contextlib.suppress(OSError):

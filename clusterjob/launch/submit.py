@@ -20,13 +20,13 @@ from clusterjob.core import claim, metrics, sweep, units
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import batched
-from clusterjob.core.record import RunRecord
+from clusterjob.core.record import RunRecord, materialize
 from clusterjob.core.rundir import RunDir, make_runs
 from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
 from clusterjob.launch.progress import LiveLine
-from clusterjob.spec.schema import Spec, check_after_args, check_paths, dump_spec, expand_sweep, load_spec
+from clusterjob.spec.schema import Spec, check_after_args, check_paths, expand_sweep, load_spec, spec_parts
 
 
 def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
@@ -52,9 +52,10 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     # batch syncs before a job can read them, and once at its end (clusterjob.core.files)
     with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
-                                     [(p.index, dump_spec(p.spec), p.run_params,
+                                     [(p.index, spec_parts(p.spec), p.run_params,
                                        {"env": envmod.shown_env(p.spec.env)}) for p in points],
                                      claim_as="clusterjob submit", executor=chosen.name,
+                                     by_tasks=chosen.makes_runs_at_start(len(points)) and snap is None,
                                      **_origin(), **waits))  # resume's executor, if the start fails
         if snap is not None:
             from clusterjob.launch import snapshot
@@ -269,6 +270,7 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
         raise BadInput(f"{run.path} is a trial of a search: its slots run it; resume the search as a whole: "
                        f"clusterjob resume {run.path.parent}")
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
+    materialize(run.path)  # a run its task never made (its job ended first): made as it would have
     spec = load_spec(run.spec_file)
     check_paths(spec)
     envmod.hand_down_secrets(spec.env)  # the secrets of its spec.yaml (***) must be in this shell's environment
@@ -315,6 +317,8 @@ def _resume_all(target: control.Target, wait: bool, only: Optional[str]) -> int:
 def _resume_group(runs: list[RunDir], wait: bool) -> tuple[Spec, list[RunDir], Executor]:
     """Resume runs of one sweep (they share its resources and executor); the spec, the
     runs handed over and their executor."""
+    for run in runs:
+        materialize(run.path)  # a run its task never made (its job ended first): made as it would have
     spec = load_spec(runs[0].spec_file)
     check_paths(spec)
     owner = _executor_of(runs[0])

@@ -905,7 +905,12 @@ def dump_spec(spec: Spec) -> str:
     spec per point, and its points share every section their values do not change
     (``expand_sweep``): each section is written once, and its text reused for the points
     that share it (a block mapping's text is the concatenation of its keys' texts)."""
-    return "".join(_section_text(spec, f.name) for f in key_fields(Spec) if _written(spec, f.name))
+    return "".join(spec_parts(spec))
+
+
+def spec_parts(spec: Spec) -> list[str]:
+    """``dump_spec``'s text as its sections' texts, in order: what a sweep's points share."""
+    return [_section_text(spec, f.name) for f in key_fields(Spec) if _written(spec, f.name)]
 
 
 _SECTION_TEXTS: dict = {}  # (name, id of a dataclass section, or a plain value's JSON) -> (what it holds, YAML)

@@ -20,6 +20,8 @@ import yaml
 from clirun import cli, start
 from slurmcluster import wait_for
 
+from clusterjob.core.rundir import RunDir, find_runs
+
 pytestmark = pytest.mark.slurm
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sweep_role.py"
@@ -38,8 +40,8 @@ def spec_file(folder: Path, points: int, **resources) -> Path:
 
 
 def runs_of(folder: Path) -> list[Path]:
-    parent = folder / "results" / "sw"
-    return sorted(p for p in parent.iterdir() if (p / "run.json").exists()) if parent.exists() else []
+    """The sweep's runs as status finds them: made, or left to their tasks (clusterjob.core.unmade)."""
+    return [run.path for run in find_runs(folder / "results" / "sw")]
 
 
 def sweep_id(out: str) -> str:
@@ -74,10 +76,15 @@ def test_a_sweep_is_one_array_shown_and_cancelled_as_a_whole(slurm_cluster, tmp_
     assert len(runs) == 30 and f"sweep {named}: 30 runs in {runs[0].parent}" in done.stdout
     syncs = SYNCS.findall(trace.read_text())
     assert 0 < len(syncs) <= 10, syncs  # not one per run: the batch syncs the file system
-    # each run.json written once, without the job: the sweep's record holds the one array id
-    infos = [json.loads((run / "run.json").read_text()) for run in runs]
-    assert {(info["status"], info["slurm_job_id"]) for info in infos} == {("pending", None)}
+    # no run folder made at submit: each task makes its own as it starts, from the one store beside the record;
+    # until then every reader sees the run pending, without a job of its own: the sweep's record holds the array
     stamp = named.removeprefix("sw-")
+    assert (runs[0].parent / ".sweeps" / f"{stamp}.points").is_file()
+    unmade = [run for run in runs if not (run / "run.json").exists()]
+    assert len(unmade) >= 29 and not any(run.exists() for run in unmade[1:])  # one task at a time may start
+    infos = [RunDir(run).read() for run in unmade]
+    assert {(info.status, info.slurm_job_id, info.params["params.i"]) for info in infos} == {
+        ("pending", None, int(run.name[-3:])) for run in unmade}
     record = json.loads((runs[0].parent / ".sweeps" / f"{stamp}.json").read_text())
     ((part, ),) = [record["parts"]]
     assert (record["sweep"], record["runs"], part["runs"], part["array"]) == (named, 30, "0-29", True)

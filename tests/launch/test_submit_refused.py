@@ -15,6 +15,9 @@ import yaml
 from clirun import cli
 from fakeslurm import fake_slurm_at
 
+from clusterjob.core.record import info_path, read_raw
+from clusterjob.core.rundir import find_runs
+
 
 def write_spec(folder: Path, **extra) -> Path:
     spec = {"name": "refused", "data": {"dataset": "synthetic", "limit_train": 64, "limit_val": 16},
@@ -72,9 +75,11 @@ def test_a_controller_gone_halfway_fails_the_runs_it_did_not_take(tmp_path, shim
     (line,) = done.stderr.splitlines()
     assert line.startswith("clusterjob: error: sbatch failed: Unable to contact slurm controller (connect failure); "
                            "1 run(s) marked failed, `clusterjob resume RUN` starts one: ")
-    runs = sorted(p for p in (tmp_path / "results" / "refused").iterdir() if not p.name.startswith("."))
-    infos = [json.loads((run / "run.json").read_text()) for run in runs]
-    # run.json is written once, at submit: the array's job id goes into the sweep's record
+    runs = [run.path for run in find_runs(tmp_path / "results" / "refused")]
+    # the submitted runs are left to their tasks to make (clusterjob.core.unmade); the refused one is made to
+    # record its failure; the array's job id goes into the sweep's record, not into a run.json
+    assert [(run / "run.json").exists() for run in runs] == [False, False, True]
+    infos = [read_raw(info_path(run))[0] for run in runs]  # as every reader reads them
     assert [(i["status"], i["slurm_job_id"]) for i in infos] == [("pending", None), ("pending", None),
                                                                ("failed", None)]
     stamp = runs[0].name.rsplit("-", 1)[0]

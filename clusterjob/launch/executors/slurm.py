@@ -121,6 +121,12 @@ class SlurmExecutor(Executor):
         unasked = DEFAULT_MAX_ARRAY_SIZE if self.unavailable() is not None else None
         return scripts(spec, points, _folder(spec), _after_jobs(after), unasked)
 
+    def makes_runs_at_start(self, points: int) -> bool:
+        """A sweep's tasks make their own run folders: a submission of 10,000 points then
+        writes a few files, not 10,000 folders (clusterjob.core.unmade); a single run
+        is made at once, where submit says it is."""
+        return points > 1
+
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
         job_ids = submit_runs(spec, runs, _after_jobs(after))
         claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run

@@ -1,0 +1,186 @@
+"""Runs of a Slurm sweep that their tasks make (docs/design.md, "Results layout").
+
+A submission of a sweep to Slurm does not make its run folders: each of them costs the
+login node a few file creations, 0.2 to 1 ms each on a virtual or shared disk, and a
+10,000-point sweep would spend seconds in them before its arrays reach Slurm. It writes
+one file instead, ``<name>/.sweeps/<stamp>.points``: what each run folder will
+hold (its spec.yaml, put together from texts the points share, and its pending
+run.json). The run's first task (any of its ranks) makes the folder as it starts
+(``materialize``); so does the first command that writes to it (a cancel, a resume, the
+job's teardown).
+
+Until then the run is *unmade*, and every reader sees it as if its folder held what
+this file says: ``clusterjob.core.record.read_raw`` reads its run.json from here,
+``RunDir.exists`` and the discovery of runs (``clusterjob.core.rundir``) find it.
+Only a folder without run.json is read from here: once made, the run's own files are
+its record. run.json itself is written by clusterjob.core.record (``materialize``),
+its one writer. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Optional
+
+from clusterjob.core import sweepnames
+from clusterjob.core.files import loads, read_text, write_new
+
+SUFFIX = ".points"  # JSON; no ".json" suffix: .sweeps/*.json are the sweeps' records
+_MAX_BYTES = 256 * 2**20  # far past 10,000 points' texts
+
+
+def store_file(parent: "str | os.PathLike", stamp: str) -> Path:
+    return Path(parent) / sweepnames.FOLDER / f"{stamp}{SUFFIX}"
+
+
+def write(parent: "str | os.PathLike", stamp: str, count: int, points: list, fields: dict) -> None:
+    """The store of a sweep of ``count`` runs: ``points`` are (index, spec texts (the
+    parts spec.yaml is joined from), params, the run's own run.json fields); ``fields``
+    go into every run.json. Each text and each value is written once, however many
+    points share it. Not synced: the caller's batch (clusterjob.core.files.batched)."""
+    texts: dict[str, int] = {}
+    values: dict[str, int] = {}
+
+    def text_id(text: str) -> int:
+        return texts.setdefault(text, len(texts))
+
+    def value_id(value: Any) -> int:
+        return values.setdefault(json.dumps(value, sort_keys=True, default=str), len(values))
+
+    rows = [[index, [text_id(t) for t in ([parts] if isinstance(parts, str) else parts)], value_id(params),
+             value_id(own)]
+            for index, parts, params, own in points]
+    body = {"count": count, "fields": fields, "texts": list(texts),
+            "values": [json.loads(v) for v in values], "points": rows}
+    write_new(store_file(parent, stamp), json.dumps(body, separators=(",", ":"), default=str) + "\n")
+
+
+class _Store:
+    """A store as read: each point's spec text and run.json by index."""
+
+    def __init__(self, raw: dict) -> None:
+        self.count = raw["count"]
+        self.fields = raw["fields"]
+        self.texts = raw["texts"]
+        self.values = raw["values"]
+        self.points = {row[0]: row for row in raw["points"]}
+
+    def spec_text(self, index: int) -> str:
+        return "".join(self.texts[i] for i in self.points[index][1])
+
+    def record(self, folder: str, index: int) -> dict:
+        _, _, params, own = self.points[index]
+        return {**pending_fields(os.path.basename(folder), os.path.basename(os.path.dirname(folder)),
+                                 dict(self.values[params]), **self.fields, **self.values[own]), "slurm_job_id": None}
+
+
+def pending_fields(run_id: str, name: str, params: dict, **fields: Any) -> dict:
+    """A new run's run.json: pending, with ``fields``; the one shape of a made and an unmade run."""
+    return {"run_id": run_id, "name": name, "status": "pending", "params": params, "job": None, "hosts": [],
+            "world_size": None, "requeues": 0, "started_at": None, "finished_at": None, "final": None,
+            "error": None, **fields}
+
+
+_READ: dict = {}  # store path -> (stamp of the file, _Store or None): a sweep's runs share one
+
+
+def _store(parent: str, stamp: str) -> Optional[_Store]:
+    path = os.path.join(parent, sweepnames.FOLDER, stamp + SUFFIX)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_size, st.st_mtime_ns, st.st_ino)
+    kept = _READ.get(path)
+    if kept is None or kept[0] != key:
+        text, _ = read_text(path, _MAX_BYTES)
+        raw = loads(text or "")
+        try:
+            kept = (key, _Store(raw))
+        except (KeyError, TypeError, IndexError):  # damaged: its runs are none
+            kept = (key, None)
+        if len(_READ) > 64:
+            _READ.clear()
+        _READ[path] = kept
+    return kept[1]
+
+
+def _entry(folder: "str | os.PathLike") -> Optional[tuple[_Store, int]]:
+    where = sweepnames.member(folder)
+    if where is None:
+        return None
+    found = _store(where.parent, where.stamp)
+    return (found, where.index) if found is not None and where.index in found.points else None
+
+
+def listed(folder: "str | os.PathLike") -> bool:
+    """Whether ``folder`` is a run its sweep's store lists (made by now or not: a run
+    whose folder holds no run.json is unmade)."""
+    return _entry(folder) is not None
+
+
+def raw_record(folder: "str | os.PathLike") -> Optional[dict]:
+    """The run.json an unmade run will start with; None for any other folder."""
+    found = _entry(folder)
+    return found[0].record(os.path.abspath(folder), found[1]) if found is not None else None
+
+
+def stamp(folder: "str | os.PathLike") -> Optional[tuple]:
+    """(size, mtime_ns, inode) of the store that lists the run ``folder``; None: none does."""
+    where = sweepnames.member(folder)
+    if where is None or _entry(folder) is None:
+        return None
+    try:
+        st = os.stat(os.path.join(where.parent, sweepnames.FOLDER, where.stamp + SUFFIX))
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def names(parent: "str | os.PathLike", only: Optional[str] = None) -> list[str]:
+    """The run names of every store in ``parent`` (of sweep ``only``), made or not."""
+    try:
+        found = [e.name[:-len(SUFFIX)] for e in os.scandir(os.path.join(parent, sweepnames.FOLDER))
+                 if e.name.endswith(SUFFIX)]
+    except OSError:
+        return []
+    listed = []
+    for stamp_ in found:
+        if only is not None and stamp_ != only:
+            continue
+        store = _store(os.fspath(parent), stamp_)
+        if store is not None:
+            listed += [sweepnames.run_name(stamp_, index, store.count) for index in store.points]
+    return listed
+
+
+def make_folder(folder: "str | os.PathLike") -> Optional[dict]:
+    """Make the run folder ``folder`` as its store says, but for its run.json: its logs/
+    and spec.yaml (each made once, never replacing one made already); the run.json it
+    starts with, which clusterjob.core.record writes (``record.materialize``). None for a
+    folder no store lists."""
+    found = _entry(folder)
+    if found is None:
+        return None
+    store, index = found
+    path = os.path.abspath(folder)
+    os.makedirs(os.path.join(path, "logs"), exist_ok=True)
+    create_once(Path(path) / "spec.yaml", store.spec_text(index))
+    return store.record(path, index)
+
+
+def create_once(path: Path, text: str) -> None:
+    """``path`` made with ``text`` unless it exists: written under a name of its own,
+    then linked into place (a link never replaces a file), so that processes making it
+    at once make it once, whole."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    write_new(tmp, text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()

@@ -1,0 +1,97 @@
+"""Runs a Slurm sweep's tasks make (clusterjob.core.unmade): submit writes one store,
+every reader sees each run as its folder will hold it, and the first writer (the task,
+a cancel, a resume) makes the folder exactly as submit would have."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+from clusterjob.core import sweep, unmade
+from clusterjob.core.record import Job, materialize
+from clusterjob.core.rundir import RunDir, find_runs, make_runs, scan_runs
+
+POINTS = [(i, ["name: exp\n", f"train:\n  lr: {0.1 * (i + 1):g}\n", "model:\n  arch: mlp\n"],
+           {"train.lr": round(0.1 * (i + 1), 6)}, {"env": {"A": "1"}}) for i in range(12)]
+
+
+def made(tmp_path: Path, by_tasks: bool, where: str) -> list[RunDir]:
+    return make_runs(tmp_path / where, "exp", POINTS, executor="slurm", by_tasks=by_tasks, submit_dir="/home/u")
+
+
+def files_of(run: RunDir) -> tuple[str, dict]:
+    return run.spec_file.read_text(), json.loads(run.info_file.read_text())
+
+
+def test_a_sweep_made_by_its_tasks_writes_its_record_and_one_store_and_no_run_folder(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    parent = tmp_path / "lazy" / "exp"
+    assert sorted(p.name for p in parent.iterdir()) == [".sweeps"]
+    stamp = sweep.member(runs[0].path).stamp
+    assert sorted(p.name for p in (parent / ".sweeps").iterdir()) == [f"{stamp}.json",
+                                                                     f"{stamp}.points"]
+    assert [run.run_id for run in runs] == [f"{stamp}-{i:03d}" for i in range(12)]
+    # every reader finds them, in their order, as pending runs with their params and fields
+    assert [r.run_id for r in find_runs(parent)] == [r.run_id for r in runs]
+    assert [r.key for r in scan_runs(tmp_path / "lazy")] == [f"exp/{r.run_id}" for r in runs]
+    assert all(run.exists() for run in runs) and not RunDir(parent / f"{stamp}-012").exists()
+    info = runs[3].read()
+    assert (info.status, info.params, info.executor, info.run_id, info.name) == (
+        "pending", {"train.lr": 0.4}, "slurm", runs[3].run_id, "exp")
+    assert runs[3].read_checked()[1] == []
+
+
+def test_a_run_made_by_its_task_holds_what_submit_would_have_written(tmp_path):
+    eager, lazy = made(tmp_path, False, "eager"), made(tmp_path, True, "lazy")
+    for index in (0, 7, 11):
+        assert materialize(lazy[index].path) is True
+        assert materialize(lazy[index].path) is False  # once
+        spec_e, info_e = files_of(eager[index])
+        spec_l, info_l = files_of(lazy[index])
+        assert spec_l == spec_e == "".join(POINTS[index][1])
+        assert {**info_l, "run_id": None} == {**info_e, "run_id": None}
+        assert lazy[index].logs.is_dir() and not [p for p in lazy[index].path.iterdir() if p.name.endswith(".tmp")]
+    assert lazy[7].read() == RunDir(lazy[7].path).read()  # the made file is the record now
+
+
+def test_a_write_to_an_unmade_run_makes_it_first(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    runs[2].update(status="cancelled", job=Job("slurm", "77_2"))
+    spec_text, raw = files_of(runs[2])
+    assert spec_text == "".join(POINTS[2][1])
+    assert (raw["status"], raw["slurm_job_id"], raw["params"]) == ("cancelled", "77_2", {"train.lr": 0.3})
+    assert not runs[3].path.exists() and runs[3].read().status == "pending"
+
+
+def _make(folder: str) -> None:
+    materialize(folder)
+
+
+def test_ranks_making_the_same_run_at_once_make_it_once_and_whole(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    with multiprocessing.get_context("fork").Pool(6) as pool:
+        pool.map(_make, [str(runs[5].path)] * 24)
+    spec_text, raw = files_of(runs[5])
+    assert spec_text == "".join(POINTS[5][1]) and raw["status"] == "pending"
+    assert sorted(p.name for p in runs[5].path.iterdir()) == ["logs", "run.json", "spec.yaml"]
+
+
+def test_a_damaged_or_missing_store_lists_no_run_and_raises_nothing(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    where = sweep.member(runs[0].path)
+    store = unmade.store_file(where.parent, where.stamp)
+    store.write_text('{"count": 12, "texts": [')
+    assert find_runs(where.parent) == [] and not runs[0].exists()
+    assert runs[0].read().status is None and materialize(runs[0].path) is False
+    store.unlink()
+    assert find_runs(where.parent) == [] and not os.path.exists(runs[0].path)
+
+
+def test_a_made_run_reads_its_own_files_and_the_others_stay_unmade(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    materialize(runs[0].path)
+    runs[0].update(status="completed")
+    assert [r.read().status for r in find_runs(runs[0].path.parent)] == ["completed"] + ["pending"] * 11
+    assert not runs[1].path.exists() and unmade.listed(runs[1].path) and runs[0].info_file.exists()
