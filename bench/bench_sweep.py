@@ -13,10 +13,10 @@ Writes the sweep spec (and the same spec without the sweep) to a temp dir, then 
 - dry-run submit: ``clusterjob submit SPEC --dry-run --executor local`` through
   ``clusterjob.cli.main`` (stdout captured), best of --repeat, as points/s;
 - with --slurm (needs SLURM_CONF and a reachable Slurm): ``clusterjob submit SPEC
-  --executor slurm`` through ``clusterjob.cli.main`` (run folders in the temp dir, the
-  array(s) cancelled right after), best of --slurm-repeat, beside submitit's
-  ``map_array`` of the same number of tasks (what the runs of clusterjob do, minus the
-  run folders), also cancelled; the fsync calls of one submit of 100 points and of the
+  --executor slurm`` through ``clusterjob.cli.main`` (the sweep's record and the store
+  its tasks make their run folders from, in the temp dir; the array(s) cancelled right
+  after), best of --slurm-repeat, beside submitit's ``map_array`` of the same number of
+  tasks (one pickle per task), also cancelled; the fsync calls of one submit of 100 points and of the
   sweep, counted under ``strace -f`` when strace is on PATH. A sweep whose tasks would
   pass the cluster's MaxJobCount (with the jobs it holds already) cannot be queued
   for real: clusterjob's preflight refuses it. Then (``--fake-sbatch``) both are timed

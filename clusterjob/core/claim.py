@@ -89,9 +89,15 @@ def holder(folder: "str | os.PathLike") -> Optional[tuple[str, str]]:
 def handing_over(folder: "str | os.PathLike") -> Optional[str]:
     """Who is handing the run in ``folder`` over, in words, as the lock files say (a
     submit of its sweep, a resume of it); None when no live process is. Reads only: no
-    lock is taken, so status can ask on a read-only results folder."""
+    lock is taken, so status can ask on a read-only results folder. A claim this process
+    holds is none: a resume that holds a sweep's claim is handing nothing over yet as it
+    looks at the runs, and a run a dead submit left is its to start.
+    """
     where = sweep.member(folder)
-    said = [holder(folder)] + ([_holder_of(sweep.lock_file(where.parent, where.stamp))] if where else [])
+    mine = _key(folder) in _HELD
+    said = [None if mine else holder(folder)]
+    if where is not None and _key(sweep.lock_file(where.parent, where.stamp)) not in _HELD:
+        said.append(_holder_of(sweep.lock_file(where.parent, where.stamp)))
     found = [who for doing, who in filter(None, said) if doing != SUPERVISOR]
     return found[0] if found else None
 

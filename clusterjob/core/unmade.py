@@ -62,11 +62,15 @@ class _Store:
     """A store as read: each point's spec text and run.json by index."""
 
     def __init__(self, raw: dict) -> None:
-        self.count = raw["count"]
-        self.fields = raw["fields"]
-        self.texts = raw["texts"]
-        self.values = raw["values"]
-        self.points = {row[0]: row for row in raw["points"]}
+        """ValueError (or KeyError, TypeError) for anything but what ``write`` writes."""
+        self.count, self.fields = raw["count"], raw["fields"]
+        self.texts, self.values = raw["texts"], raw["values"]
+        if not (type(self.count) is int and isinstance(self.fields, dict) and isinstance(self.values, list)
+                and all(isinstance(t, str) for t in self.texts) and all(isinstance(v, dict) for v in self.values)):
+            raise ValueError("not a store")
+        self.points = {row[0]: row for row in raw["points"] if _row_ok(row, len(self.texts), len(self.values))}
+        if len(self.points) != len(raw["points"]):
+            raise ValueError("a point that is not one")
 
     def spec_text(self, index: int) -> str:
         return "".join(self.texts[i] for i in self.points[index][1])
@@ -75,6 +79,13 @@ class _Store:
         _, _, params, own = self.points[index]
         return {**pending_fields(os.path.basename(folder), os.path.basename(os.path.dirname(folder)),
                                  dict(self.values[params]), **self.fields, **self.values[own]), "slurm_job_id": None}
+
+
+def _row_ok(row: Any, texts: int, values: int) -> bool:
+    """Whether ``row`` is [index, [text ids], params id, own fields id], each in range."""
+    return (isinstance(row, list) and len(row) == 4 and type(row[0]) is int and 0 <= row[0] < 1_000_000
+            and isinstance(row[1], list) and all(type(i) is int and 0 <= i < texts for i in row[1])
+            and all(type(i) is int and 0 <= i < values for i in row[2:]))
 
 
 def pending_fields(run_id: str, name: str, params: dict, **fields: Any) -> dict:
@@ -87,7 +98,9 @@ def pending_fields(run_id: str, name: str, params: dict, **fields: Any) -> dict:
 _READ: dict = {}  # store path -> (stamp of the file, _Store or None): a sweep's runs share one
 
 
-def _store(parent: str, stamp: str) -> Optional[_Store]:
+def _store(parent: str, stamp: str) -> Optional[tuple[tuple, _Store]]:
+    """(the stamp of its file, the store) of sweep ``stamp`` in ``parent``; None when
+    it has none or it is damaged. Read once per process while the file is unchanged."""
     path = os.path.join(parent, sweepnames.FOLDER, stamp + SUFFIX)
     try:
         st = os.stat(path)
@@ -97,23 +110,30 @@ def _store(parent: str, stamp: str) -> Optional[_Store]:
     kept = _READ.get(path)
     if kept is None or kept[0] != key:
         text, _ = read_text(path, _MAX_BYTES)
-        raw = loads(text or "")
         try:
-            kept = (key, _Store(raw))
-        except (KeyError, TypeError, IndexError):  # damaged: its runs are none
+            kept = (key, _Store(loads(text or "")))
+        except (KeyError, TypeError, ValueError):  # damaged: its runs are none
             kept = (key, None)
         if len(_READ) > 64:
             _READ.clear()
         _READ[path] = kept
-    return kept[1]
+    return (kept[0], kept[1]) if kept[1] is not None else None
 
 
-def _entry(folder: "str | os.PathLike") -> Optional[tuple[_Store, int]]:
-    where = sweepnames.member(folder)
+def _entry(folder: "str | os.PathLike") -> Optional[tuple[_Store, int, tuple, str]]:
+    """(store, index, the store's stamp, the folder's absolute path) of the run a store
+    lists in ``folder``: its name is the one its sweep gives it (``<stamp>-005``, not
+    ``<stamp>-0005``)."""
+    path = os.path.abspath(folder)
+    where = sweepnames.member(path)
     if where is None:
         return None
     found = _store(where.parent, where.stamp)
-    return (found, where.index) if found is not None and where.index in found.points else None
+    if found is None or where.index not in found[1].points:
+        return None
+    if os.path.basename(path) != sweepnames.run_name(where.stamp, where.index, found[1].count):
+        return None
+    return found[1], where.index, found[0], path
 
 
 def listed(folder: "str | os.PathLike") -> bool:
@@ -125,19 +145,19 @@ def listed(folder: "str | os.PathLike") -> bool:
 def raw_record(folder: "str | os.PathLike") -> Optional[dict]:
     """The run.json an unmade run will start with; None for any other folder."""
     found = _entry(folder)
-    return found[0].record(os.path.abspath(folder), found[1]) if found is not None else None
+    return found[0].record(found[3], found[1]) if found is not None else None
+
+
+def spec_text(folder: "str | os.PathLike") -> Optional[str]:
+    """The spec.yaml the run ``folder`` will hold; None for a folder no store lists."""
+    found = _entry(folder)
+    return found[0].spec_text(found[1]) if found is not None else None
 
 
 def stamp(folder: "str | os.PathLike") -> Optional[tuple]:
     """(size, mtime_ns, inode) of the store that lists the run ``folder``; None: none does."""
-    where = sweepnames.member(folder)
-    if where is None or _entry(folder) is None:
-        return None
-    try:
-        st = os.stat(os.path.join(where.parent, sweepnames.FOLDER, where.stamp + SUFFIX))
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
+    found = _entry(folder)
+    return found[2] if found is not None else None
 
 
 def names(parent: "str | os.PathLike", only: Optional[str] = None) -> list[str]:
@@ -147,13 +167,13 @@ def names(parent: "str | os.PathLike", only: Optional[str] = None) -> list[str]:
                  if e.name.endswith(SUFFIX)]
     except OSError:
         return []
-    listed = []
+    listed: list[str] = []
     for stamp_ in found:
         if only is not None and stamp_ != only:
             continue
         store = _store(os.fspath(parent), stamp_)
         if store is not None:
-            listed += [sweepnames.run_name(stamp_, index, store.count) for index in store.points]
+            listed += [sweepnames.run_name(stamp_, index, store[1].count) for index in store[1].points]
     return listed
 
 
@@ -165,8 +185,7 @@ def make_folder(folder: "str | os.PathLike") -> Optional[dict]:
     found = _entry(folder)
     if found is None:
         return None
-    store, index = found
-    path = os.path.abspath(folder)
+    store, index, _, path = found
     os.makedirs(os.path.join(path, "logs"), exist_ok=True)
     create_once(Path(path) / "spec.yaml", store.spec_text(index))
     return store.record(path, index)

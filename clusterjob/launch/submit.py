@@ -325,12 +325,15 @@ def _resume_group(runs: list[RunDir], wait: bool) -> tuple[Spec, list[RunDir], E
     deps = dependencies(spec, [RunDir(Path(path)) for path in runs[0].read().after])
     owner.check(spec, len(runs), preflight=False, after=deps)
     where = sweep.member(runs[0].path)
+    asked = runs
     with batched(), _group_claimed(runs, where), Window(runs=runs) as window:
         found = executor.views(runs)  # again, now that no other command can start them
         runs = [run for run, view in zip(runs, found) if view.record.status != "completed"
                 and control.still_running(run, view) is None and claim.busy(run.path) is None]
         window.hold(runs)
         if not runs:
+            label = sweep.sweep_id(os.path.basename(where.parent), where.stamp) if where else str(asked[0].path)
+            print(f"{label}: nothing resumed: another command started its runs meanwhile", file=sys.stderr)
             return spec, [], owner
         for run, view in zip(runs, executor.views(runs)):
             _reopen(run, view.record, owner)

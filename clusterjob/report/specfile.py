@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from clusterjob.core import record, unmade
 from clusterjob.core.files import read_text
 from clusterjob.core.record import MAX_INFO_BYTES
 from clusterjob.core.rundir import SPEC_FILE
@@ -50,7 +51,9 @@ class Reader:
 
     def read(self, folder: str) -> Optional[dict]:
         """{dotted key: value} of ``folder``'s spec.yaml; None when there is none to read."""
-        text, _ = read_text(os.path.join(folder, SPEC_FILE), MAX_INFO_BYTES)
+        text, why = read_text(os.path.join(folder, SPEC_FILE), MAX_INFO_BYTES)
+        if text is None and why == "is missing" and not os.path.lexists(record.info_path(folder)):
+            text = unmade.spec_text(folder)  # a run its task has not made yet: as its sweep's store says
         if not text:
             return None
         lines = text.split("\n")

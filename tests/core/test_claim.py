@@ -128,3 +128,26 @@ def test_status_logs_and_report_make_no_lock_files(tmp_path):
         assert done.returncode == 0, done.stderr
     after = sorted(p.name for p in tmp_path.rglob("*") if not p.name.startswith(".clusterjob-cache"))
     assert after == before  # the report's own cache aside
+
+
+def test_a_claim_this_process_holds_is_no_other_command_handing_the_run_over(tmp_path):
+    """A resume holding a sweep's claim (or a run's) looks at the runs a dead submit left:
+    it is handing nothing over yet, so they are its to start; another process's claim is."""
+    from clusterjob.core.rundir import make_runs
+
+    (first, _) = make_runs(tmp_path, "exp", [(0, "name: exp\n", {}), (1, "name: exp\n", {})])
+    parent, stamp = first.path.parent, first.run_id.rsplit("-", 1)[0]
+    claim.take_sweep(parent, stamp, "clusterjob resume")
+    try:
+        assert claim.handing_over(first.path) is None
+    finally:
+        claim.release_sweep(parent, stamp)
+    with claim.claimed(first.path, "clusterjob resume"):
+        assert claim.handing_over(first.path) is None
+    holder = spawn(str(first.path))
+    try:
+        said = claim.handing_over(first.path)
+        assert said is not None and said.startswith(f"clusterjob resume (pid {holder.pid} on ")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()

@@ -95,3 +95,55 @@ def test_a_made_run_reads_its_own_files_and_the_others_stay_unmade(tmp_path):
     runs[0].update(status="completed")
     assert [r.read().status for r in find_runs(runs[0].path.parent)] == ["completed"] + ["pending"] * 11
     assert not runs[1].path.exists() and unmade.listed(runs[1].path) and runs[0].info_file.exists()
+
+
+HOSTILE_STORES = [
+    "[]", "null", '"x"', '{"count": 1}',
+    '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": [[0, [1], 0, 0]]}',  # a text past the end
+    '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": [[0, [0], 0, 3]]}',  # a value past it
+    '{"count": 1, "fields": {}, "texts": ["a"], "values": [[]], "points": [[0, [0], 0, 0]]}',  # params no mapping
+    '{"count": 1, "fields": {}, "texts": [7], "values": [{}], "points": [[0, [0], 0, 0]]}',
+    '{"count": 1, "fields": [], "texts": ["a"], "values": [{}], "points": [[0, [0], 0, 0]]}',
+    '{"count": "1", "fields": {}, "texts": ["a"], "values": [{}], "points": [[0, [0], 0, 0]]}',
+    '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": [["0", [0], 0, 0]]}',
+    '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": [[0, [0], 0]]}',
+    '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": {"0": 1}}',
+]
+
+
+def test_a_hostile_store_lists_no_run_and_makes_nothing(tmp_path):
+    for number, text in enumerate(HOSTILE_STORES):
+        runs = make_runs(tmp_path / str(number), "exp", POINTS[:2], executor="slurm", by_tasks=True)
+        where = sweep.member(runs[0].path)
+        unmade.store_file(where.parent, where.stamp).write_text(text)
+        assert find_runs(where.parent) == [], text
+        assert materialize(runs[0].path) is False and not runs[0].path.exists(), text
+        assert runs[0].read().status is None, text
+
+
+def test_only_the_names_the_sweep_gives_are_its_runs(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    stamp = sweep.member(runs[0].path).stamp
+    for name in (f"{stamp}-0005", f"{stamp}-5", f"{stamp}-012", f"{stamp}-999", stamp):
+        assert not RunDir(runs[0].path.parent / name).exists(), name
+        assert materialize(runs[0].path.parent / name) is False and not (runs[0].path.parent / name).exists()
+
+
+def test_the_report_reads_an_unmade_run_as_the_same_run_made(tmp_path):
+    from clusterjob.report import specfile
+    from clusterjob.report.results import load_runs
+
+    made(tmp_path, False, "eager")
+    made(tmp_path, True, "lazy")
+    eager = load_runs(tmp_path / "eager" / "exp", cache=False)
+    lazy = load_runs(tmp_path / "lazy" / "exp", cache=False)
+    assert len(lazy) == 12 and list(lazy.columns) == list(eager.columns)
+    same = [c for c in eager.columns if c not in ("run_id", "path")]
+    assert lazy[same].astype(str).equals(eager[same].astype(str)), (lazy[same], eager[same])
+    assert list(lazy["train.lr"]) == [round(0.1 * (i + 1), 6) for i in range(12)]
+    # the report groups by any key of each run's spec.yaml: an unmade run's is its store's
+    lazy_run, eager_run = (next(r for r in find_runs(tmp_path / where / "exp") if r.run_id.endswith("-007"))
+                           for where in ("lazy", "eager"))
+    assert not lazy_run.path.exists()
+    assert specfile.Reader().read(str(lazy_run.path)) == specfile.Reader().read(str(eager_run.path)) \
+        == {"name": "exp", "train.lr": 0.8, "model.arch": "mlp"}

@@ -177,6 +177,17 @@ def test_a_submit_killed_in_sbatch_leaves_its_array_adopted_or_its_runs_failed(s
     if where == "before":
         assert not queued_named(slurm_cluster, named)
         assert {(row[1], row[-1]) for row in rows} == {("failed", "-")}, shown.stdout
+        # no task ever made these runs: resume makes each folder as submit left it, and submits them again
+        runs = runs_of(tmp_path)
+        assert not any((run / "run.json").exists() for run in runs)
+        resumed = cli(tmp_path, "resume", named, env=slurm_cluster.env(), timeout=180)
+        assert resumed.returncode == 0 and f"resuming 6 run(s) of {named} (slurm)" in resumed.stdout, resumed.stderr
+        infos = [json.loads((run / "run.json").read_text()) for run in runs]
+        assert [(i["restarts"], i["params"]["params.i"]) for i in infos] == [(1, k) for k in range(6)]
+        assert {i["status"] for i in infos} <= {"pending", "running"}, infos
+        assert [yaml.safe_load((run / "spec.yaml").read_text())["params"]["i"] for run in runs] == list(range(6))
+        assert cli(tmp_path, "cancel", named, env=slurm_cluster.env(), timeout=180).returncode == 0
+        wait_for(lambda: not queued_named(slurm_cluster, named), 120, "the resumed array to leave the queue")
         return
     array = (tmp_path / "sbatch.out").read_text().split(";")[0].strip()
     assert [row[-1] for row in rows] == [f"{array}_{k}" for k in range(6)], shown.stdout
