@@ -136,6 +136,34 @@ def _entry(folder: "str | os.PathLike") -> Optional[tuple[_Store, int, tuple, st
     return found[1], where.index, found[0], path
 
 
+def _untouched(path: str) -> bool:
+    """Whether the run folder ``path`` is not there, or holds no more than what is made
+    before its run.json (an empty logs/, spec.yaml, a temporary file): a folder a run
+    started in is no unmade run, whatever it lost since (its run.json is then missing)."""
+    try:
+        entries = os.listdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    for name in entries:
+        if name == "logs":
+            try:
+                if os.listdir(os.path.join(path, name)):
+                    return False
+            except OSError:
+                return False
+        elif name != "spec.yaml" and not name.startswith("."):
+            return False
+    return True
+
+
+def _unmade(folder: "str | os.PathLike") -> Optional[tuple[_Store, int, tuple, str]]:
+    """``_entry`` of a run that is still as submit left it (see ``_untouched``)."""
+    found = _entry(folder)
+    return found if found is not None and _untouched(found[3]) else None
+
+
 def listed(folder: "str | os.PathLike") -> bool:
     """Whether ``folder`` is a run its sweep's store lists (made by now or not: a run
     whose folder holds no run.json is unmade)."""
@@ -144,19 +172,20 @@ def listed(folder: "str | os.PathLike") -> bool:
 
 def raw_record(folder: "str | os.PathLike") -> Optional[dict]:
     """The run.json an unmade run will start with; None for any other folder."""
-    found = _entry(folder)
+    found = _unmade(folder)
     return found[0].record(found[3], found[1]) if found is not None else None
 
 
 def spec_text(folder: "str | os.PathLike") -> Optional[str]:
-    """The spec.yaml the run ``folder`` will hold; None for a folder no store lists."""
-    found = _entry(folder)
+    """The spec.yaml the unmade run ``folder`` will hold; None for any other folder."""
+    found = _unmade(folder)
     return found[0].spec_text(found[1]) if found is not None else None
 
 
 def stamp(folder: "str | os.PathLike") -> Optional[tuple]:
-    """(size, mtime_ns, inode) of the store that lists the run ``folder``; None: none does."""
-    found = _entry(folder)
+    """(size, mtime_ns, inode) of the store that lists the unmade run ``folder``; None
+    for any other folder."""
+    found = _unmade(folder)
     return found[2] if found is not None else None
 
 
@@ -180,9 +209,9 @@ def names(parent: "str | os.PathLike", only: Optional[str] = None) -> list[str]:
 def make_folder(folder: "str | os.PathLike") -> Optional[dict]:
     """Make the run folder ``folder`` as its store says, but for its run.json: its logs/
     and spec.yaml (each made once, never replacing one made already); the run.json it
-    starts with, which clusterjob.core.record writes (``record.materialize``). None for a
-    folder no store lists."""
-    found = _entry(folder)
+    starts with, which clusterjob.core.record writes (``record.materialize``). None for
+    any other folder."""
+    found = _unmade(folder)
     if found is None:
         return None
     store, index, _, path = found

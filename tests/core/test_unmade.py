@@ -147,3 +147,19 @@ def test_the_report_reads_an_unmade_run_as_the_same_run_made(tmp_path):
     assert not lazy_run.path.exists()
     assert specfile.Reader().read(str(lazy_run.path)) == specfile.Reader().read(str(eager_run.path)) \
         == {"name": "exp", "train.lr": 0.8, "model.arch": "mlp"}
+
+
+def test_a_run_that_started_and_lost_its_run_json_is_no_unmade_run(tmp_path):
+    runs = made(tmp_path, True, "lazy")
+    materialize(runs[4].path)
+    (runs[4].path / "metrics.jsonl").write_text('{"epoch": 0, "val_acc": 0.5}\n')
+    runs[4].info_file.unlink()  # damage: its record is gone, not reborn pending from the store
+    record, problems = runs[4].read_checked()
+    assert record.status is None and problems == ["run.json is missing; status unknown"]
+    assert materialize(runs[4].path) is False and not runs[4].info_file.exists()
+    assert [r.read().status for r in find_runs(runs[0].path.parent)][3:6] == ["pending", None, "pending"]
+    half = runs[6].path
+    (half / "logs").mkdir(parents=True)
+    (half / "spec.yaml").write_text("half made\n")  # a task killed while it made the folder: made again, as it was
+    assert runs[6].read().status == "pending" and materialize(half) is True
+    assert (half / "spec.yaml").read_text() == "half made\n" and runs[6].read().status == "pending"
