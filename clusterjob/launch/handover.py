@@ -133,7 +133,8 @@ def _reason(exc: BaseException) -> str:
 
 def _abandon(window: Window, reason: str) -> str:
     """Remove or fail the runs no executor took; what became of them, in words."""
-    left = [run for run in window.runs if not _has_job(run)]
+    records = sweep.Records()  # read once for all its runs: a sweep of 10,000 shares one
+    left = [run for run in window.runs if not _has_job(run, records)]
     if window.fresh and len(left) == len(window.runs) and _removed(left, window.made):
         return "no run was left behind"
     if not left:
@@ -144,11 +145,11 @@ def _abandon(window: Window, reason: str) -> str:
     return f"{len(left)} run(s) marked failed, `clusterjob resume RUN` starts one: {names}"
 
 
-def _has_job(run: RunDir) -> bool:
+def _has_job(run: RunDir, records: sweep.Records) -> bool:
     """Whether an executor has a job for the run (its run.json or its sweep's record
     names one: a Slurm job)."""
     try:
-        return sweep.job_of(run.path, run.read()) is not None
+        return sweep.job_of(run.path, run.read(), records) is not None
     except OSError:
         return False
 
