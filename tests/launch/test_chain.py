@@ -5,6 +5,9 @@ failed one fails it ("dependency failed"); what can never work is refused at sub
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +15,6 @@ import pytest
 import yaml
 from clirun import cli
 
-from clusterjob.core import claim
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import create_run
 from clusterjob.launch import chain
@@ -64,6 +66,15 @@ def test_after_names_a_run_or_every_run_of_a_folder_once(tmp_path):
         chain.resolve([str(tmp_path / "nowhere")])
 
 
+HOLDER = """
+import sys, time
+from clusterjob.core import claim
+claim.take(sys.argv[1], "clusterjob submit")
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
 def test_a_dependency_is_done_waiting_or_failed(tmp_path):
     made = {status: create_run(tmp_path, "dep", status, "name: dep\n", {}) for status in
             ("completed", "failed", "preempted", "pending")}
@@ -71,11 +82,15 @@ def test_a_dependency_is_done_waiting_or_failed(tmp_path):
     made["failed"].update(status="failed", error={"rank": 0, "message": "ValueError: boom", "traceback": ""})
     made["preempted"].update(status="preempted", executor="local")  # no process: nothing will run it
     made["pending"].update(executor="slurm")  # submitted, no job id yet: the submit is still handing it over
-    claim.take(made["pending"].path, "clusterjob submit")  # which is this live process
+    submitting = subprocess.Popen(  # which is another live process (a claim of this one is no other's submit)
+        [sys.executable, "-c", HOLDER, str(made["pending"].path)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     try:
+        assert submitting.stdout is not None and submitting.stdout.readline() == "held\n"
         states = {dep.run.path.name: dep for dep in chain.states([r.path for r in made.values()])}
     finally:
-        claim.release(made["pending"].path)
+        submitting.kill()
+        submitting.wait()
     assert {name: dep.state for name, dep in states.items()} == {
         "completed": DONE, "failed": FAILED, "preempted": FAILED, "pending": WAITING}
     # with no live submit handing it over, nothing will ever give it a job: it never completes
