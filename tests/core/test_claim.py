@@ -151,3 +151,19 @@ def test_a_claim_this_process_holds_is_no_other_command_handing_the_run_over(tmp
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def test_a_resume_handing_a_run_to_its_local_supervisor_keeps_saying_resume(run, monkeypatch):
+    """What a second resume is told while the first starts the run's supervisor: the
+    words of the command that holds the claim, never those of a submit it is not."""
+    from clusterjob.launch.executors import local
+    from clusterjob.spec.schema import spec_from_dict
+
+    said = []
+    monkeypatch.setattr(local, "detach", lambda runs, world: said.append(claim.holder(runs[0].path)) or 1)
+    spec = spec_from_dict({"name": "exp"})
+    with claim.claimed(run.path, "clusterjob resume"):
+        local.LocalExecutor().start(spec, [run], follow=False)
+    local.LocalExecutor().start(spec, [run], follow=False)  # a submit: the claim is taken here
+    assert [who[0] for who in said] == ["clusterjob resume", "clusterjob submit"]
+    assert claim.held(run.path) is None

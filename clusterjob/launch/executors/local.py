@@ -88,8 +88,9 @@ class LocalExecutor(Executor):
         if follow:
             record_launcher(runs, procs.current())
             return []
-        for run in runs:  # each run's own claim, which the supervisor takes over
-            claim.take(run.path, "clusterjob submit")
+        for run in runs:  # each run's own claim, which the supervisor takes over; a resume
+            if claim.held(run.path) is None:  # holds it already, and its words stay its own
+                claim.take(run.path, "clusterjob submit")
         pid = detach(runs, spec.resources.tasks_per_node)
         claim.release(*(run.path for run in runs))  # the supervisor holds them now
         return [f"{run.path}  (local, supervisor pid {pid})" for run in runs]
