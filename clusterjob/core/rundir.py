@@ -288,7 +288,7 @@ def _subdirs(path: str, plain: bool) -> list:
     except OSError:
         return []
     seen = {entry[0] for entry in entries}
-    entries += [(name, os.path.join(path, name), None) for name in unmade.names(path) if name not in seen]
+    entries += [(name, os.path.join(path, name), None) for name in unmade.names(path, present=seen)]
     return sorted(entries, key=lambda e: natural_key(e[0]))
 
 

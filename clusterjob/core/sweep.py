@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from clusterjob.core.files import loads, locked, now_iso, read_text, write_atomic
 from clusterjob.core.procs import ProcessRef
-from clusterjob.core.record import INFO_FILE, Job, RunRecord, info_path, materialize, read_record
+from clusterjob.core.record import INFO_FILE, Job, RunRecord, amended, info_path, materialize, read_record
 from clusterjob.core.sweepnames import (  # noqa: F401  (this module's names, where its readers look)
     FOLDER,
     Member,
@@ -303,8 +303,7 @@ def resolved(folder: "str | os.PathLike", record: RunRecord, records: Optional[R
     part, position = found
     job = record.job or part.job_of(position)
     launcher = record.launcher or part.launcher
-    return record if (job, launcher) == (record.job, record.launcher) else dataclasses.replace(
-        record, job=job, launcher=launcher)
+    return record if (job, launcher) == (record.job, record.launcher) else amended(record, job=job, launcher=launcher)
 
 
 def has_job_of(executor: str, folder: "str | os.PathLike", records: Optional[Records] = None) -> bool:

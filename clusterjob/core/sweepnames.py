@@ -6,6 +6,7 @@ What the record (clusterjob.core.sweep) and the runs its tasks make
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -33,7 +34,14 @@ class Member:
 def member(folder: "str | os.PathLike") -> Optional[Member]:
     """Where the run in ``folder`` belongs, from its name alone; None for a run of no
     submission (a raw sbatch template's ``slurm-<job>``, a folder named by hand)."""
-    path = os.path.abspath(folder)
+    path = os.fspath(folder)
+    return _member(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _member(path: str) -> Optional[Member]:
+    """``member`` of an absolute path: kept, as status asks it of 10,000 runs, twice."""
+    path = os.path.normpath(path)
     found = _RUN_ID.fullmatch(os.path.basename(path))
     if found is None:
         return None

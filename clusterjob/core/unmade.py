@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Optional
@@ -30,6 +31,9 @@ from clusterjob.core.files import loads, read_text, write_new
 
 SUFFIX = ".points"  # JSON; no ".json" suffix: .sweeps/*.json are the sweeps' records
 _MAX_BYTES = 256 * 2**20  # far past 10,000 points' texts
+MAX_POINTS = 1_000_000  # the most runs a store lists (a sweep's run names have up to 9 digits)
+# How every store starts (``write``): its count, read alone where a listing needs no more.
+_HEAD = re.compile(rb'\{"count":([1-9][0-9]{0,6}),')
 
 
 def store_file(parent: "str | os.PathLike", stamp: str) -> Path:
@@ -65,10 +69,12 @@ class _Store:
         """ValueError (or KeyError, TypeError) for anything but what ``write`` writes."""
         self.count, self.fields = raw["count"], raw["fields"]
         self.texts, self.values = raw["texts"], raw["values"]
-        if not (type(self.count) is int and isinstance(self.fields, dict) and isinstance(self.values, list)
+        if not (type(self.count) is int and 0 < self.count <= MAX_POINTS
+                and isinstance(self.fields, dict) and isinstance(self.values, list)
                 and all(isinstance(t, str) for t in self.texts) and all(isinstance(v, dict) for v in self.values)):
             raise ValueError("not a store")
-        self.points = {row[0]: row for row in raw["points"] if _row_ok(row, len(self.texts), len(self.values))}
+        self.points = {row[0]: row for row in raw["points"]
+                       if _row_ok(row, self.count, len(self.texts), len(self.values))}
         if len(self.points) != len(raw["points"]):
             raise ValueError("a point that is not one")
 
@@ -81,9 +87,10 @@ class _Store:
                                  dict(self.values[params]), **self.fields, **self.values[own]), "slurm_job_id": None}
 
 
-def _row_ok(row: Any, texts: int, values: int) -> bool:
-    """Whether ``row`` is [index, [text ids], params id, own fields id], each in range."""
-    return (isinstance(row, list) and len(row) == 4 and type(row[0]) is int and 0 <= row[0] < 1_000_000
+def _row_ok(row: Any, count: int, texts: int, values: int) -> bool:
+    """Whether ``row`` is [index, [text ids], params id, own fields id], each in range
+    (an index below the sweep's ``count``: ``names`` lists no other)."""
+    return (isinstance(row, list) and len(row) == 4 and type(row[0]) is int and 0 <= row[0] < count
             and isinstance(row[1], list) and all(type(i) is int and 0 <= i < texts for i in row[1])
             and all(type(i) is int and 0 <= i < values for i in row[2:]))
 
@@ -189,8 +196,12 @@ def stamp(folder: "str | os.PathLike") -> Optional[tuple]:
     return found[2] if found is not None else None
 
 
-def names(parent: "str | os.PathLike", only: Optional[str] = None) -> list[str]:
-    """The run names of every store in ``parent`` (of sweep ``only``), made or not."""
+def names(parent: "str | os.PathLike", only: Optional[str] = None, present: "set | frozenset" = frozenset()
+          ) -> list[str]:
+    """The run names of every store in ``parent`` (of sweep ``only``) but those in
+    ``present`` (the folders a caller found). A store whose every run is present is not
+    read: a scan of a sweep whose runs all started needs no more of its 4 MB (10,000
+    points) than its count."""
     try:
         found = [e.name[:-len(SUFFIX)] for e in os.scandir(os.path.join(parent, sweepnames.FOLDER))
                  if e.name.endswith(SUFFIX)]
@@ -198,12 +209,27 @@ def names(parent: "str | os.PathLike", only: Optional[str] = None) -> list[str]:
         return []
     listed: list[str] = []
     for stamp_ in found:
-        if only is not None and stamp_ != only:
+        if (only is not None and stamp_ != only) or _all_present(parent, stamp_, present):
             continue
         store = _store(os.fspath(parent), stamp_)
         if store is not None:
-            listed += [sweepnames.run_name(stamp_, index, store[1].count) for index in store[1].points]
+            listed += [name for index in store[1].points
+                       if (name := sweepnames.run_name(stamp_, index, store[1].count)) not in present]
     return listed
+
+
+def _all_present(parent: "str | os.PathLike", stamp_: str, present: "set | frozenset") -> bool:
+    """Whether every name the count at the head of the store gives is in ``present`` (a
+    store lists no index past its count)."""
+    if not present:
+        return False
+    try:
+        with open(os.path.join(parent, sweepnames.FOLDER, stamp_ + SUFFIX), "rb") as file:
+            head = _HEAD.match(file.read(32))
+    except OSError:
+        return False
+    count = int(head.group(1)) if head else len(present) + 1
+    return count <= len(present) and all(sweepnames.run_name(stamp_, i, count) in present for i in range(count))
 
 
 def make_folder(folder: "str | os.PathLike") -> Optional[dict]:

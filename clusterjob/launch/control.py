@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Sequence
 
 from clusterjob.core import claim, rankhealth, stalls, sweep, telemetry, units, unmade
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
-from clusterjob.core.files import open_regular, read_text
+from clusterjob.core.files import many_reads, open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
@@ -218,8 +218,9 @@ def cmd_status(folder: str, heading: Sequence[str] = (), listed: bool = False, o
     (results/<name>, results/, one run folder, a sweep id, or a search's folder), one row
     each, below ``heading`` (a search's summary); above LISTED runs (or with ``listed``)
     a summary line first, and the rows only with ``listed``. Reads only."""
-    target = resolve_target(folder, for_status=True)
-    runs, found = selected(target, only)
+    with many_reads():
+        target = resolve_target(folder, for_status=True)
+        runs, found = selected(target, only)
     _print_warnings(runs, found)
     sys.stderr.flush()
     for line in heading:
@@ -289,7 +290,8 @@ def sweep_runs(parent: Path, stamp: str) -> list[RunDir]:
             stamp + "-")]
     except OSError:
         return []
-    names = sorted({*names, *unmade.names(parent, stamp)}, key=natural_key)  # with those their tasks will make
+    made = set(names)
+    names = sorted([*made, *unmade.names(parent, stamp, made)], key=natural_key)  # with those their tasks will make
     return [run for run in (RunDir(parent / name) for name in names) if run.exists()]
 
 

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import claim, plugins, procs, sweep
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import now_iso
-from clusterjob.core.record import Job, RunError, RunRecord
+from clusterjob.core.files import many_reads, now_iso
+from clusterjob.core.record import Job, RunError, RunRecord, amended
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir
 from clusterjob.launch import executors
 
@@ -307,9 +307,10 @@ def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
     ``write_back``, what an answer taught is written to run.json; without, nothing."""
     records = sweep.Records()
     found = []
-    for run in runs:
-        record, problems = run.read_checked()
-        found.append(RunView(sweep.resolved(run.path, record, records), problems))
+    with many_reads():
+        for run in runs:
+            record, problems = run.read_checked()
+            found.append(RunView(sweep.resolved(run.path, record, records), problems))
     groups: dict[str, list[int]] = {}
     for index, view in enumerate(found):
         executor = of_record(view.record) if view.record.status not in FINAL_STATUSES else None
@@ -334,7 +335,7 @@ def apply_found(run: RunDir, view: RunView, fields: dict, write_back: bool) -> R
     written to run.json with ``write_back``, unless the run recorded its own end meanwhile
     (its word wins)."""
     if not write_back:
-        return replace(view, record=replace(view.record, **fields))
+        return replace(view, record=amended(view.record, **fields))
     now = run.read()
     if now.status in FINAL_STATUSES:
         return RunView(now, view.problems)

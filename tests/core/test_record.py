@@ -201,3 +201,21 @@ def test_the_health_fields_read_back_typed_and_a_damaged_one_is_a_problem(tmp_pa
     assert got.straggler == record.Straggler(1, "n2", None) and got.excluded_hosts == []
     assert sorted(p.split(" is ")[0] for p in problems) == [
         "run.json: excluded_hosts", "run.json: stalls[0].n", "run.json: stalls[1]", "run.json: straggler.wait_pct"]
+
+
+def test_an_amended_record_is_the_record_replace_makes():
+    """``amended`` skips the generated __init__ (status gives 10,000 runs their jobs
+    through it): the same record as dataclasses.replace, the original unchanged, and an
+    unknown field refused as replace refuses it."""
+    import dataclasses
+
+    base, _ = record.checked({"run_id": "r", "status": "pending", "hosts": ["n1"], "params": {"lr": 0.1}})
+    fields = {"job": Job("slurm", "12_3"), "status": "failed", "error": RunError(0, "m", None, None)}
+    new = record.amended(base, **fields)
+    assert new == dataclasses.replace(base, **fields) and type(new) is RunRecord
+    assert (base.status, base.job, new.hosts, new.slurm_job_id) == ("pending", None, ["n1"], "12_3")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        new.status = "running"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        record.amended(base, nope=1)
+    assert vars(record.checked({})[0]) == vars(RunRecord())  # ``checked`` gives every field, as __init__ does

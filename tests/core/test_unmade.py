@@ -108,6 +108,10 @@ HOSTILE_STORES = [
     '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": [["0", [0], 0, 0]]}',
     '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": [[0, [0], 0]]}',
     '{"count": 1, "fields": {}, "texts": ["a"], "values": [{}], "points": {"0": 1}}',
+    '{"count":1,"fields":{},"texts":["a"],"values":[{}],"points":[[0,[0],0,0],[1,[0],0,0]]}',  # past its count
+    '{"count":2,"fields":{},"texts":["a"],"values":[{}],"points":[[0,[0],0,0],[1,[0],0,0]],',  # cut off
+    '{"count":0,"fields":{},"texts":["a"],"values":[{}],"points":[]}',
+    '{"count":9999999,"fields":{},"texts":["a"],"values":[{}],"points":[[0,[0],0,0],[1,[0],0,0]]}',
 ]
 
 
@@ -163,3 +167,21 @@ def test_a_run_that_started_and_lost_its_run_json_is_no_unmade_run(tmp_path):
     (half / "spec.yaml").write_text("half made\n")  # a task killed while it made the folder: made again, as it was
     assert runs[6].read().status == "pending" and materialize(half) is True
     assert (half / "spec.yaml").read_text() == "half made\n" and runs[6].read().status == "pending"
+
+
+def test_a_scan_of_a_sweep_whose_runs_are_all_made_does_not_read_its_store(tmp_path, monkeypatch):
+    """Its count, at the head of the file, tells that all are there: a status of 10,000
+    started runs does not parse 4 MB for names it found already."""
+    runs = made(tmp_path, True, "lazy")
+    for run in runs[:-1]:
+        materialize(run.path)
+    read = []
+    real = unmade._store
+    monkeypatch.setattr(unmade, "_store", lambda *args: read.append(args) or real(*args))
+    parent = runs[0].path.parent
+    assert [r.run_id for r in find_runs(parent)] == [r.run_id for r in runs] and read  # one unmade: read
+    materialize(runs[-1].path)
+    read.clear()
+    assert [r.run_id for r in find_runs(parent)] == [r.run_id for r in runs] and read == []
+    assert unmade.names(parent, present={r.run_id for r in runs}) == [] and read == []
+    assert sorted(unmade.names(parent, present={r.run_id for r in runs[1:]})) == [runs[0].run_id]

@@ -33,7 +33,7 @@ from clusterjob.core import claim, procs, retry, slurmctl, stalls, sweep
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
-from clusterjob.core.record import SLURM, RunError, RunRecord, is_job_id
+from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, rank_errors, tail_lines
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
@@ -312,7 +312,7 @@ def _handover(run: RunDir, view: RunView, records: sweep.Records, write_back: bo
     job, state = said
     if write_back:
         sweep.set_part(where.parent, where.stamp, found.number, job=found.job)
-    return replace(view, record=replace(view.record, job=job), queue_state=state)
+    return replace(view, record=amended(view.record, job=job), queue_state=state)
 
 
 def _orphan(record: sweep.SweepRecord, records: sweep.Records) -> Optional[arrays.Orphan]:
