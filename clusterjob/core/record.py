@@ -214,7 +214,11 @@ class RunRecord:
 FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
 
 
-_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RunRecord))
+def _known(fields: dict) -> None:
+    """TypeError, as ``dataclasses.replace`` raises it, for a key that is no record field."""
+    unknown = fields.keys() - FIELDS
+    if unknown:
+        raise TypeError(f"RunRecord has no field {sorted(unknown)[0]!r}")
 
 
 def amended(record: RunRecord, **changes: Any) -> RunRecord:
@@ -223,9 +227,7 @@ def amended(record: RunRecord, **changes: Any) -> RunRecord:
     job from its sweep's record through here. TypeError, as replace raises, for a key
     that is no field. The record holds nothing derived from its fields, so a copy of
     them is the whole record."""
-    unknown = changes.keys() - _RECORD_FIELDS
-    if unknown:
-        raise TypeError(f"RunRecord has no field {sorted(unknown)[0]!r}")
+    _known(changes)
     new = object.__new__(RunRecord)
     new.__dict__.update(record.__dict__, **changes)
     return new
@@ -236,8 +238,8 @@ def _whole(values: dict, **more: Any) -> RunRecord:
     ``amended`` makes a record: 9 µs less a run.json."""
     new = object.__new__(RunRecord)
     new.__dict__.update(values, **more)
-    if new.__dict__.keys() != _RECORD_FIELDS:  # a field added to the record and not to ``checked``
-        raise TypeError(f"RunRecord fields missing: {sorted(_RECORD_FIELDS - new.__dict__.keys())}")
+    if new.__dict__.keys() != FIELDS:  # a field added to the record and not to ``checked``
+        raise TypeError(f"RunRecord fields missing: {sorted(FIELDS - new.__dict__.keys())}")
     return new
 
 
@@ -592,23 +594,11 @@ def create(folder: "str | os.PathLike", **fields: Any) -> None:
     """Write the run.json of a run folder being made, holding ``fields`` (record fields
     only), whole (readers find the run by this file: they see all of it or none). No
     lock: no other process writes a run whose run.json does not exist yet."""
-    _check_fields(fields)
+    _known(fields)
     raw = {key: to_json(value) for key, value in fields.items()}
     if "job" in fields:
         raw["slurm_job_id"] = _slurm_id(fields["job"])
     publish(Path(info_path(folder)), json.dumps(raw, indent=2, default=str) + "\n")
-
-
-_FIELDS_SEEN: set = set()  # the key sets that passed _check_fields: a sweep's runs share one
-
-
-def _check_fields(fields: dict) -> None:
-    """TypeError for a key that is no record field (the check ``dataclasses.replace``
-    makes, once per set of keys: a submit of 10,000 runs writes 10,000 run.json)."""
-    keys = frozenset(fields)
-    if keys not in _FIELDS_SEEN:
-        dataclasses.replace(RunRecord(), **fields)
-        _FIELDS_SEEN.add(keys)
 
 
 def _slurm_id(job: Any) -> Optional[str]:
@@ -644,7 +634,7 @@ def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> 
     with locked(Path(folder) / LOCK_FILE):
         raw, _ = read_raw(path)
         record, _ = checked(raw)
-        dataclasses.replace(record, **fields)  # the check: an unknown field raises TypeError here
+        _known(fields)
         if not reopen and _stands(record, fields):
             fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
         raw.update((key, to_json(value)) for key, value in fields.items())
