@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from clusterjob.core import metrics, record
+from clusterjob.core.files import many_reads
 from clusterjob.core.rundir import (
     FINAL_STATUSES,
     METRICS_FILE,
@@ -361,11 +362,12 @@ def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results
     itself (see ``Results.warnings``); raises FileNotFoundError when ``root`` is
     not a folder.
     """
-    root, runs, use_cache = _runs_of(root)
-    use_cache = use_cache and cache
-    saved = _load_cache(root) if use_cache else None
-    cached = saved.runs if saved else {}
-    parsed, fresh = _parse_all(runs, cached)
+    with many_reads():
+        root, runs, use_cache = _runs_of(root)
+        use_cache = use_cache and cache
+        saved = _load_cache(root) if use_cache else None
+        cached = saved.runs if saved else {}
+        parsed, fresh = _parse_all(runs, cached)
     unchanged = saved is not None and not fresh and list(cached) == [run.key for run in runs]
     if unchanged:  # the cached matrix is exactly what _stack would build
         assert saved is not None  # unchanged says so
