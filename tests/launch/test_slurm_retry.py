@@ -23,7 +23,10 @@ TWO_NODES = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_va
 def test_a_rank_killed_with_sigkill_is_retried_from_the_last_checkpoint(slurm_cluster, tmp_path):
     (run,) = submit(slurm_cluster, write_spec(tmp_path, "retry", **TWO_NODES))
     job = job_of(run)  # from the sweep's record: run.json names it once the ranks started
-    wait_for(lambda: "epoch 1/3 train_loss" in rank0_log(run), 180, "epoch 1 and its checkpoint")
+    # the epoch's line comes before its checkpoint (written whole, under its own name, then
+    # renamed): a kill between the two is retried from the beginning, which is right too
+    wait_for(lambda: "epoch 1/3 train_loss" in rank0_log(run) and any((run / "checkpoints").glob("epoch-*.pt")),
+             180, "epoch 1 and its checkpoint")
     os.kill(task_pid(job, 1), signal.SIGKILL)
     wait_for(lambda: run_info(run).get("retries") == 1, 60, "the retry")
     wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), 300, "the run to end")
