@@ -151,7 +151,9 @@ def array_task_states(cluster, array: str) -> dict:
 def test_a_slurm_search_cancelled_mid_trial_resumes_to_completion(slurm_cluster, tmp_path):
     """cancel SEARCH scancels every slot's array task in one call and leaves no trial
     running; resume with a raised count runs every trial to its end exactly once."""
-    spec = merge(SMALL, {"output": {"root": str(tmp_path / "results")}})
+    # each batch held 20 ms (2.6 s an epoch): the trials are still training when the
+    # cancel, a command of its own on a loaded machine, reaches them
+    spec = merge(SMALL, {"output": {"root": str(tmp_path / "results")}, "debug": {"slow_rank": 0, "slow_ms": 20}})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
     done = cli(tmp_path, "submit", "c.yaml", "--executor", "slurm", env=slurm_cluster.env())
     assert done.returncode == 0, done.stderr
