@@ -18,7 +18,7 @@ from clusterjob.report import build as report
 from clusterjob.report import cells, plots
 
 # (val_acc, val_loss, train_loss) per epoch: three healthy seeds, and a seed that peaked at
-# 87.79 % and collapsed to 11.04 % (val_loss 2.306), as README's lr 0.07 run did.
+# 87.79 % and collapsed to 11.04 % (val_loss 2.306), as the lr 0.07 run of docs/report.md did.
 HEALTHY = [[(0.9639, 0.1078, 1.2276), (0.972, 0.081, 0.2046), (0.9766, 0.0669, 0.0869)],
            [(0.9602, 0.0950, 1.2101), (0.981, 0.071, 0.2336), (0.9893, 0.0369, 0.1503)],
            [(0.9500, 0.1200, 1.3000), (0.968, 0.090, 0.2500), (0.9756, 0.0710, 0.0900)]]

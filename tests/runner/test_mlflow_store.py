@@ -1,6 +1,6 @@
 """The MLflow default through the real command line: a run with `logging.mlflow: {}` writes
 MLflow's file store `./mlruns` in the folder submit ran in, whatever mlflow package is
-installed; the README's commands read it (MLflow 3 refuses the file store without
+installed; the commands of docs/loggers.md read it (MLflow 3 refuses the file store without
 MLFLOW_ALLOW_FILE_STORE, so they set it); a database store without SQLAlchemy is bad
 input at validate."""
 
@@ -23,10 +23,10 @@ SCRIPT = "for step in (1, 2, 3):\n    print(f'iter {step}: acc {step / 4}', flus
 
 
 def readme_store_commands() -> list[str]:
-    """The README's commands that read the store, as written there (comments cut)."""
-    lines = (REPO / "README.md").read_text().splitlines()
-    start = lines.index("  export MLFLOW_ALLOW_FILE_STORE=true")
-    block = lines[start:lines.index("  ```", start)]
+    """The commands of docs/loggers.md that read the store, as written there (comments cut)."""
+    lines = (REPO / "docs" / "loggers.md").read_text().splitlines()
+    start = lines.index("    export MLFLOW_ALLOW_FILE_STORE=true")
+    block = lines[start:lines.index("    ```", start)]
     return [line.split("#", 1)[0].strip() for line in block]
 
 
