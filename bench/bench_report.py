@@ -14,6 +14,15 @@ run parsed, the grouped table computed) for:
 - clusterjob's first report (parses everything and writes the cache);
 - clusterjob with the cache (nothing changed since).
 
+Then ``clusterjob report DIR`` itself, in a fresh process as a user runs it (the
+interpreter's start, the imports, each run's state, telemetry and the cache's write
+included): its first call (no cache) beside a cached one, best of --repeat. With
+``--against CHECKOUT`` (another checkout of clusterjob, e.g. ``git worktree add
+/tmp/cj-head HEAD``) each call is made with that checkout in turn with this one, in the
+same minute, so that the machine's load weighs on both alike:
+
+    python bench/bench_report.py --dir /tmp/big --no-baseline --against /tmp/cj-head
+
 The files sit in the OS page cache in every case (they were just written or
 read), so the numbers measure parsing, not the disk. Both sides must produce the
 same grouped table; the script checks that before printing the ratio.
@@ -25,7 +34,9 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -179,12 +190,66 @@ def print_table(rows: list, total_rows: int) -> None:
             print(f"speed-up vs baseline, {label}: {base / seconds:.1f}x")
 
 
+# ---------------------------------------------------------------- the command, fresh processes
+
+
+def cli_call(exp: Path, checkout: Path, first: bool) -> tuple:
+    """(wall seconds, CPU seconds) of one ``clusterjob report`` of ``exp`` with the
+    clusterjob of ``checkout``; ``first``: without a cache, as the first report of a sweep."""
+    if first:
+        (exp / reading.CACHE_NAME).unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "clusterjob", "report", str(exp)], cwd=exp.parent, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.returncode == 0 and " completed" in done.stdout, done.stderr
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def measure_cli(exp: Path, against: "Path | None", repeat: int) -> dict:
+    """{(checkout label, call): [(wall, cpu), ...]}: the first and the cached call, each
+    checkout in turn, ``repeat`` rounds."""
+    checkouts = [("this checkout", Path(__file__).resolve().parents[1])]
+    checkouts += [("--against", against.resolve())] if against else []
+    found: dict = {}
+    for _ in range(repeat):
+        for label, checkout in checkouts:
+            found.setdefault((label, "first call (no cache)"), []).append(cli_call(exp, checkout, True))
+            found.setdefault((label, "cached call"), []).append(cli_call(exp, checkout, False))
+    return found
+
+
+def print_cli(found: dict) -> None:
+    """The command's timings, best of the rounds (wall and CPU seconds), side by side."""
+    labels = list(dict.fromkeys(label for label, _ in found))
+    calls = list(dict.fromkeys(call for _, call in found))
+    print()
+    heads = " | ".join(f"{label}: wall (s) | {label}: CPU (s)" for label in labels)
+    print(f"| `clusterjob report`, fresh process | {heads} |")
+    print("| --- |" + " ---: |" * (2 * len(labels)))
+    for call in calls:
+        cells = []
+        for label in labels:
+            times = found[(label, call)]
+            cells += [f"{min(w for w, _ in times):.2f}", f"{min(c for _, c in times):.2f}"]
+        print(f"| {call} | {' | '.join(cells)} |")
+    if len(labels) == 2:
+        for call in calls:
+            ours, theirs = (min(w for w, _ in found[(label, call)]) for label in labels)
+            print(f"{call}: --against / this checkout = {theirs / ours:.2f}x (wall)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", help="build (or reuse) the fixture here instead of a temp dir")
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--no-baseline", action="store_true", help="skip the slow naive loader")
+    parser.add_argument("--against", type=Path, help="another checkout of clusterjob, its command timed in turn")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of the command's calls, best taken")
     args = parser.parse_args()
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="clusterjob-bench-"))
     try:
@@ -196,6 +261,8 @@ def main() -> int:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
               f"Python {platform.python_version()}, pandas {pd.__version__}, numpy {np.__version__}")
         print_table(measure(exp, not args.no_baseline), total)
+        print_cli(measure_cli(exp, args.against, args.repeat))
+        print(f"load average after: {os.getloadavg()[0]:.1f}")
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -149,9 +149,13 @@ def _validate_search(spec) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from clusterjob.core import env as envmod
     from clusterjob.spec.schema import dump_spec, expand_sweep, load_spec
 
     spec = load_spec(args.spec, args.set)
+    # What submit checks before it starts anything: a secret the spec holds as *** must be
+    # in this environment. Checked on a copy: validate changes nothing.
+    envmod.hand_down_secrets(spec.env, dict(os.environ))
     points = expand_sweep(spec)
     if args.cluster:
         from clusterjob.launch.submit import cluster_preflight
@@ -183,7 +187,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from clusterjob.report.build import ReportOptions
 
     options = ReportOptions(dir=args.dir, group_by=args.group_by, format=args.format, metric=args.metric,
-                            mode=args.mode, out=args.out, runs=args.runs, interval=args.interval)
+                            mode=args.mode, out=args.out, runs=args.runs, interval=args.interval,
+                            folders=_sweep_folders(args.dir))
     if args.watch:
         from clusterjob.report import watch
 
@@ -191,6 +196,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     from clusterjob.report import build as report
 
     return report.main(options, records)
+
+
+def _sweep_folders(text: str) -> tuple[str, ...]:
+    """The run folders of the sweep ``text`` names by its id (as submit prints it, and as
+    status, logs and cancel take it); () for a folder, which the report reads itself."""
+    if os.path.isdir(text):
+        return ()
+    from clusterjob.launch.control import resolve_target
+
+    try:
+        return tuple(str(run.path) for run in resolve_target(text, for_status=True).runs)
+    except BadInput:  # no runs: the report says so, once its other arguments are checked
+        return ()
+
+
+def _group_key(text: str) -> str:
+    """One --group-by argument (a key, or keys joined by commas), each key named."""
+    if any(not part.strip() for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: a key is empty; name a key of the runs' spec, e.g. "
+                                         "--group-by train.lr, or leave --group-by out for the default grouping")
+    return text
 
 
 @_reads_run_folders
@@ -279,8 +305,9 @@ _TARGET = ("run folder, run id under results/, a sweep's id (as submit prints it
            "(results/<name>: all its sweeps)")
 
 
-def _add_only(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--only", metavar="failed|cancelled|preempted", help=what)
+def _add_only(p: argparse.ArgumentParser, what: str, states: str = "failed|cancelled|preempted") -> None:
+    """--only STATE; ``states``: those the command narrows to (control.ONLY, control.CANCELLABLE)."""
+    p.add_argument("--only", metavar=states, help=what)
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -292,7 +319,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
 def _add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="tables (and curves) over the runs in a results folder")
     p.add_argument("dir", help="results/<name>, results/, or one run folder")
-    p.add_argument("--group-by", nargs="+", metavar="KEY",
+    p.add_argument("--group-by", nargs="+", metavar="KEY", type=_group_key,
                    help="group keys: any key of the runs' resolved spec (e.g. train.lr, or lr), name, status, "
                         "world_size, backend, amp, git_sha (default: every key of the runs' params and every spec "
                         "key whose value differs between runs of one experiment, but the seeds train.seed and "
@@ -371,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel a pending or running run, or every run of a sweep")
     p.add_argument("run", help=_TARGET)
-    _add_only(p, "of a sweep, cancel only its runs in this state")
+    _add_only(p, "of a sweep, cancel only its runs in this state", "pending|running|timeout|preempted")
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("validate", help="check a spec and print the resolved spec of every run")

@@ -3,6 +3,7 @@
     done = cli(tmp_path, "status", "results")              # a CompletedProcess: returncode, stdout, stderr
     done = cli(tmp_path, "submit", "t.yaml", "--executor", "local", "--wait", timeout=240)
     proc = start(tmp_path, "submit", "t.yaml", "--executor", "local")   # a Popen, in the background
+    wait_for(lambda: (run / "run.json").exists(), "the run folder")   # a state, never a fixed sleep
 
 ``cli`` runs the command in this process where it can (``clusterjob.cli.main(argv)``
 with its own stdout and stderr, file descriptors 1 and 2 too, in ``cwd`` with ``env`` as
@@ -20,6 +21,11 @@ imported) fails the test: that command belongs in a process.
 Both ways the environment is ``base_env()`` unless given, and PYTHONPATH starts with this
 checkout: the ``clusterjob`` that runs is the one under test, never the one the venv's
 editable install points at.
+
+Tests wait for states, never for a number of seconds: ``wait_for`` (and the timeouts of
+``cli``) give up only after ``WAIT_S``, a guard against a hang that a loaded machine
+never reaches. A bound that is the feature itself ("stops within N s") is measured from
+the event, not from a process's start, and generous.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from clusterjob.core.env import clean_environ
 
@@ -49,6 +56,28 @@ _PROCESS_FLAGS = ("--wait", "--follow", "-f", "--watch")
 _AT_START = ("PYTHON", "LC_", "LANG")
 _STATE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD,
                   signal.SIGPIPE, signal.SIGALRM)
+# How long a test waits for a state (a run to start, a process to end, a line to appear):
+# a guard against a hang only, never the bound a test asserts, so it is generous enough for
+# a machine loaded several times over; on a quiet one the state comes long before.
+WAIT_S = 600
+
+
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT_S) -> object:
+    """``predicate()``'s first true value, asked every 0.1 s; the test fails naming
+    ``what`` when ``timeout`` seconds pass without one."""
+    deadline = time.monotonic() + timeout
+    while not (found := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.1)
+    return found
+
+
+def ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie its parent has not reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def base_env() -> dict:
@@ -74,7 +103,7 @@ def checkout_env(env: Optional[Mapping[str, str]] = None) -> dict:
     return full
 
 
-def cli(cwd: "str | os.PathLike", *argv: str, env: Optional[Mapping[str, str]] = None, timeout: float = 300,
+def cli(cwd: "str | os.PathLike", *argv: str, env: Optional[Mapping[str, str]] = None, timeout: float = WAIT_S,
         process: Optional[bool] = None, prefix: Sequence[str] = (), errors: str = "strict",
         **popen) -> subprocess.CompletedProcess:
     """``clusterjob ARGV`` in ``cwd``: exit status, stdout and stderr (decoded as UTF-8 with

@@ -43,7 +43,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
 def the_run(folder: Path, name: str = "h") -> Path:
     found: list = []
     wait_for(lambda: found.extend(p for p in (folder / "results" / name).glob("*") if (p / "run.json").exists())
-             or found, 60, "the run folder")
+             or found, clirun.WAIT_S, "the run folder")
     return found[0]
 
 
@@ -75,7 +75,7 @@ def processes_of(run: Path) -> list[str]:
     return found
 
 
-def assert_nothing_left(run: Path, within_s: float = 10.0) -> None:
+def assert_nothing_left(run: Path, within_s: float = 60.0) -> None:
     """No process of the run is alive (a watcher ends within a second of its rank)."""
     deadline = time.monotonic() + within_s
     while processes_of(run) and time.monotonic() < deadline:

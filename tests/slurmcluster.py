@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from clirun import cli
+from clirun import WAIT_S, cli
 from trainutil import run_info
 
 from clusterjob.core.rundir import RunDir
@@ -213,7 +213,7 @@ def check_cost_against_sacct(cluster, run: Path, job: str) -> float:
     """The report's cost columns of a completed run stopped once, against sacct's own rows:
     both sessions' CPU-hours and queue waits, and the work from the checkpoint the second
     session resumed to the first one's end (returned)."""
-    wait_for(lambda: [r[0] for r in sacct_sessions(cluster, job)][-1:] == ["COMPLETED"], 60, "the accounting")
+    wait_for(lambda: [r[0] for r in sacct_sessions(cluster, job)][-1:] == ["COMPLETED"], WAIT_S, "the accounting")
     rows = sacct_sessions(cluster, job)
     assert len(rows) == 2 and rows[0][0] in ("REQUEUED", "PREEMPTED"), rows
     cpu_hours = sum(int(r[4]) * int(r[5]) for r in rows) / 3600

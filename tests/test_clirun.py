@@ -81,7 +81,7 @@ def test_a_command_past_its_timeout_is_stopped_as_subprocess_stops_it(tmp_path, 
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         cli(tmp_path, "status", timeout=0.5)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 25  # at the timeout, not at the command's end (30 s)
     monkeypatch.undo()
     assert cli(tmp_path, "status", "nope").returncode == 2  # and the next one runs as before
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from clusterjob.core import search as searchmod
+from clusterjob.core import units
 from clusterjob.core.files import now_iso
 
 
@@ -101,6 +102,22 @@ class Verdict:
         word = "below" if not self.go else "at or past"
         return (f"rung {self.rung} (position {self.position:g}): {metric} {self.value:.4g} {word} the cut "
                 f"{self.cut:.4g} of {self.competing} trial(s)")
+
+
+def pruned_text(pruned: object, metric: str, where: str = "epoch") -> str:
+    """``pruned at rung 1 (epoch 3): val_acc 92.77% < cut 96.29%``: a pruned trial's
+    verdict (run.json's ``pruned``) in the metric's unit, as ``submit --wait``, ``status``
+    and the report say it; ``where``: epoch (the trainer) or step (your code). Only
+    ``pruned at rung N`` when the verdict cannot be read."""
+    raw = pruned if isinstance(pruned, dict) else {}
+    try:
+        rung, at, value, cut = int(raw["rung"]), float(raw["at"]), float(raw["value"]), float(raw["cut"])
+    except (KeyError, TypeError, ValueError):
+        rung_only = raw.get("rung")
+        return f"pruned at rung {rung_only}" if type(rung_only) is int else "pruned"
+    sign = "<" if value < cut else ">" if value > cut else "="
+    said = units.quantity(metric, value) if value == value else "not a number"
+    return f"pruned at rung {rung} ({where} {at:g}): {metric} {said} {sign} cut {units.quantity(metric, cut)}"
 
 
 def promoted(value: float, competing: list[float], reduction: int, mode: str) -> tuple[bool, float]:

@@ -1,7 +1,8 @@
 """Files of a results folder, read and written safely: atomic writes (readers see a file
-whole or not at all), reads that never block or raise, JSON that never raises, and
-values shortened for one-line messages. Stdlib only; used by the run record and the
-run folder alike.
+whole or not at all), reads that never block or raise, reads of a file's lines bounded
+whatever a crash left in it (``Tail``, ``Head``, ``read_lines_text``), JSON that never
+raises, and values shortened for one-line messages. Stdlib only; used by the run record
+and the run folder alike.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import json
 import os
 import reprlib
 import stat
+import sys
 import tempfile
 from datetime import datetime, timezone
+from itertools import repeat
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
@@ -300,26 +303,212 @@ def read_text(path: "str | os.PathLike", limit: Optional[int] = None) -> tuple:
         os.close(fd)
 
 
-def lines_from_end(path: "str | os.PathLike", limit: int, chunk: int = 1 << 16) -> Iterator[bytes]:
-    """The lines of a regular file from the last one back, within its last ``limit``
-    bytes (a line cut by that limit is not given); nothing when it cannot be read."""
-    fd, st, _ = open_regular(path)
+def read_lines_text(path: "str | os.PathLike", limit: int) -> tuple:
+    """(text, problem) of a file of lines, bounded: at most ``limit`` bytes of its data,
+    the holes of a sparse file (a crash leaves hundreds of MiB of them) unread, each a
+    line end. text None with the reason, as ``read_text`` gives it; problem None, or
+    what was left unread."""
+    fd, st, why = open_regular(path)
     if fd is None:
-        return
+        return None, why
     try:
-        pos, rest = st.st_size, b""
-        while pos > 0 and st.st_size - pos < limit:
-            size = min(chunk, pos)
-            pos -= size
-            first, *whole = (os.pread(fd, size, pos) + rest).split(b"\n")
-            yield from reversed(whole)
-            rest = first  # the start of this line is in the chunk before
-        if pos == 0 and rest:
-            yield rest
-    except OSError:
-        return
+        blocks = Blocks(fd, st, limit, max(1, min(st.st_size, limit)), b"\n")  # one read of a plain file
+        text = b"".join(blocks).decode("utf-8", errors="replace")
+    except OSError as err:
+        return None, f"cannot be read ({err.strerror})"
     finally:
         os.close(fd)
+    return text, f"is larger than {limit / 2**20:g} MiB; read its first {limit / 2**20:g} MiB" if blocks.cut else None
+
+
+class Blocks:
+    """A regular file's data from its start, ``chunk`` bytes at a time and ``limit`` in
+    all (``cut``: more was left), each hole of a sparse file (NUL bytes on no disk) as
+    the one byte ``hole``, unread. A file without holes costs no system call more."""
+
+    def __init__(self, fd: int, st: os.stat_result, limit: int, chunk: int, hole: bytes):
+        self.fd, self.size, self.limit, self.chunk, self.hole = fd, st.st_size, limit, chunk, hole
+        self.sparse = st.st_blocks * 512 < st.st_size
+        self.cut = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        pos, done, hole = 0, 0, 0 if self.sparse else self.size  # hole: where the data being read ends
+        while True:
+            if self.sparse and pos >= hole:
+                start, hole = self._data_from(pos)
+                if start > pos:
+                    yield self.hole
+                    pos = start
+            want = min(self.chunk, self.limit - done, max(hole - pos, 1))
+            block = os.pread(self.fd, want, pos) if done < self.limit else b""
+            if not block:
+                self.cut = done >= self.limit and bool(os.pread(self.fd, 1, pos))
+                return
+            pos, done = pos + len(block), done + len(block)
+            yield block
+
+    def _data_from(self, pos: int) -> tuple[int, int]:
+        """(where the data at or after ``pos`` starts, where it ends); the file's size for
+        both where none is left."""
+        try:
+            start = os.lseek(self.fd, pos, os.SEEK_DATA)
+            return start, os.lseek(self.fd, start, os.SEEK_HOLE)
+        except OSError as err:  # ENXIO: a hole to the end; else no SEEK_DATA here: every byte is read
+            self.sparse = False
+            return (self.size, self.size) if err.errno == errno.ENXIO else (pos, self.size)
+
+
+MAX_LINE_BYTES = 1 << 20  # no line a run writes is longer; a longer one is skipped unread
+
+
+class Tail:
+    """The lines of a regular file from the last one back, within its last ``limit``
+    bytes of data (a line cut by that limit is not given, unless a NUL byte ended it);
+    nothing when it cannot be read.
+
+    Bounded whatever the file holds (a crash can leave hundreds of MiB of NUL bytes
+    without a line end): a line longer than ``max_line`` is skipped as it is met, never
+    held whole, and a line with a NUL byte (no text line holds one) keeps only what
+    follows its last NUL, the record appended after the crash. Each is counted in
+    ``skipped``; ``cut`` says the limit ended the reading before the file's start. Each
+    step costs at most ``chunk + max_line`` bytes; the holes of a sparse file (NUL bytes
+    on no disk) are stepped over unread."""
+
+    def __init__(self, path: "str | os.PathLike", limit: int, max_line: int = MAX_LINE_BYTES,
+                 chunk: int = 1 << 16):
+        self.path, self.limit, self.max_line, self.chunk = path, limit, max_line, chunk
+        self.skipped = 0
+        self.cut = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (line for line, _ in self.pairs())
+
+    def pairs(self) -> Iterator[tuple[bytes, bool]]:
+        """Each line with whether some of it was dropped (and counted in ``skipped``)."""
+        fd, st, _ = open_regular(self.path)
+        if fd is None:
+            return
+        try:
+            yield from self._lines(fd, st)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+
+    def _lines(self, fd: int, st: os.stat_result) -> Iterator[tuple[bytes, bool]]:
+        sparse = st.st_blocks * 512 < st.st_size
+        pos, done, rest, dropped = st.st_size, 0, b"", False  # rest: what is kept of a line whose start is further back
+        while pos > 0 and done < self.limit:
+            below = _data_end_below(fd, pos, self.chunk) if sparse else pos
+            if below < pos:  # a hole: NUL bytes on no disk, stepped over as one
+                rest, dropped, pos = *self._joined(b"\0", rest, dropped), below
+                continue
+            step = min(self.chunk, pos)
+            pos, done = pos - step, done + step
+            block = os.pread(fd, step, pos)
+            pieces = block.split(b"\n")
+            rest, dropped = self._joined(pieces[-1], rest, dropped)
+            if len(pieces) == 1:  # no line ends here: the line goes on further back
+                continue
+            yield from self._given(rest, dropped)
+            yield from self._whole(pieces[-2:0:-1], block)
+            rest, dropped = self._joined(pieces[0], b"", False)
+        self.cut = pos > 0
+        if dropped or (pos == 0 and rest):  # a line cut by a NUL byte ends there, wherever its start lies
+            yield from self._given(rest, dropped)
+
+    def _joined(self, before: bytes, rest: bytes, dropped: bool) -> tuple[bytes, bool]:
+        """The end ``rest`` of a line with the bytes ``before`` it: (what is kept, whether
+        some of the line was dropped: once it was, nothing further back belongs to it)."""
+        return (rest, True) if dropped else _kept(before + rest, self.max_line)
+
+    def _given(self, line: bytes, dropped: bool) -> Iterator[tuple[bytes, bool]]:
+        self.skipped += dropped
+        if line or not dropped:
+            yield line, dropped
+
+    def _whole(self, lines: list, block: bytes) -> Iterator[tuple[bytes, bool]]:
+        """Lines read whole from ``block``, each as ``_kept`` keeps it: at C level where the
+        block holds no NUL byte and no line is too long (every line a run writes)."""
+        if b"\0" not in block and max(map(len, lines), default=0) <= self.max_line:
+            yield from zip(lines, repeat(False))
+            return
+        for line in lines:
+            yield from self._given(*_kept(line, self.max_line))
+
+
+class Head(Tail):
+    """The lines of a regular file from its first on, within its first ``limit`` bytes of
+    data (a last line without its newline too: a reader of a file being written may meet
+    half a record), with ``Tail``'s bounds: over-long lines skipped unread, a line keeps
+    what follows its last NUL byte, each counted in ``skipped``. Of a line it holds at
+    most its last ``max_line + 1`` bytes, all a kept line can be; the holes of a sparse
+    file (NUL bytes on no disk) are stepped over unread."""
+
+    def _lines(self, fd: int, st: os.stat_result) -> Iterator[tuple[bytes, bool]]:
+        keep, rest = self.max_line + 1, b""
+        blocks = Blocks(fd, st, self.limit, self.chunk, b"\0")
+        for block in blocks:
+            if b"\n" not in block:  # the line goes on: its end is all that may be kept
+                rest = (rest + block[-keep:])[-keep:]
+                continue
+            first, *whole, last = block.split(b"\n")
+            yield from self._given(*_kept(rest + first, self.max_line))
+            yield from self._whole(whole, block)
+            rest = last[-keep:]
+        self.cut = blocks.cut
+        if rest:
+            yield from self._given(*_kept(rest, self.max_line))
+
+
+def _kept(line: bytes, max_line: int) -> tuple[bytes, bool]:
+    """(what a reader keeps of ``line``, whether it dropped some): what follows its last NUL
+    byte (the bytes before are what a crash left), nothing of a line over ``max_line``."""
+    nul = line.rfind(b"\0")
+    dropped = nul >= 0
+    if dropped:
+        line = line[nul + 1:]
+    return (b"", True) if len(line) > max_line else (line, dropped)
+
+
+def _data_at(fd: int, pos: int) -> int:
+    """Where the data at or after ``pos`` starts (SEEK_DATA); past the end: the largest
+    offset; where the file system cannot say, ``pos``: every byte is data."""
+    try:
+        return os.lseek(fd, pos, os.SEEK_DATA)
+    except OSError as err:
+        return sys.maxsize if err.errno == errno.ENXIO else pos
+
+
+def _data_end_below(fd: int, pos: int, step: int) -> int:
+    """Where the data nearest below ``pos`` ends: ``pos`` where the byte before it is data,
+    0 where there is none below; a hole lies between. Found in steps that double."""
+    if _data_at(fd, pos - 1) == pos - 1:
+        return pos
+    low = pos
+    while low > 0:
+        low, step = max(0, low - step), step * 2
+        start = _data_at(fd, low)
+        if start < pos:
+            return _last_data_end(fd, start, pos)
+    return 0
+
+
+def _last_data_end(fd: int, start: int, pos: int) -> int:
+    """The end of the last stretch of data from ``start`` up to ``pos``; ``pos`` where a file
+    of very many holes takes more than 64 steps (its bytes are then read, holes too)."""
+    for _ in range(64):
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        start = _data_at(fd, end)
+        if start >= pos:
+            return min(end, pos)
+    return pos
+
+
+def lines_from_end(path: "str | os.PathLike", limit: int, chunk: int = 1 << 16,
+                   max_line: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """``Tail``'s lines, for a reader that needs no count of those skipped."""
+    return iter(Tail(path, limit, max_line, chunk))
 
 
 def is_number(value: Any) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -32,11 +31,12 @@ import numpy as np
 
 from clusterjob.core import units
 from clusterjob.core.files import (
+    Head,
     is_number,
     lines_from_end,
     loads,
     named_write_errors,
-    open_regular,
+    read_lines_text,
     read_text,
     shown,
     write_atomic,
@@ -112,27 +112,133 @@ def append_epoch(path: Path, record: dict) -> dict:
 _PLAIN = frozenset((int, float, type(None)))  # what a line of numbers holds (bool is a type of its own)
 
 
+MAX_READ_BYTES = 1 << 30  # the report reads at most this much of one file (5 million lines)
+
+
 def read_matrix(path: str) -> tuple[list, np.ndarray, list]:
     """(metric names, float64 matrix with one row per line, problems) of a metrics.jsonl.
 
     Absent means no lines. Lines that are not JSON objects are skipped, values that are
     not numbers (text, true/false, lists) become NaN, and the lines of one step (or
     epoch) become one row with each metric's last value there (``_merge_positions``);
-    each finding is a problem string.
+    each finding is a problem string. Read bounded (``files.read_lines_text``): its first
+    MAX_READ_BYTES, the holes of a sparse file (a crash's leftovers) as line ends.
     """
-    text, why = read_text(path)
+    text, why = read_lines_text(path, MAX_READ_BYTES)
     if text is None:
         return [], np.empty((0, 0)), [] if why == "is missing" else [f"{METRICS_FILE} {why}; ignored it"]
+    problems: list[str] = [] if why is None else [f"{METRICS_FILE} {why}"]
     try:
         names, matrix = _fast_matrix(text)
-        problems: list[str] = []
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError):
-        rows, lines, problems = _parse_lines_slowly(text)
+        rows, lines, slowly = _parse_lines_slowly(text)
         names, matrix, more = _rows_to_matrix(rows, lines)
-        problems += more
+        problems += slowly + more
     matrix, infinite = _without_infinities(names, matrix)
     matrix, more = _merge_positions(names, matrix)
     return names, matrix, problems + infinite + more
+
+
+_BATCH_FILES = 1000  # files parsed together: about 25 MB of text of the built-in trainer's 100 epochs
+
+
+def read_matrices(paths: Sequence[str]) -> list[tuple[list, np.ndarray, list]]:
+    """``read_matrix`` of each of ``paths``, in order. The files whose lines are what the
+    writer makes (``_layout``) are parsed together, one C pass over a thousand of them
+    (``_parse_together``): a float parsed without a Python object, about twice as fast as
+    a ``json.loads`` of each file, what the first report of a 10,000-run sweep waits for.
+    Any other file takes ``read_matrix``'s way, with the same result."""
+    out: list[tuple[list, np.ndarray, list]] = []
+    for start in range(0, len(paths), _BATCH_FILES):
+        chunk = paths[start:start + _BATCH_FILES]
+        layouts = [_layout(text) if why is None and text else None
+                   for text, why in (read_lines_text(path, MAX_READ_BYTES) for path in chunk)]
+        parsed = _parse_together(layouts)
+        for path, found in zip(chunk, parsed):
+            if found is None:
+                out.append(read_matrix(path))
+                continue
+            names, matrix = found
+            matrix, infinite = _without_infinities(names, matrix)
+            matrix, more = _merge_positions(names, matrix)
+            out.append((names, matrix, infinite + more))
+    return out
+
+
+_NUMBER_BYTES = b"0123456789.eE+-"  # what a number json.dumps writes is made of (finite_only: no NaN)
+_JSON_SPACING = b": {}"
+
+
+def _layout(text: str) -> Optional[tuple]:
+    """(names, lines, the values as CSV bytes) of a file whose every line is a json.dumps
+    of numbers under the first line's keys in its order, with json.dumps' spacing and a
+    line end after each; None for any other file. Checked whole, at C level: between the
+    keys (each in its place) stands nothing but ": <number>, " and, at a line end,
+    ": <number>}\\n{"."""
+    data = text.encode("utf-8")
+    if not data.endswith(b"\n") or b"\\" in data:  # an escape in a key: json's way reads it
+        return None
+    try:
+        first = json.loads(data[:data.find(b"\n")])
+    except ValueError:
+        return None
+    if type(first) is not dict or not first:
+        return None
+    names = list(first)
+    lines = data.count(b"\n")
+    pieces = data.split(b'"')
+    if pieces[1::2] != [name.encode("utf-8") for name in names] * lines:
+        return None
+    between = b"".join(pieces[::2])
+    if between.translate(None, _NUMBER_BYTES) != _skeleton(len(names), lines):
+        return None
+    return names, lines, between.translate(None, _JSON_SPACING)  # a number left empty fails its parse
+
+
+def _skeleton(keys: int, lines: int) -> bytes:
+    """What stands between the keys of ``lines`` lines of ``keys`` numbers, numbers left out."""
+    line = b": , " * (keys - 1) + b": }\n"
+    return b"{" + (line + b"{") * (lines - 1) + line
+
+
+def _parse_together(layouts: list) -> list:
+    """Per file, (names, matrix) when ``_layout`` took it, else None: the files of one set
+    of keys parsed as one CSV, by pandas' C parser (exact: float() gives every value the
+    same bits); should the parse fail, each of them is None (``read_matrix`` reads them)."""
+    import io
+
+    import pandas as pd  # the reports' side: the runner never reads a matrix
+
+    out: list = [None] * len(layouts)
+    by_names: dict = {}
+    for i, layout in enumerate(layouts):
+        if layout is not None:
+            by_names.setdefault(tuple(layout[0]), []).append(i)
+    for names, members in by_names.items():
+        try:
+            frame = pd.read_csv(io.BytesIO(b"".join(layouts[i][2] for i in members)), header=None,
+                                dtype=np.float64, engine="c", na_filter=False, **_exact_floats(pd.__version__))
+            matrix = frame.to_numpy(dtype=np.float64)
+        except (ValueError, TypeError, OverflowError):  # number bytes that make no number, or none
+            continue
+        if matrix.shape != (sum(layouts[i][1] for i in members), len(names)):
+            continue
+        start = 0
+        for i in members:
+            rows = layouts[i][1]
+            out[i] = (list(names), matrix[start:start + rows])
+            start += rows
+    return out
+
+
+def _exact_floats(version: str) -> dict:
+    """read_csv's option for floats parsed exactly (correctly rounded): pandas before 3.1
+    rounds some 17-digit values otherwise; 3.1 has one exact parser and warns of the option."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return {"float_precision": "round_trip"}
+    return {} if (major, minor) >= (3, 1) else {"float_precision": "round_trip"}
 
 
 def _without_infinities(names: list, matrix: np.ndarray) -> tuple[np.ndarray, list]:
@@ -464,15 +570,23 @@ def latest(path: Path, name: Optional[str] = None) -> Optional[Latest]:
 
 def own_latest(run_path: Path, entrypoint: Optional[dict]) -> Optional[Latest]:
     """What a glance shows of the user's own code (status, the --wait summary, the live
-    line): the metric the report ranks by (``default_metric`` of the metrics logged),
+    line): the metric the report ranks by (the one its spec names, else ``default_metric``),
     with its latest value and step. None for the built-in trainer (``entrypoint`` None)
     or before that metric was logged."""
     if entrypoint is None:
         return None
     path = run_path / METRICS_FILE
     names = logged_names(path)
-    name = default_metric(table_order(names))
+    name = named_metric(list(entrypoint.get("metrics") or {}), names) or default_metric(table_order(names))
     return latest(path, name) if name in names else None
+
+
+def named_metric(named: Sequence[str], logged: Sequence[str]) -> Optional[str]:
+    """The metric your code's spec names (``default_metric`` of its entrypoint.metrics, in
+    the tables' order) when the run logged it; None otherwise. It ranks the runs before
+    any other logged."""
+    name = default_metric(table_order(named)) if named else None
+    return name if name in logged else None
 
 
 # ----------------------------------------------------------------------------- which metric ranks
@@ -504,18 +618,10 @@ def default_metric(names: Sequence[str]) -> str:
 def logged_names(path: Path) -> list:
     """The names of the numbers a metrics.jsonl holds (step aside), in the order first
     logged: read from its first TAIL_LIMIT bytes, and from its last ones when it is larger."""
-    fd, st, _ = open_regular(path)
-    if fd is None:
-        return []
-    try:
-        head = os.read(fd, TAIL_LIMIT)
-    except OSError:
-        head = b""
-    finally:
-        os.close(fd)
-    lines = head.split(b"\n")
-    if st.st_size > TAIL_LIMIT:  # a big file: its last lines too (a metric first logged late)
-        lines = lines[:-1] + list(reversed(list(lines_from_end(path, TAIL_LIMIT))))
+    head = Head(path, TAIL_LIMIT, chunk=TAIL_LIMIT)
+    lines = list(head)
+    if head.cut:  # a big file: its last lines too (a metric first logged late)
+        lines += reversed(list(lines_from_end(path, TAIL_LIMIT)))
     seen: dict = {}
     for raw in lines:
         line = loads(raw.decode("utf-8", errors="replace"))

@@ -66,14 +66,25 @@ def _boot_id() -> str:
         return ""
 
 
-def _stat(pid: int) -> Optional[tuple[str, int]]:
-    """(state letter, start ticks) of a live pid, or None."""
+def _fields(pid: int) -> Optional[list[str]]:
+    """The fields of /proc/PID/stat after the name (state, ppid, pgrp, ...), or None."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text.rsplit(")", 1)[-1].split()  # the name in parentheses may hold spaces
-    return fields[0], int(fields[19])
+    return text.rsplit(")", 1)[-1].split()  # the name in parentheses may hold spaces
+
+
+def _stat(pid: int) -> Optional[tuple[str, int]]:
+    """(state letter, start ticks) of a live pid, or None."""
+    fields = _fields(pid)
+    return None if fields is None else (fields[0], int(fields[19]))
+
+
+def state(pid: int) -> Optional[str]:
+    """The kernel's state letter of ``pid`` (R, S, D, T stopped, t traced, Z...), None when gone."""
+    found = _stat(pid)
+    return found[0] if found is not None else None
 
 
 def current(pid: Optional[int] = None) -> Optional[ProcessRef]:
@@ -163,3 +174,70 @@ def terminate_group(ref: ProcessRef, sig: int = signal.SIGKILL) -> Optional[Mism
     except (ProcessLookupError, PermissionError):  # gone meanwhile, or not ours to signal: as terminate says
         pass
     return terminate(ref, sig)
+
+
+def group(ref: ProcessRef) -> list[ProcessRef]:
+    """The other live processes of the process group ``ref`` leads (what a local rank
+    started: its own group), each as a ref to signal later by ``terminate`` once the
+    leader is gone; [] when ``ref`` is not that very process or leads no group. Read
+    while the leader lives, the group's id is no other's."""
+    if check(ref) is not None or (_fields(ref.pid) or ["", "", ""])[2] != str(ref.pid):
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == ref.pid:
+            continue
+        fields = _fields(int(entry.name))
+        if fields is not None and fields[2] == str(ref.pid) and fields[0] not in ("Z", "X"):
+            found.append(ProcessRef(ref.host, ref.boot_id, int(entry.name), int(fields[19])))
+    return found if check(ref) is None else []  # the leader still lives: none of them was another's
+
+
+def end_group(leader: int, sig: int = signal.SIGKILL) -> None:
+    """``sig`` to every process of the group ``leader`` led, for a caller that pins that
+    group's id: ``leader`` is its own child that exited and is not reaped yet (a zombie
+    keeps its pid, so no later process can have taken the id). Nothing when the group is
+    empty already."""
+    try:
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):  # empty: nothing left of it
+        pass
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+ENVIRON_LIMIT = 1 << 20  # the most of a process's environment read
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (PR_SET_CHILD_SUBREAPER): a
+    process whose parent ends comes to it, not to init, so it can still tell that
+    process is one of its own (``children``). False where the kernel refuses."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children() -> list[tuple[int, str]]:
+    """(pid, state letter) of each child of this process, from /proc. A child keeps its
+    pid until this process reaps it: its pid names no other process meanwhile."""
+    me, found = str(os.getpid()), []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _fields(int(entry.name))
+            if fields is not None and fields[1] == me:
+                found.append((int(entry.name), fields[0]))
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with (/proc/PID/environ), {} where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(ENVIRON_LIMIT)
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}

@@ -19,6 +19,7 @@ import os
 import re
 import traceback as tb
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, TypeGuard
 
@@ -250,6 +251,21 @@ def to_json(value: Any) -> Any:
     if isinstance(value, list):
         return [to_json(item) for item in value]
     return value
+
+
+def parse_time(text: Any) -> Optional[datetime]:
+    """One of a run folder's times (ISO 8601) as a UTC datetime; the one parser of them, so
+    that any two compare and subtract. clusterjob writes UTC with its offset; a time
+    without one (a folder edited by hand, or merged from another tool) is taken as UTC
+    too. None for anything else: absent, no text, unreadable, or out of datetime's range
+    once in UTC (year 1 with a positive offset)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        found = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return found.replace(tzinfo=timezone.utc) if found.tzinfo is None else found.astimezone(timezone.utc)
+    except (ValueError, OverflowError):
+        return None
 
 
 def info_path(folder: "str | os.PathLike") -> str:

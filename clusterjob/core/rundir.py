@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from clusterjob.core import claim, record, sweep, unmade
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import batched, loads, now_iso, read_text, write_atomic, write_new
+from clusterjob.core.files import batched, lines_from_end, loads, now_iso, read_text, write_atomic, write_new
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 from clusterjob.core.search import SEARCH_FILE
 
@@ -358,9 +358,27 @@ def no_runs(root: object) -> BadInput:
 
 
 def tail_lines(path: Path, count: int) -> list[str]:
-    """The last ``count`` lines of a text file ([] when it cannot be read)."""
-    text, _ = read_text(path)
-    return text.strip().splitlines()[-count:] if text else []
+    """The last ``count`` lines of a text file ([] when it cannot be read), from its last
+    4 MiB (``files.Tail``: a log a crash filled with NUL bytes costs no more)."""
+    text = b"\n".join(reversed(list(lines_from_end(path, 4 << 20)))).decode("utf-8", errors="replace")
+    return text.strip().splitlines()[-count:]
+
+
+# A line of torch's C++ log (c10, c10d, glog) at level INFO or WARNING, after torch's
+# "[rank1]:" prefix where it adds one: "[W1206 12:00:00.123456789 socket.cpp:207] ...",
+# the older "[W socket.cpp:207] ..." and glog's own "W1206 12:00:00.123456  1234 x.cc:9] ...".
+# ERROR and FATAL lines stay: they may say why the rank ended.
+_TORCH_LOG_LINE = re.compile(r"(\[rank\d+\]:)?(\[[IW](\d{4} \d\d:\d\d:\d\d(\.\d+)?)?( +\d+)? [^\]\n]*:\d+\]"
+                             r"|[IW]\d{4} \d\d:\d\d:\d\d(\.\d+)? )")
+LAST_WORDS = 20  # the lines of a rank's stderr kept as the traceback of a rank that left none
+
+
+def last_words(run: RunDir, rank: int) -> str:
+    """The traceback of a rank that ended without writing its own (killed by a signal, or
+    exited non-zero): the last lines of its stderr, less torch's INFO and WARNING log
+    lines (a c10d warning about a socket is no reason the rank ended)."""
+    lines = tail_lines(run.logs / f"rank{rank}.err", 50 * LAST_WORDS)
+    return "\n".join([line for line in lines if not _TORCH_LOG_LINE.match(line)][-LAST_WORDS:])
 
 
 def link_rank_logs(run: RunDir, rank: int) -> None:

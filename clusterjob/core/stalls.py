@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from clusterjob.core import units
-from clusterjob.core.record import STALLED, RunError, RunRecord, Stall
+from clusterjob.core.record import STALLED, RunError, RunRecord, Stall, parse_time
 
 PREFIX = STALLED  # the error and the retry's reason: "stalled: rank 1 on node2: time.sleep at train.py:40; ..."
 ENDING = ("retry", "stop")  # verdicts that end the ranks
@@ -56,15 +56,9 @@ def culprit(line: Optional[str]) -> str:
 def shown(stall: Stall, now: Optional[datetime] = None) -> str:
     """``stalled 12.0 min (rank 1 on node2: time.sleep at train.py:40)``: how long no
     rank made progress, and the culprit."""
-    since = _parsed(stall.since) or _parsed(stall.at)
+    since = parse_time(stall.since) or parse_time(stall.at)
     now = now or datetime.now(timezone.utc)
     length = f" {units.duration(max(0.0, (now - since).total_seconds()))}" if since else ""
     return f"stalled{length} ({culprit(stall.line)})"
 
 
-def _parsed(text: Optional[str]) -> Optional[datetime]:
-    try:
-        found = datetime.fromisoformat(text) if text else None
-    except ValueError:
-        return None
-    return found if found is None or found.tzinfo else found.replace(tzinfo=timezone.utc)

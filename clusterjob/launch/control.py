@@ -123,14 +123,16 @@ def _gpu_lines(run: RunDir, info: RunRecord) -> list[str]:
     """A running run's GPUs over the last minute, and the warning when they stayed under
     health.low_util_pct for the last LOW_UTIL_S (read from the end of telemetry.jsonl)."""
     now = time.time()
-    window = telemetry.recent(run.telemetry_file, now - telemetry.LOW_UTIL_S - telemetry.BIN_S)
-    line = telemetry.recent_line([s for s in window if s.time >= now - telemetry.RECENT_S])
+    read = telemetry.recent(run.telemetry_file, now - telemetry.LOW_UTIL_S - telemetry.BIN_S)
+    skipped = telemetry.skipped_warning(read)
+    lines = [f"warning: {skipped}"] if skipped else []
+    line = telemetry.recent_line([s for s in read.samples if s.time >= now - telemetry.RECENT_S])
     if line is None:
-        return []
+        return lines
     threshold = low_util_pct(run)
     wait = telemetry.input_wait_pct(run, info.world_size or 1)
-    warning = telemetry.low_util_warning(window, threshold, wait)
-    return [line, *([f"warning: {warning}"] if warning else [])]
+    warning = telemetry.low_util_warning(read.samples, threshold, wait)
+    return [line, *([f"warning: {warning}"] if warning else []), *lines]
 
 
 def low_util_pct(run: RunDir) -> float:
@@ -243,6 +245,8 @@ LISTED = 20  # the most runs status lists without --runs
 # ----------------------------------------------------------------------------- a sweep as one thing
 
 ONLY = ("failed", "cancelled", "preempted")  # what --only narrows a sweep's runs to
+# What cancel --only narrows to: the states a run can be cancelled in (the CLI's metavar says them too).
+CANCELLABLE = tuple(status for status in STATUSES if status not in FINAL_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -295,10 +299,11 @@ def sweep_runs(parent: Path, stamp: str) -> list[RunDir]:
     return [run for run in (RunDir(parent / name) for name in names) if run.exists()]
 
 
-def selected(target: Target, only: Optional[str]) -> tuple[list[RunDir], list[RunView]]:
-    """The target's runs as status shows them, narrowed to state ``only`` (ONLY)."""
-    if only is not None and only not in ONLY:
-        raise BadInput(f"--only {only!r}: choose one of: {', '.join(ONLY)}")
+def selected(target: Target, only: Optional[str],
+             choices: Sequence[str] = ONLY) -> tuple[list[RunDir], list[RunView]]:
+    """The target's runs as status shows them, narrowed to state ``only`` (one of ``choices``)."""
+    if only is not None and only not in choices:
+        raise BadInput(f"--only {only!r}: choose one of: {', '.join(choices)}")
     found = executor.views(target.runs)
     kept = [i for i, view in enumerate(found) if only is None or view.record.status == only]
     return [target.runs[i] for i in kept], [found[i] for i in kept]
@@ -621,7 +626,11 @@ def _cancel_all(target: Target, only: Optional[str]) -> int:
     (a Slurm sweep: one scancel of its arrays, never one per task); then what they are
     now, as status counts them. The sweeps are claimed meanwhile, so that no resume
     starts one of their runs."""
-    runs, found = selected(target, only)
+    if only in FINAL_STATUSES:  # a state a run has ended in: nothing to cancel, and how many are in it
+        ended = [view for view in executor.views(target.runs) if view.record.status == only]
+        raise BadInput(f"{target.label}: nothing to cancel: {state_counts(ended)} (--only {only}); a {only} run "
+                       f"has ended: cancel --only takes {', '.join(CANCELLABLE)}")
+    runs, found = selected(target, only, CANCELLABLE)
     picked = [(run, view) for run, view in zip(runs, found) if view.record.status not in FINAL_STATUSES]
     if not picked:
         raise BadInput(f"{target.label}: nothing to cancel: {state_counts(found)}"

@@ -104,6 +104,7 @@ class Executor(abc.ABC):
 
     name: ClassVar[str]
     auto_rank: ClassVar[int] = 0  # `--executor auto` takes the available executor of the highest rank
+    ranks_here: ClassVar[bool] = False  # its ranks run on this machine (what the submit can tell of them)
     # The resources keys this executor declares for itself (clusterjob.spec.options), read
     # with ``options.of(spec)``; None: it has none.
     options: ClassVar[Optional[type[ExecutorOptions]]] = None

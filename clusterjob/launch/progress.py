@@ -12,11 +12,12 @@ PIPE_EVERY_S. Reads only; no torch.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Optional, TextIO
 
 from clusterjob.core import metrics
 from clusterjob.core.errors import escape
@@ -25,6 +26,7 @@ from clusterjob.core.rundir import RunDir
 STEP_MARK = "[progress] "  # the trainer's step lines (trainer/worker.py); its epoch lines start with "epoch "
 MAX_READ = 1 << 20  # bytes of new log read per look: a flood is skipped to its end, not buffered
 PIPE_EVERY_S = 10.0  # in a pipe, your code's latest metric at most this often
+QUIET_S = 60.0  # a run with no progress line this long gets a status line, and one more each QUIET_S
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,30 @@ class ProgressTail:
     log is read from where it ended when the tail was made, so a resumed run's earlier
     sessions are not shown again."""
 
-    def __init__(self, runs: list[RunDir], own_code: bool):
-        self.own_code = own_code
+    def __init__(self, runs: list[RunDir], own_code: bool, stall_s: Optional[float] = None):
+        self.own_code, self.stall_s, self.clock = own_code, stall_s, time.monotonic
         self.offsets = {run.path: _size(_log(run)) for run in runs}
         self.partial: dict[Path, bytes] = {}
         self.shown: dict[Path, str] = {}  # your code's metric, as last shown
         self.entrypoints: dict[Path, dict] = {}  # as rank 0 recorded it once it started
+        self.quiet: dict[Path, Quiet] = {}  # since when each run has shown no progress
 
     def new_lines(self, run: RunDir) -> list[Line]:
+        """The run's progress since the last look; after QUIET_S without any, one status
+        line (``still at epoch 2 step 15, no progress for 3 min; stall after 30 min``) and
+        another every QUIET_S, so that a hang is never silent until the stall."""
+        lines = self._progress(run)
+        quiet = self.quiet.setdefault(run.path, Quiet(self.clock()))
+        if lines:
+            self.quiet[run.path] = Quiet(self.clock(), _position(lines[-1].text) or quiet.at)
+            return lines
+        said = quiet.due(self.clock(), self.stall_s)
+        if said is not None:
+            self.quiet[run.path] = replace(quiet, said=self.clock())
+            return [Line(said, kept=True)]
+        return []
+
+    def _progress(self, run: RunDir) -> list[Line]:
         if not self.own_code:
             return [_trainer_line(text) for text in self._read(run) if text.startswith((STEP_MARK, "epoch "))]
         entrypoint = self.entrypoints.get(run.path) or run.read().entrypoint
@@ -84,6 +102,51 @@ class ProgressTail:
         return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
 
 
+@dataclass(frozen=True)
+class Quiet:
+    """A run's last progress: when (monotonic), where (``epoch 2 step 15``, "" before the
+    first line), and when a status line last said so."""
+
+    since: float
+    at: str = ""
+    said: Optional[float] = None
+
+    def due(self, now: float, stall_s: Optional[float]) -> Optional[str]:
+        """The status line, when QUIET_S passed since the last progress and since the
+        last status line; else None."""
+        if now - self.since < QUIET_S or (self.said is not None and now - self.said < QUIET_S):
+            return None
+        where = f"still at {self.at}" if self.at else "still running"
+        watch = f"stall after {_minutes(stall_s)}" if stall_s is not None else "no stall watch"
+        return f"{where}, no progress for {_minutes(now - self.since)}; {watch}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min" if seconds >= 60 else f"{int(seconds)} s"
+
+
+_POSITION = re.compile(r"^epoch (\d+)/\d+(?: step (\d+)/\d+)?")
+
+
+def _position(text: str) -> str:
+    """``epoch 2 step 15`` of a trainer's line (``epoch 2/4 step 15/32 loss ...``), the
+    end of an epoch (``epoch 2/4 train_loss ...``: ``the end of epoch 2``), or "" for any
+    other line (your code's metric)."""
+    found = _POSITION.match(text)
+    if found is None:
+        return ""
+    epoch, step = found.groups()
+    return f"epoch {epoch} step {step}" if step else f"the end of epoch {epoch}"
+
+
+def started_line(run: RunDir, number: int, count: int) -> str:
+    """``run 002 of 6 started (train.lr=0.07, train.seed=1)``: a sweep's run as its ranks
+    start, numbered as the sweep names its runs."""
+    params = run.read().params or {}
+    shown = ", ".join(f"{key}={value}" for key, value in params.items())
+    return escape(f"run {number:03d} of {count} started" + (f" ({shown})" if shown else ""))
+
+
 def _trainer_line(text: str) -> Line:
     if text.startswith(STEP_MARK):
         return Line(escape(text[len(STEP_MARK):]), every=True)
@@ -99,6 +162,20 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def prune_line(run: RunDir, alive: int) -> str:
+    """``<trial> pruned at rung 0 (epoch 1): val_acc 16.83% < cut 82.18%; stopping 1 rank``:
+    what ``submit --wait`` says as a trial's search prunes it (the metric from the
+    search's search.json; epochs for the trainer, steps for your code)."""
+    from clusterjob.core import asha
+    from clusterjob.core import search as searchmod
+
+    info = run.read()
+    metric = searchmod.read(run.path.parent)[0].metric or "value"  # never raises: a damaged file says "value"
+    where = "step" if info.entrypoint else "epoch"
+    said = asha.pruned_text(info.pruned, metric, where)
+    return f"{escape(run.run_id)}  {said}; stopping {alive} {'rank' if alive == 1 else 'ranks'}"
 
 
 class LiveLine:

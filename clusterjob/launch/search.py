@@ -97,6 +97,15 @@ def trial_runs(folder: "str | os.PathLike") -> list[RunDir]:
     return [run for _, run in sorted(found, key=lambda item: item[0])]
 
 
+def started_lines(folder: Path) -> list[str]:
+    """What ``submit`` of a search says once it started, ``--wait`` or not (a sweep's
+    ``sweep <id>: ...`` line): ``search <id>: 12 trial(s), 2 at once (random, asha
+    (min_epochs 1, reduction 2), val_acc max) in <folder>`` and how to follow it."""
+    record, _ = searchmod.read(folder)
+    return [f"search {record.id or folder.name}: {record.trials} trial(s), {record.parallel or 1} at once "
+            f"({record.describe()}) in {folder}", f"follow with: clusterjob status {folder}"]
+
+
 def find(text: str, root: str = "results") -> Optional[Path]:
     """The search a command names: its folder, or its id under ``root`` (``<name>/<id>``
     or ``<id>``); None when ``text`` names none."""

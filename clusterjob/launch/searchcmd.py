@@ -14,6 +14,7 @@ from clusterjob.core import claim, units
 from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import now_iso
+from clusterjob.core.rundir import STATUSES, UNKNOWN
 from clusterjob.launch import executor, search
 from clusterjob.spec.schema import check_paths, load_spec
 from clusterjob.spec.yamlfile import override_value
@@ -27,19 +28,24 @@ def summary(folder: Path) -> list[str]:
     record, _ = searchmod.read(folder)
     runs = search.trial_runs(folder)
     infos = [view.record for view in executor.views(runs)]  # as the table below shows them
-    counts = {state: sum(info.status == state for info in infos) for state in COUNTED}
-    others = len(infos) - sum(counts.values())
-    said = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    said += f", {others} pending, preempted or timed out" if others else ""
+    statuses = [str(info.status or UNKNOWN) for info in infos]
+    order = [*COUNTED, *(s for s in (*STATUSES, UNKNOWN) if s not in COUNTED), *sorted(set(statuses))]
+    said = ", ".join(f"{statuses.count(state)} {escape(state)}" for state in dict.fromkeys(order)
+                     if state in statuses)
     lines = [f"search {record.id}: {len(infos)} of {record.trials} trial(s) taken ({said or 'none yet'}); "
              f"{record.describe()}"]
     best = best_trial(folder)
     if best is not None:
         run, value = best
-        params = ", ".join(f"{key}={escape(str(val))}" for key, val in (run.read().params or {}).items())
+        params = ", ".join(f"{key}={_shown(val)}" for key, val in (run.read().params or {}).items())
         lines.append(f"best so far: {run.run_id} {record.metric} {units.quantity(record.metric or '', value)} "
                      f"({params})")
     return lines
+
+
+def _shown(value: object) -> str:
+    """A trial's value of a key as the report's tables write it: 0.00932326, sgd."""
+    return escape(f"{value:g}" if isinstance(value, float) else str(value))
 
 
 def best_trial(folder: Path) -> Optional[tuple]:
@@ -109,10 +115,12 @@ def _check_unfinished(folder: Path, trials: Optional[int]) -> None:
     if trials is not None and trials != record.trials:
         return  # a new count: reopen raises it, or refuses to lower it
     runs = search.trial_runs(folder)
-    ended = all(run.read().status in ("completed", "pruned", "failed") for run in runs)
-    if ended and len(runs) >= (record.trials or 0):
-        raise BadInput(f"{folder}: every one of its {len(runs)} trial(s) ended; to run more, raise the count: "
-                       f"clusterjob resume {folder} --set search.trials={len(runs) + 8}")
+    states = [run.read().status for run in runs]
+    if all(state in ("completed", "pruned", "failed") for state in states) and len(runs) >= (record.trials or 0):
+        said = ", ".join(f"{states.count(state)} {state}" for state in COUNTED if state in states)
+        raise BadInput(f"{folder}: the search asked for {record.trials} trial(s) and took {len(runs)}; every one of "
+                       f"its {len(runs)} trial(s) ended ({said or 'none taken'}); to run more, raise search.trials "
+                       f"above {len(runs)}: clusterjob resume {folder} --set search.trials=N")
 
 
 def _trials_override(overrides: list[str]) -> Optional[int]:

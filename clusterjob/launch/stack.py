@@ -3,10 +3,12 @@ running run's ranks (docs/design.md, "Hung and slow ranks"). Read-only: nothing 
 run folder changes (the ranks append their dump to their own stacks file, as for a stall).
 
 Each rank is asked the way the watchdog asks it (clusterjob.core.stackdump): a signal to
-the verified process its health file names, where its C-level handler writes the stacks.
-A rank on this host is asked here; a rank on another node of a Slurm job through
-``srun --jobid JOB --overlap -w NODE``, which runs ``python -m clusterjob.launch.stack
---here RUN RANK`` there. No torch here (login nodes).
+the verified process its health file names, where its C-level handler writes the stacks,
+only when that process catches the signal; a rank that cannot answer (stopped, no
+handler) has its stacks read from outside by py-spy where it is installed, its state
+named. The main thread comes first. A rank on this host is asked here; a rank on
+another node of a Slurm job through ``srun --jobid JOB --overlap -w NODE``, which runs
+``python -m clusterjob.launch.stack --here RUN RANK`` there. No torch here (login nodes).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def cmd_stack(run: RunDir, rank: Optional[int] = None) -> int:
         text, why = _ask(run, r, health, info.slurm_job_id)
         where = f" on {health.host}, pid {health.ref.pid}" if health is not None and health.ref else ""
         print(f"==> rank {r}{escape(where)} <==")
+        text = stackdump.main_first(text, health.main_thread if health else None) if text is not None else None
         shown = "\n".join(escape(line) for line in text.rstrip("\n").splitlines()) if text is not None else None
         print(shown if shown is not None else f"(no stacks: {escape(why)})", flush=True)
         answered += text is not None
@@ -52,11 +55,12 @@ def cmd_stack(run: RunDir, rank: Optional[int] = None) -> int:
 
 def _ask(run: RunDir, rank: int, health: Optional[rankhealth.RankHealth],
          job: Optional[str]) -> tuple[Optional[str], str]:
-    """(stacks, "") or (None, why not): here for a rank on this host, else through srun."""
+    """(stacks as ``stackdump.Stacks.written`` shows them, "") or (None, why not): here
+    for a rank on this host, else through srun."""
     if health is None or health.ref is None:
         return None, f"rank {rank} has not started (no health file; or the run has `health: null`)"
     if health.ref.host == socket.gethostname():
-        return stackdump.take(health, run.stacks_file(rank))
+        return _written(stackdump.ask(health, run.stacks_file(rank)))
     if not is_job_id(job):
         return None, f"rank {rank} runs on {health.ref.host}, which this host cannot ask (no Slurm job to reach it)"
     command = ["srun", f"--jobid={job}", "--overlap", "-w", health.node, "-N1", "-n1", "--quiet",
@@ -71,6 +75,11 @@ def _ask(run: RunDir, rank: int, health: Optional[rankhealth.RankHealth],
     return done.stdout, ""
 
 
+def _written(stacks: stackdump.Stacks) -> tuple[Optional[str], str]:
+    """(the stacks with how they were read, "") or (None, why there are none)."""
+    return (stacks.written(), "") if stacks.text is not None else (None, stacks.why)
+
+
 def here(run_path: str, rank: int) -> int:
     """On the rank's node (through srun): its stacks on stdout, or why not on stderr (exit 2)."""
     run = RunDir(Path(run_path))
@@ -78,7 +87,7 @@ def here(run_path: str, rank: int) -> int:
     if health is None:
         print(f"rank {rank} has no health file in {run.logs}", file=sys.stderr)
         return 2
-    text, why = stackdump.take(health, run.stacks_file(rank))
+    text, why = _written(stackdump.ask(health, run.stacks_file(rank)))
     if text is None:
         print(why, file=sys.stderr)
         return 2

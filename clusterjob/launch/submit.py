@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, metrics, sweep, units
+from clusterjob.core import claim, metrics, precision, sweep, units
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import batched
@@ -62,6 +62,8 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
 
             snapshot.take(snap, points, runs)
         lines = _hand_over(spec, runs, chosen, wait, window, deps)
+    for line in amp_lines([p.spec for p in points], chosen.ranks_here):  # once handed over: a refusal prints nothing
+        print(line)
     print_started(lines, runs, wait)
     return _follow(spec, runs, chosen, wait)
 
@@ -89,12 +91,9 @@ def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, pr
         claim.release(folder)
         search.remove(folder)
         raise
-    for line in lines:
-        print(line)
-    if not wait:
-        print(f"follow with: clusterjob status {folder}")
-        return 0
-    return wait_search(spec, folder, chosen)
+    for line in [*lines, *search.started_lines(folder)]:
+        print(line, flush=True)
+    return wait_search(spec, folder, chosen) if wait else 0
 
 
 def wait_search(spec: Spec, folder: Path, chosen: Executor) -> int:
@@ -118,6 +117,14 @@ def wait_search(spec: Spec, folder: Path, chosen: Executor) -> int:
     if waited.stop_signal:
         return 128 + waited.stop_signal
     return 0 if all(run.read().status in ("completed", "pruned") for run in runs) else 1
+
+
+def amp_lines(specs: Sequence[Spec], ranks_here: bool) -> list[str]:
+    """What ``train.amp`` will be, once per distinct answer: the built-in trainer's runs
+    only (your own code sets its own precision)."""
+    lines = (precision.submit_line(s.train.amp, s.resources.gpus_per_node > 0, ranks_here)
+             for s in specs if s.entrypoint is None)
+    return list(dict.fromkeys(line for line in lines if line is not None))
 
 
 def _dry_run_executor(requested: str) -> Executor:

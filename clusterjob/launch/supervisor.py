@@ -15,6 +15,12 @@ claim from its first tick to its end, and alone decides its run's end. It owns i
 - each rank has its own process group, so a Ctrl-C in the terminal reaches the supervisor
   only, and the kernel sends each rank SIGTERM when the supervisor dies (even by kill -9):
   no rank outlives it;
+- nothing a rank started outlives the rank: once a rank exited, every process left in
+  its group (its children, theirs, DataLoader workers) is killed before the rank is
+  reaped (its unreaped exit keeps the group's id its own), and what left the group for
+  a session of its own (a daemon) comes to the supervisor, a subreaper, as its parent
+  ends, and is killed once the rank's session ended: after a stall, a failure, a
+  retry's first start, a cancel, a prune or a stop alike;
 - on SIGINT (Ctrl-C) the supervisor says ``stopping N ranks`` and sends every rank of
   every running run SIGINT, as torchrun does: a plain script gets ``KeyboardInterrupt``
   (one that catches it and tests its best model goes on to its end, its metrics taken);
@@ -42,6 +48,7 @@ claim from its first tick to its end, and alone decides its run's end. It owns i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -56,8 +63,8 @@ from clusterjob.core import claim, procs, retry, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError, RunRecord
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, mark_failed, rank_errors, tail_lines
-from clusterjob.launch import chain, slots
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, last_words, mark_failed, rank_errors
+from clusterjob.launch import chain, progress, slots
 from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import WHOLE, Slot
 from clusterjob.spec.schema import ResourcesSpec, Spec, load_spec
@@ -65,6 +72,8 @@ from clusterjob.spec.schema import ResourcesSpec, Spec, load_spec
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
 STOP_GRACE_S = 60.0   # after a stop request, time to reach a progress line and checkpoint
+ORPHANS_WAIT_S = 5.0  # at the end, how long what the ranks started gets to be killed and reaped
+ORPHANS_EVERY_S = 5.0  # how often what came to us is looked at (and at each session's end)
 DEPENDENCY_POLL_S, DEPENDENCY_POLL_MAX_S = 1.0, 10.0  # how often a waiting run asks after its dependencies
 _PR_SET_PDEATHSIG = 1
 
@@ -100,12 +109,13 @@ def _die_with(parent: int, slot: Slot) -> Callable[[], None]:
     return arm
 
 
-def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE) -> list[subprocess.Popen]:
-    """Start the run's ranks in ``slot``, each recorded in ``logs/rankN.proc.json`` at once
-    (the rank records itself again once it runs): a ``cancel`` finds every rank of this
-    start from its first instant, never only the records of an earlier start."""
+def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int] = None) -> list[subprocess.Popen]:
+    """Start the run's ranks in ``slot`` (their rendezvous on ``port``, default a free
+    one), each recorded in ``logs/rankN.proc.json`` at once (the rank records itself
+    again once it runs): a ``cancel`` finds every rank of this start from its first
+    instant, never only the records of an earlier start."""
     run.logs.mkdir(parents=True, exist_ok=True)
-    port, ranks, parent = free_port(), [], os.getpid()
+    port, ranks, parent = port or free_port(), [], os.getpid()
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
             ranks.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(run.spec_file)],
@@ -138,18 +148,19 @@ def search_feed(folder: Path, slots: list[Slot]) -> Feed:
 
 class Supervisor:
     """Runs run folders with ``world`` local ranks each, one per slot at a time (one slot:
-    one after another). ``on_tick`` is called for each run whose ranks run at every tick,
-    ``on_end`` once a run is final."""
+    one after another). ``on_start`` is called as a run's ranks start, ``on_tick`` for each
+    run whose ranks run at every tick, ``on_end`` once a run is final."""
 
     def __init__(self, world: int, on_tick: Callable[[RunDir], None] = lambda run: None,
                  on_end: Callable[[RunDir, RunRecord], None] = lambda run, info: None,
-                 slots: Sequence[Slot] = (WHOLE,)):
-        self.world, self.on_tick, self.on_end = world, on_tick, on_end
+                 slots: Sequence[Slot] = (WHOLE,), on_start: Callable[[RunDir], None] = lambda run: None):
+        self.world, self.on_tick, self.on_end, self.on_start = world, on_tick, on_end, on_start
         self.slots = list(slots) or [WHOLE]
         self.stop_signal: Optional[int] = None  # the signal that asked us to stop
         self.requests = 0  # a second Ctrl-C does not wait for the checkpoint
         self.ticks = 0
         self._asked: dict[tuple, tuple[int, list]] = {}  # the dependencies' states, asked once a tick
+        self.runs: list[SupervisedRun] = []
 
     def install(self) -> "Supervisor":
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -165,11 +176,15 @@ class Supervisor:
         each once a slot is free and the runs it waits for completed; after a stop
         request the runs not started yet are cancelled. With ``feed`` (a search), each
         free slot takes its next trial from it, until every trial is taken."""
-        supervised = [SupervisedRun(self, run) for run in runs]
+        supervised = self.runs = [SupervisedRun(self, run) for run in runs]
+        procs.become_subreaper()  # what a rank started in a session of its own comes back to us
         for one in supervised:
             one.begin()
-        free, said = list(self.slots), False
+        free, said, sweep_at = list(self.slots), False, 0.0
         while True:
+            if time.monotonic() >= sweep_at:  # a look at every process here: not at every tick
+                self.end_orphans()
+                sweep_at = time.monotonic() + ORPHANS_EVERY_S
             if feed is not None:
                 feed.stopping = feed.stopping or self.stop_signal is not None
                 supervised += _fed(self, feed, free)
@@ -181,6 +196,8 @@ class Supervisor:
             for one in unfinished:
                 if one.wants_slot() and free:
                     one.start(free.pop(0))
+                    if one.state == one.RUNNING:  # not a run cancelled before its turn
+                        self.on_start(one.run)
                 one.tick()
                 if one.record is not None:
                     free = sorted([*free, *([one.slot] if one.slot else [])], key=lambda slot: slot.index)
@@ -190,7 +207,36 @@ class Supervisor:
             self.ticks += 1
             if any(one.record is None for one in supervised):
                 time.sleep(POLL_S)
+        deadline = time.monotonic() + ORPHANS_WAIT_S
+        while self.end_orphans() and time.monotonic() < deadline:
+            time.sleep(POLL_S / 4)
         return [one.record for one in supervised if one.record is not None]
+
+    def end_orphans(self) -> int:
+        """What a rank started in a session of its own (a daemon, ``start_new_session``)
+        leaves the rank's group, but comes to this process (a subreaper) once its parent
+        ended: killed once its rank's session ended (its environment names that
+        session's MASTER_PORT, the rank's CLUSTERJOB_SUPERVISED), reaped once it ended,
+        as is any other process that ends here. A child of ours keeps its pid until we
+        reap it: the pid names that very process. How many were left to end."""
+        ranks = {p.pid for one in self.runs for p in one.ranks if p.returncode is None}
+        live = {one.port for one in self.runs if one.alive()}
+        left = 0
+        for pid, state in procs.children():
+            if pid in ranks:
+                continue
+            left += 1
+            if state == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                continue
+            env = procs.environ(pid)
+            if env.get(envmod.SUPERVISED_VAR) != "1" or env.get("MASTER_PORT") in live or _watcher(pid):
+                left -= 1  # not a rank's, its session runs on, or a watcher (it ends itself, after its last words)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return left
 
     def rank_signal(self) -> int:
         """What the ranks get for the stop request: SIGINT after Ctrl-C (as torchrun passes
@@ -223,6 +269,7 @@ class SupervisedRun:
         self.record: Optional[RunRecord] = None
         self.slot: Optional[Slot] = None
         self.ranks: list[subprocess.Popen] = []
+        self.port = ""  # its session's MASTER_PORT, which what its ranks start inherits
         self.sent: dict[int, int] = {}  # rank -> the last signal we sent it
         self.kill_at: Optional[float] = None
         self.until = 0.0  # the next look at the dependencies, or the end of the back-off
@@ -260,7 +307,9 @@ class SupervisedRun:
             # submit recorded this supervisor once, in the sweep's record; the ranks read
             # run.json (whether their supervisor records their stop): it says so from now on
             self.run.update(launcher=procs.current())
-        self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot), {}, None
+        port = free_port()
+        self.port = str(port)
+        self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot, port), {}, None
         self.state = self.RUNNING
 
     def _end(self, record: RunRecord) -> None:
@@ -313,7 +362,7 @@ class SupervisedRun:
         non-zero or is killed) the others are stopped; all on a stop request or a
         ``clusterjob cancel`` of the run. A rank that exits 0 finished its part: the
         others run on to their own end (docs/design.md, "Failures")."""
-        alive = [p for p in self.ranks if p.poll() is None]
+        alive = [p for p in self.ranks if not _ended(p)]
         if not alive:
             self._session_ended()
             return
@@ -323,7 +372,7 @@ class SupervisedRun:
         asked = None if failed or stopped or self.kill_at is not None else _stop_asked(self.run)
         if self.kill_at is None and (failed or stopped or asked):
             if asked:
-                _say_cancel(len(alive), asked)
+                _say_cancel(self.run, len(alive), asked)
             _signal(self.ranks, signal.SIGTERM if failed else self.boss.rank_signal(), self.sent)
             self.kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
         if self.kill_at is not None and (time.monotonic() > self.kill_at or self.boss.requests > 1):
@@ -332,6 +381,7 @@ class SupervisedRun:
     def _session_ended(self) -> None:
         """Every rank exited: the run's record, or a retry when the machine failed it."""
         codes = [p.returncode for p in self.ranks]
+        self.boss.end_orphans()
         info = _settle(self.run, codes, self.sent, self.boss.stop_signal is not None)
         if info.status != "failed" or self.boss.stop_signal is not None:
             self._end(info)
@@ -368,7 +418,7 @@ class SupervisedRun:
 
     def alive(self) -> int:
         """How many of its ranks are alive."""
-        return sum(p.poll() is None for p in self.ranks) if self.state == self.RUNNING else 0
+        return sum(not _ended(p) for p in self.ranks) if self.state == self.RUNNING else 0
 
 
 def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunRecord:
@@ -423,8 +473,13 @@ def _say_stopping(running: list) -> bool:
     return True
 
 
-def _say_cancel(alive: int, why: str) -> None:
-    """One line as ``clusterjob cancel`` (or a trial's prune) stops a run's ranks."""
+def _say_cancel(run: RunDir, alive: int, why: str) -> None:
+    """One line as ``clusterjob cancel`` (or a trial's prune: the trial, its rung and the
+    cut, on stdout among the progress lines, a live line on a terminal cleared) stops a
+    run's ranks."""
+    if why == PRUNED:
+        print(("\r\033[K" if sys.stdout.isatty() else "") + progress.prune_line(run, alive), flush=True)
+        return
     print(f"\n{why}: stopping {alive} {'rank' if alive == 1 else 'ranks'}", file=sys.stderr, flush=True)
 
 
@@ -435,14 +490,43 @@ def _stop_asked(run: RunDir) -> Optional[str]:
     info = run.read()
     if info.cancel_requested_at is not None:
         return "cancel requested"
-    return "pruned by its search" if info.pruned is not None else None
+    return PRUNED if info.pruned is not None else None
+
+
+PRUNED = "pruned by its search"
 
 
 def _signal(ranks: list[subprocess.Popen], sig: int, sent: dict) -> None:
     for rank, p in enumerate(ranks):
-        if p.poll() is None:
+        if not _ended(p):
             p.send_signal(sig)
             sent[rank] = sig
+
+
+def _watcher(pid: int) -> bool:
+    """Whether ``pid`` is a rank's stall watcher (clusterjob.runner.watchdog)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"\0clusterjob.runner.watchdog\0" in f.read(4096)
+    except OSError:
+        return False
+
+
+def _ended(rank: subprocess.Popen) -> bool:
+    """Whether the rank exited, and then every process of its group (what it started, its
+    children's children, DataLoader workers: nothing of a rank outlives it) is killed
+    before the rank is reaped: until then its exit keeps its pid, and so the group's id,
+    from any other process. A rank is only ever reaped here."""
+    if rank.returncode is not None:
+        return True
+    try:
+        exited = os.waitid(os.P_PID, rank.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already (not by us): its group's id is no longer its own
+        return rank.poll() is not None
+    if exited is None:
+        return False
+    procs.end_group(rank.pid)
+    return rank.poll() is not None
 
 
 def _killed(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> Optional[tuple[int, str]]:
@@ -466,7 +550,7 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
         killed = first, f"rank {first} {procs.ended(code)}"
     rank, said = killed
     return run.update(status="failed", finished_at=now_iso(), error=RunError(
-        rank, f"{said} (no traceback)", "\n".join(tail_lines(run.logs / f"rank{rank}.err", 20))))
+        rank, f"{said} (no traceback)", last_words(run, rank)))
 
 
 def main(argv: list[str]) -> int:

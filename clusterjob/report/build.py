@@ -12,7 +12,9 @@ standard ones (val_acc, best_val_acc, val_loss, wall_time_s) that exist, then
 is within the noise (``cells.lead_text``). The status line above the table
 says how many runs are not completed; the markdown table shows ``n`` as
 ``completed/all`` for groups that hold such runs, and which ones they are. Numbers
-are written in one unit per quantity (``clusterjob.core.units``).
+are written in one unit per quantity (``clusterjob.core.units``), in every format: the
+accuracies, which runs log as fractions, in % (csv and json name their columns so:
+``val_acc_pct``, ``val_acc_pct_mean``; json's ``units`` gives each column's unit).
 
 Formats: ``md`` (the terminal default, fitted to the terminal's width), ``csv``
 (data only), ``json``, ``html`` (one self-contained page with learning curves
@@ -41,6 +43,7 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
+from clusterjob.core import units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import atomic_open
 from clusterjob.report import cost, efficiency, htmlpage, plots, termtable
@@ -139,10 +142,46 @@ def _data_frame(report: Report, runs: bool) -> pd.DataFrame:
     frames = [(e.runs.reset_index(drop=True) if runs else e.groups)[[c for part in p for c in part]]
               for e, p in zip(report.experiments, parts)]
     if len(frames) == 1:
-        return frames[0]
+        return _in_percent(frames[0])
     columns = list(dict.fromkeys(["name", *(c for at in zip(*parts) for part in at for c in part)]))
     named = [frame.astype(object).assign(name=e.name) for frame, e in zip(frames, report.experiments)]
-    return pd.concat(named, ignore_index=True).reindex(columns=columns)
+    return _in_percent(pd.concat(named, ignore_index=True).reindex(columns=columns))
+
+
+_STATS = ("_mean", "_std")  # what the grouped table gives of a metric
+
+
+def _metric_of(column: str) -> tuple:
+    """(metric, statistic) of a data column: ("val_acc", "_mean") of val_acc_mean."""
+    for statistic in _STATS:
+        if column.endswith(statistic) and column[:-len(statistic)] in units.PERCENT:
+            return column[:-len(statistic)], statistic
+    return column, ""
+
+
+def _in_percent(frame: pd.DataFrame) -> pd.DataFrame:
+    """The accuracies (logged as fractions) in %, as the md and html tables show them, each
+    column named with its unit: val_acc_pct, val_acc_pct_mean. Rounded to 12 decimals, so
+    that 0.82 is 82.0 and not 82.00000000000001."""
+    renamed = {c: f"{m}_pct{s}" for c, (m, s) in zip(frame.columns, map(_metric_of, frame.columns))
+               if m in units.PERCENT}
+    if not renamed:
+        return frame
+    scaled = {c: (pd.to_numeric(frame[c], errors="coerce") * 100).round(12) for c in renamed}
+    return frame.assign(**scaled).rename(columns=renamed)
+
+
+def _units(columns: list) -> dict:
+    """{data column: its unit} of the columns that have one ("%", "s", "samples/s")."""
+    found = {}
+    for column in columns:
+        if column.endswith("_pct") or "_pct_" in column:
+            found[column] = "%"
+            continue
+        unit = units.unit(column) or units.unit(column.rsplit("_", 1)[0])  # wall_time_s, wall_time_s_mean
+        if unit and unit != "%":
+            found[column] = unit
+    return found
 
 
 def _csv(report: Report, runs: bool) -> str:
@@ -171,6 +210,7 @@ def _json(report: Report, runs: bool) -> str:
     ``experiments``)."""
     described = [_described(e) for e in report.experiments]
     only = described[0] if len(described) == 1 else dict.fromkeys(described[0])
+    frame = _data_frame(report, runs)
     data = {
         "title": report.title,
         "root": str(report.root),
@@ -183,7 +223,8 @@ def _json(report: Report, runs: bool) -> str:
         "best": only["best"],
         "search_hours": only["search_hours"],
         "experiments": described,
-        "runs" if runs else "groups": _records(_data_frame(report, runs)),
+        "runs" if runs else "groups": _records(frame),
+        "units": _units(list(frame.columns)),
         "warnings": report.warnings,
     }
     return json.dumps(data, indent=2, allow_nan=False) + "\n"
@@ -285,6 +326,12 @@ class ReportOptions:
     out: Optional[str] = None
     runs: bool = False
     interval: Optional[float] = None
+    folders: tuple[str, ...] = ()  # the run folders of the sweep whose id ``dir`` is (the command line finds them)
+
+    @property
+    def source(self) -> "str | list[str]":
+        """What the report reads: the sweep's run folders, else the folder ``dir``."""
+        return list(self.folders) or self.dir
 
 
 def _check_args(args: ReportOptions) -> tuple:
@@ -317,7 +364,7 @@ def main(args: ReportOptions, states: Optional[RunStates] = None) -> int:
     """``clusterjob report``: print the report of ``args.dir``, or write it to ``args.out``;
     ``states`` derives the runs' states as ``status`` does (the command line hands it in)."""
     fmt, metric, mode = _check_args(args)
-    report = build_report(args.dir, args.group_by, metric=metric, mode=mode, states=states)
+    report = build_report(args.source, args.group_by, metric=metric, mode=mode, states=states)
     width = shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() and not args.out else 80
     text = _encodable(render(report, fmt, args.runs, width))
     _print_warnings(report.warnings)  # before the report, so a terminal shows them above it

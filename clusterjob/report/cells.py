@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import textwrap
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
-from clusterjob.core import units
+from clusterjob.core import asha, units
 from clusterjob.core.errors import escape
-from clusterjob.report.stats import COMPLETE, PARTIAL, UNFINISHED, Experiment, json_value, run_metrics
+from clusterjob.report.searchcost import search_record
+from clusterjob.report.stats import COMPLETE, PARTIAL, TRIAL, UNFINISHED, Experiment, json_value, run_metrics
+from clusterjob.report.tables import RESOLVED
 from clusterjob.report.termtable import Column
 
 
@@ -94,14 +96,24 @@ def best_marker(experiment: Experiment) -> str:
     return "*?" if experiment.lead is not None else "*"
 
 
+def _marks(experiment: Experiment) -> list:
+    """The marker column: the best group's mark; every trial that ties for best marked too."""
+    tied = set(experiment.tied)
+    return [best_marker(experiment) if i == 0 or i in tied else "" for i in range(len(experiment.groups))]
+
+
 def group_display(experiment: Experiment) -> list:
     """Display columns of the grouped table: the best-group marker, keys, n, the metrics,
     and which runs did not complete (when some did not)."""
     groups = experiment.groups
-    marks = [best_marker(experiment) if i == 0 else "" for i in range(len(groups))]
+    marks = _marks(experiment)
     columns = [Column("", "", marks, marks, right=False, tight=True), *_key_columns(groups, experiment.keys)]
-    n = _n_cells(groups)
-    columns.append(Column("n", "n", n, n))
+    if experiment.trials:  # a trial is one run: its number as in its run id, no n
+        numbers = ["-" if pd.isna(n) else f"{int(n):03d}" for n in groups[TRIAL]]
+        columns[1] = Column(TRIAL, TRIAL, numbers, numbers, right=True, key=True)
+    else:
+        n = _n_cells(groups)
+        columns.append(Column("n", "n", n, n))
     for metric in experiment.metrics:
         header, short = metric_text(metric)
         pairs = list(zip(groups[f"{metric}_mean"], groups[f"{metric}_std"]))
@@ -113,9 +125,43 @@ def group_display(experiment: Experiment) -> list:
     if experiment.shows_gpu:
         columns += gpu_columns(groups)
     others = [escape(text) for text in groups["not_completed"]]
-    if any(others):
+    if experiment.trials:
+        ends = trial_ends(experiment)
+        columns.append(Column("outcome", "outcome", ends, ends, right=False, css="state"))
+    elif any(others):
         columns.append(Column("not completed", "not completed", others, others, right=False, css="state"))
     return columns
+
+
+def trial_ends(experiment: Experiment) -> list:
+    """Per row of a search's table by trial, how the trial ended or where it stands:
+    "completed", "pruned at rung 0 (epoch 1): val_acc 16.83% < cut 82.18%" (the
+    search's metric, its verdict), "cancelled at epoch 3 of 20", "running at step 40",
+    "failed"."""
+    runs = experiment.runs
+    record = search_record(experiment.results)
+    metric = (record.metric if record is not None else None) or experiment.primary.name
+    rows = {n: i for i, n in zip(runs.index, runs[TRIAL]) if not pd.isna(n)}
+    ends = []
+    for number in experiment.groups[TRIAL]:
+        at = rows.get(number) if not pd.isna(number) else None
+        ends.append("-" if at is None else escape(_trial_end(experiment, at, metric)))
+    return ends
+
+
+def _trial_end(experiment: Experiment, at: int, metric: str) -> str:
+    """One trial's end (``trial_ends``): the run at position ``at`` of the results."""
+    row = experiment.runs.loc[at]
+    status = str(row["status"])
+    epoch, planned = row["epochs"], row["planned_epochs"]
+    step = row["step"] if "step" in row.index else pd.NA
+    if status == "pruned":
+        return asha.pruned_text(experiment.results.infos[at]["pruned"], metric, "epoch" if pd.notna(epoch) else "step")
+    if status in ("completed", "failed"):
+        return status
+    if pd.notna(epoch) and epoch > 0:
+        return f"{status} at epoch {_value('epochs', epoch)}" + (f" of {planned}" if pd.notna(planned) else "")
+    return f"{status} at step {_value('step', step)}" if pd.notna(step) and step > 0 else status
 
 
 def cost_columns(frame: pd.DataFrame, suffix: str = "") -> list:
@@ -217,7 +263,8 @@ def error_lines(experiment: Experiment, prefix: str, width: int) -> list:
 def ranking_text(experiment: Experiment) -> str:
     """"sorted by mean loss, lowest first (mode min: the name says loss or err)"."""
     primary = experiment.primary
-    text = f"sorted by mean {escape(primary.name)}, {'lowest' if primary.ascending else 'highest'} first"
+    mean = "" if experiment.trials else "mean "
+    text = f"sorted by {mean}{escape(primary.name)}, {'lowest' if primary.ascending else 'highest'} first"
     if primary.why == "--mode":
         return f"{text} (--mode {primary.mode})"
     if primary.why.startswith("these runs"):
@@ -236,7 +283,8 @@ def _counting_text(experiment: Experiment) -> str:
         text += (" A group with no completed run (0/3) shows its unfinished runs at their latest"
                  " epoch, below the others.")
     if (groups["counted"] < groups["n"]).any():
-        text += " Failed and cancelled runs never count; the per-run table (--runs) gives their errors."
+        never = "Failed trials" if experiment.search_hours is not None else "Failed and cancelled runs"  # a search's
+        text += f" {never} never count; the per-run table (--runs) gives their errors."  # cancelled ones do
     if experiment.best is None and states & {COMPLETE, PARTIAL}:
         text += f" No completed run logged {escape(experiment.primary.name)}, so none is best."
     elif experiment.best is None and states:
@@ -246,13 +294,18 @@ def _counting_text(experiment: Experiment) -> str:
 
 def lead_text(experiment: Experiment) -> str:
     """Why the best group's mark is "*?" ("" when its lead is clear): it rests on one run,
-    or leads the next group by no more than one std."""
+    or leads the next group by no more than one std, or ties with it; for a search's table
+    by trial, which trials tie for best ("" when none)."""
+    if experiment.trials:
+        return _tie_text(experiment)
     lead = experiment.lead
     if lead is None:
         return ""
     metric = experiment.primary.name
     by, spread = units.quantity(metric, lead.by), units.quantity(metric, lead.spread)
-    if pd.isna(lead.spread):
+    if by == units.quantity(metric, 0.0):
+        weighed = "ties with the next group: their means are the same as written"
+    elif pd.isna(lead.spread):
         weighed = f"leads the next group by {by}, and neither has a std to weigh that by"
     elif lead.by <= lead.spread:
         weighed = f"leads the next group by {by}, within one std ({spread})"
@@ -262,6 +315,47 @@ def lead_text(experiment: Experiment) -> str:
     return f" *? = best by mean, but not clearly: it {rests}{weighed}; more seeds would tell."
 
 
+def _trials_text(experiment: Experiment, marker: str) -> str:
+    """The legend of a search's table by trial: one row per trial, what its values are,
+    which is best and whether trials tie for it."""
+    by = ", ".join(map(escape, experiment.keys[1:]))
+    text = f"Grouped by {by}: one row per trial of the search;{_best_text(experiment.metrics)} "
+    text += ranking_text(experiment)
+    text += f" ({marker} trial)." if experiment.best is not None else "."
+    text += (" Completed trials first, at their last epoch; then the others at their latest: a pruned one where "
+             "its search stopped it, with the cut it fell short of; failed trials last.")
+    text += lead_text(experiment)
+    if experiment.best is None and len(experiment.groups):
+        text += " No trial completed with a value, so none is best."
+    return text
+
+
+def _tie_text(experiment: Experiment) -> str:
+    """" Trials 000 and 003 tie for best: val_acc 92.08% each; both are marked." ("" without a tie)."""
+    tied = experiment.tied
+    if not tied:
+        return ""
+    groups, metric = experiment.groups, experiment.primary.name
+    numbers = [f"{int(n):03d}" if not pd.isna(n) else "-" for n in groups.loc[tied, TRIAL]]
+    value = units.quantity(metric, float(groups.loc[tied[0], f"{metric}_mean"]))
+    names = ", ".join(numbers[:-1]) + f" and {numbers[-1]}"
+    return f" Trials {names} tie for best: {escape(metric)} {value} each; all of them are marked."
+
+
+def _key_text(experiment: Experiment) -> Callable[[str], str]:
+    """A group key as the legend names it: "train.amp (--group-by amp: the spec's key)" when
+    --group-by named it by the word of a run.json field."""
+    took = experiment.took
+    return lambda key: escape(key) + (f" (--group-by {escape(took[key])}: the spec's key)" if key in took else "")
+
+
+def _resolved_text(keys: list) -> str:
+    """What the values of a key a run resolves as it starts (train.amp: auto) are ("" for none)."""
+    resolved = [key for key in keys if key in RESOLVED]
+    return "".join(f" {escape(key)}: what each run resolved it to (run.json's {RESOLVED[key]}); a run not started "
+                   "yet counts with the runs given the same value." for key in resolved)
+
+
 def _best_text(metrics: list) -> str:
     """What best_val_acc is, when it is shown ("" when not)."""
     return " best_val_acc (best_acc): a run's best val_acc of any epoch;" if "best_val_acc" in metrics else ""
@@ -269,11 +363,15 @@ def _best_text(metrics: list) -> str:
 
 def group_legend(experiment: Experiment, marker: str = "* = best") -> str:
     """What the grouped table's numbers mean; ``marker`` says how the best group shows."""
-    by = ", ".join(map(escape, experiment.keys)) if experiment.keys else "nothing (one group of all runs)"
-    text = (f"Grouped by {by}. Cells: mean ± std over the group's counted runs (sample std, ddof=1; "
-            f"none for one run);{_best_text(experiment.metrics)} {ranking_text(experiment)}")
-    text += f" ({marker})." if experiment.best is not None else "."
-    text += lead_text(experiment) + _counting_text(experiment)
+    if experiment.trials:
+        text = _trials_text(experiment, marker)
+    else:
+        by = ", ".join(map(_key_text(experiment), experiment.keys)) or "nothing (one group of all runs)"
+        text = (f"Grouped by {by}.{_resolved_text(experiment.keys)} Cells: mean ± std over the group's counted "
+                f"runs (sample std, ddof=1; none for one run);{_best_text(experiment.metrics)} "
+                f"{ranking_text(experiment)}")
+        text += f" ({marker})." if experiment.best is not None else "."
+        text += lead_text(experiment) + _counting_text(experiment)
     text += f" {COST_TEXT} Groups sum every run's." if experiment.shows_cost else ""
     return text + (f" {GPU_TEXT} Groups: the mean over their runs' GPU-hours, the highest peak, the idle GPU-hours "
                    "summed." if experiment.shows_gpu else "")

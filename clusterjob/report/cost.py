@@ -228,7 +228,7 @@ def _starts(sessions: list) -> list:
 
 
 def _seconds(text: Optional[str]) -> Optional[float]:
-    """Unix seconds of one of run.json's times (ISO 8601 with an offset); None when absent,
-    unreadable, or without an offset (its zone would be a guess)."""
+    """Unix seconds of one of run.json's times (ISO 8601; one without an offset is UTC, as
+    ``record.parse_time`` reads every time of a run folder); None when absent or unreadable."""
     stamp = timestamp(text) if isinstance(text, str) else None
-    return stamp.timestamp() if stamp is not None and stamp.tzinfo is not None else None
+    return stamp.timestamp() if stamp is not None else None

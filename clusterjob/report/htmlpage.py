@@ -46,7 +46,7 @@ table.runs { font-size: 13px; }
 th { background: rgba(29,35,48,.06); text-align: left; } td.r, th.r { text-align: right; }
 tr.best td { background: rgba(46,160,67,.14); font-weight: 600; }
 tr.partial td { background: rgba(240,180,40,.16); } tr.unfinished td { background: rgba(80,120,200,.10); }
-tr.failed td, tr.st-failed td { background: rgba(215,58,73,.09); }
+tr.failed td, tr.st-failed td { background: rgba(215,58,73,.09); } tr.pruned td { color: #4a5160; }
 td.state { font-weight: 600; }
 tr.failed td.state, tr.st-failed td.status { background: #b31d28; color: #fff; font-weight: 700; }
 tr.noted td { border-bottom: none; }
@@ -67,7 +67,8 @@ ul.curves { list-style: none; padding: 0; margin: .5em 0; flex: 0 0 15em; displa
             gap: .4em; overflow-wrap: anywhere; }
 @media (max-width: 900px) { .curvebox { flex-direction: column-reverse; } ul.curves { flex: none; } }
 ul.curves li { display: flex; align-items: center; gap: .45em; }
-.swatch { display: inline-block; width: 2em; border-top: 3px solid; } .swatch.failed { border-top-style: dashed; }
+.swatch { display: inline-block; width: 2em; border-top: 3px solid; }
+.swatch.failed, .swatch.pruned { border-top-style: dashed; }
 li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
 .note { background: #eef3fb; padding: .6em 1em; border-radius: 4px; }
 /* A narrow screen: each row becomes a card of "header value" lines. */
@@ -77,7 +78,8 @@ li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
   .scroll tr.noted { border-bottom: none; padding-bottom: 0; }
   .scroll td { display: flex; justify-content: space-between; gap: 1em; border: none; padding: .1em .6em;
                white-space: normal; text-align: right; overflow-wrap: anywhere; }
-  .scroll td[data-label]::before { content: attr(data-label); font-weight: 600; color: #555; text-align: left; }
+  .scroll td[data-label]::before { content: attr(data-label); font-weight: 600; color: #555; text-align: left;
+                                   flex: none; }
   .scroll tr.failed td.state::before, .scroll tr.st-failed td.status::before { color: #fff; }
   .scroll td:empty, .scroll td.error::before { display: none; } .scroll td.error { display: block; text-align: left; }
 }
@@ -85,6 +87,7 @@ li.best { font-weight: 600; } li.best .swatch { border-top-width: 5px; }
 
 
 SEARCH_PLOTS = "Metric against each searched key"
+HISTORY_PLOT = "Optimization history"
 NO_CURVES = "the page has no learning curves: they need matplotlib (pip install 'clusterjob[plots]')"
 
 
@@ -131,9 +134,14 @@ def _table(columns: list, row_classes: list, css: str = "", show: int = 0, notes
 
 
 def _group_rows(experiment: Experiment) -> list:
-    """Row classes of the grouped table: best, partial, unfinished, failed."""
+    """Row classes of the grouped table: best, partial, unfinished, failed; a search's
+    trials that tie for best are all best, its pruned trials "pruned"."""
     states = group_states(experiment.groups)
-    return ["best" if i == 0 and experiment.best is not None else state for i, state in enumerate(states)]
+    if experiment.trials:
+        pruned = experiment.groups["not_completed"].astype(str).str.contains("pruned").to_numpy()
+        states = ["pruned" if cut else state for cut, state in zip(pruned, states)]
+    best = {0, *experiment.tied} if experiment.best is not None else set()
+    return ["best" if i in best else state for i, state in enumerate(states)]
 
 
 def _panel(metric: str, title: str, svg: bytes, x: str) -> str:
@@ -149,7 +157,8 @@ def _legend_item(look) -> str:
     """A group's colour, line and name; failed groups say so."""
     classes = " ".join(c for c in ("best" if look.best else "", "failed" if look.failed else "") if c)
     tail = f" ({look.note})" if look.note else ""
-    return (f'<li class="{classes}"><span class="swatch{" failed" if look.failed else ""}" '
+    dashed = " failed" if look.failed else " pruned" if look.pruned else ""
+    return (f'<li class="{classes}"><span class="swatch{dashed}" '
             f'style="border-color: {look.color}"></span>{html.escape(look.label + tail)}</li>')
 
 
@@ -169,20 +178,29 @@ def _curves(experiment: Experiment) -> str:
 
 
 def _search_plots(experiment: Experiment) -> str:
-    """A search's metric against each searched key, one small panel per key ("" for a grid
-    sweep), or why there are none."""
+    """A search's optimization history, then its metric against each searched key, one
+    small panel per key ("" for a grid sweep), or why there are none."""
     drawn = searchplots.draw(experiment)
     if drawn is None:
         return f"<h3>{SEARCH_PLOTS}</h3>" + ('<p class="note">These plots need matplotlib: '
                                              "<code>pip install 'clusterjob[plots]'</code></p>")
     if not drawn:
         return ""
+    past = searchplots.history(experiment)
+    said = "" if past is None else (
+        f'<h3>{HISTORY_PLOT}</h3><div class="panels keys">'
+        f'{_search_figure(searchplots.history_alt(experiment.primary.name), "data-plot", searchplots.HISTORY, past)}'
+        "</div>")
+    figures = "".join(_search_figure(searchplots.alt_text(p, experiment.primary.name), "data-key", p.key, p.svg)
+                      for p in drawn)
+    return f'{said}<h3>{SEARCH_PLOTS}</h3><div class="panels keys">{figures}</div>'
+
+
+def _search_figure(alt: str, attribute: str, name: str, svg: bytes) -> str:
+    """One of a search's panels: its SVG with a text alternative, named by ``attribute``."""
     size = f'width="{searchplots.WIDTH_PX}" height="{searchplots.HEIGHT_PX}"'
-    figures = "".join(
-        f'<figure><img alt="{html.escape(searchplots.alt_text(p, experiment.primary.name), quote=True)}" {size} '
-        f'data-key="{html.escape(p.key, quote=True)}" src="data:image/svg+xml;base64,'
-        f'{base64.b64encode(p.svg).decode("ascii")}"></figure>' for p in drawn)
-    return f'<h3>{SEARCH_PLOTS}</h3><div class="panels keys">{figures}</div>'
+    return (f'<figure><img alt="{html.escape(alt, quote=True)}" {size} {attribute}="{html.escape(name, quote=True)}" '
+            f'src="data:image/svg+xml;base64,{base64.b64encode(svg).decode("ascii")}"></figure>')
 
 
 def _gpu_curves(experiment: Experiment) -> str:

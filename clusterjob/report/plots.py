@@ -11,7 +11,9 @@ runs logged one, else over "step".
 What is drawn per group is what its table row counts (``stats.counted_runs``): the
 mean of its counted runs, a band of one std clipped to the metric's range. A group
 none of whose runs counts (all failed or cancelled) is drawn from those runs, dashed,
-so that a failure stays in sight.
+so that a failure stays in sight. A group of trials its search pruned is dashed in its
+own colour, without a band, ending at the rung that stopped it (its last point hollow);
+no series takes the red the tables mark failures with.
 
 The y-axis of a panel is scaled to the groups with completed runs that did not diverge
 (``scaling_groups``), as TensorBoard leaves outliers out of its scale: one collapsed
@@ -35,7 +37,7 @@ import pandas as pd
 
 from clusterjob.core import units
 from clusterjob.core.metrics import BOOKKEEPING
-from clusterjob.report.stats import COMPLETE, FAILED, PARTIAL, counted_runs, group_has, group_ids
+from clusterjob.report.stats import COMPLETE, FAILED, PARTIAL, UNFINISHED, counted_runs, group_has, group_ids
 
 if TYPE_CHECKING:
     from clusterjob.report.reading import Results
@@ -43,9 +45,10 @@ if TYPE_CHECKING:
 
 MAX_GROUPS = 8  # more lines than this make a plot nobody can read
 MARKED = 12  # curves with at most this many points show each point
-# matplotlib's default colour cycle (tab10): the page's legend uses the same colours.
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-          "#bcbd22", "#17becf")
+# matplotlib's default colour cycle (tab10) without its red, the colour the tables mark
+# failures with, and a navy for the tenth: the page's legend uses the same colours.
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf", "#393b79")
 # Drawn size (inches) and font: at 420 px of screen a panel is ~0.75 of its size, and
 # 11 pt text stays about 11 px tall.
 _SIZE, _FONT = (5.4, 3.5), 11
@@ -66,6 +69,7 @@ class Look:
     note: str = ""  # for the legend: "best", "failed: no run completed", "2 of 3 completed"
     completed: bool = False  # some of its runs completed: it may set the axes
     diverged: bool = False  # completed, but far off the others in some panel: it sets no axis
+    pruned: bool = False  # its runs are trials their search pruned: dashed, ending at the rung that stopped them
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,10 @@ def _draw_group(ax, x: np.ndarray, mean: np.ndarray, std: np.ndarray, look: Look
     ``row``-th such group)."""
     marker = "o" if len(x) <= MARKED else None
     shown = _off_scale(ax, x, mean, limits, look.color, row)
+    if look.pruned:  # a result cut short, not a failure: dashed in its own colour, no band, its last point hollow
+        ax.plot(x, shown, color=look.color, lw=1.4, ls="--", zorder=2)
+        ax.plot(x[-1:], shown[-1:], ls="none", marker="o", ms=6, mfc="white", color=look.color, zorder=3)
+        return
     if look.failed:
         ax.plot(x, shown, color=look.color, lw=1.4, ls="--", marker="x", ms=7, zorder=2)
         return
@@ -324,12 +332,22 @@ def _looks(experiment: "Experiment") -> list:
     groups = experiment.groups.head(MAX_GROUPS)
     labels = group_labels(groups, experiment.keys)
     looks = []
-    rows = zip(labels, groups["n"], groups["completed"], groups["state"])
-    for i, (label, n, completed, state) in enumerate(rows):
+    rows = zip(labels, groups["n"], groups["completed"], groups["state"], groups["not_completed"])
+    for i, (label, n, completed, state, others) in enumerate(rows):
         best = i == 0 and experiment.best is not None
-        looks.append(Look(label, COLORS[i % len(COLORS)], best, state == FAILED, _note(best, n, completed, state),
-                          state in (COMPLETE, PARTIAL)))
+        pruned = state == UNFINISHED and _all_pruned(str(others))
+        note = "pruned" if pruned else _note(best, n, completed, state)
+        if experiment.trials and state != COMPLETE and others:  # a trial: how it ended ("pruned at rung 0")
+            note = str(others).split(" ", 1)[-1]
+        looks.append(Look(label, COLORS[i % len(COLORS)], best, state == FAILED, note, state in (COMPLETE, PARTIAL),
+                          pruned=pruned))
     return looks
+
+
+def _all_pruned(others: str) -> bool:
+    """Whether a group's runs that did not complete ("2 pruned at rung 0, 1 pruned at rung 1")
+    are all pruned trials."""
+    return bool(others) and all(part.split(" ", 1)[-1].startswith("pruned") for part in others.split(", "))
 
 
 DIVERGED_NOTE = "diverged: left out of the axes' scale"

@@ -157,10 +157,11 @@ def _info(info: record.RunRecord, run: FoundRun, spec: Optional[dict]) -> dict:
     }
 
 
-def _parse_run(run: FoundRun, specs: specfile.Reader) -> ParsedRun:
-    """Read one run folder (its spec.yaml through ``specs``); never raises for damaged files."""
+def _parse_run(run: FoundRun, specs: specfile.Reader, lines: tuple) -> ParsedRun:
+    """Read one run folder (its spec.yaml through ``specs``; ``lines``: its metrics.jsonl
+    as ``metrics.read_matrices`` read it); never raises for damaged files."""
     reading = record.read(record.info_path(run.path))
-    names, matrix, more = metrics.read_matrix(os.path.join(run.path, METRICS_FILE))
+    names, matrix, more = lines
     problems = reading.file_problems
     if problems and reading.empty and not names:
         problems = [f"{record.INFO_FILE} and {METRICS_FILE} are both unreadable"]
@@ -296,7 +297,8 @@ def _save_cache(plan: CachePlan) -> None:
     ]
     tmp = plan.root / f"{CACHE_NAME}.{os.getpid()}.tmp"
     try:
-        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "spec_bases": bases, "runs": entries})
+        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "spec_bases": bases, "runs": entries},
+                            separators=(",", ":"), check_circular=False)  # plain data: no cycle to look for
         with open(tmp, "wb") as f:
             np.savez(f, header=np.frombuffer(header.encode("utf-8"), np.uint8), values=plan.matrix)
         os.replace(tmp, plan.root / CACHE_NAME)
@@ -314,6 +316,8 @@ def _union_names(parsed: list) -> list:
 
 def _stack(parsed: list, names: list) -> np.ndarray:
     """One float64 matrix of all runs' lines, NaN where a run lacks a metric."""
+    if all(p.names == names or not len(p.values) for p in parsed):  # a sweep of one trainer: one copy
+        return np.concatenate([p.values for p in parsed if len(p.values)] or [np.empty((0, len(names)))])
     total = sum(len(p.values) for p in parsed)
     out = np.full((total, len(names)), np.nan)
     index = {name: i for i, name in enumerate(names)}
@@ -328,16 +332,14 @@ def _stack(parsed: list, names: list) -> np.ndarray:
 
 def _parse_all(runs: list, cached: dict) -> tuple:
     """Parsed runs (from the cache where the stamps match) and whether any was re-read."""
-    parsed, fresh = [], False
+    hits = [cached.get(run.key) for run in runs]
+    missed = [run for run, hit in zip(runs, hits) if hit is None or hit[0] != run.stamp]
+    # every metrics.jsonl read afresh at once: files of one layout are parsed together
+    lines = iter(metrics.read_matrices([os.path.join(run.path, METRICS_FILE) for run in missed]))
     specs = specfile.Reader()  # a sweep's specs differ in a line or two: read as such
-    for run in runs:
-        hit = cached.get(run.key)
-        if hit is not None and hit[0] == run.stamp:
-            parsed.append(hit[1])
-        else:
-            parsed.append(_parse_run(run, specs))
-            fresh = True
-    return parsed, fresh
+    parsed = [hit[1] if hit is not None and hit[0] == run.stamp else _parse_run(run, specs, next(lines))
+              for run, hit in zip(runs, hits)]
+    return parsed, bool(missed)
 
 
 def _runs_of(root: "str | os.PathLike | Sequence") -> tuple[Path, list[FoundRun], bool]:

@@ -17,6 +17,9 @@ GPU, else CPU-hours.
   the spec's train.epochs for the trainer; for your code, the most steps a completed
   trial of the search logged. A pruned trial whose full length or pace is not known
   counts as it is, and the line says how many those are.
+- **Not ended by the search.** A cancelled (or still running) trial counts as far as it
+  ran, never as a saving; the line says how many. A search that pruned nothing says so
+  ("no trial pruned") instead of a share saved.
 
 Nothing here writes; a trial that cannot be read is left out, never an error.
 """
@@ -25,11 +28,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
 
+from clusterjob.core import search as searchmod
 from clusterjob.core import slurmctl, units
 from clusterjob.report import cost
 from clusterjob.report.reading import Results
@@ -54,6 +59,7 @@ class SearchHours:
     pruned: int
     unscaled: int = 0
     unknown: int = 0
+    cancelled: int = 0  # trials cancelled (or still running): counted as far as they ran, never as savings
 
     @property
     def saved(self) -> float:
@@ -65,11 +71,15 @@ class SearchHours:
         if math.isnan(self.spent):
             return f"search {self.search}: hours not known (no trial recorded its running time)"
         spent, full = (units.unit_hours(h, self.unit) for h in (self.spent, self.full))
-        saved = f"{self.saved:.0%} saved by pruning" if math.isfinite(self.saved) else "nothing to save"
-        notes = [f"{self.pruned} pruned trial(s) scaled up to their full length",
-                 "from sacct" if self.source == SACCT else f"run time x the {self.unit}s each trial asks"]
-        notes += [f"{self.unscaled} pruned trial(s) of unknown full length counted as run"] if self.unscaled else []
+        source = "from sacct" if self.source == SACCT else f"run time x the {self.unit}s each trial asks"
+        notes = [f"{self.cancelled} trial(s) not ended by the search (cancelled, running) counted as far as they "
+                 "ran"] if self.cancelled else []
         notes += [f"{self.unknown} trial(s) without a known running time left out"] if self.unknown else []
+        if not self.pruned and not self.unscaled:  # nothing pruned: nothing saved, nothing to claim
+            return f"search {self.search}: {spent} spent; no trial pruned ({'; '.join([source, *notes])})"
+        saved = f"{self.saved:.0%} saved by pruning" if math.isfinite(self.saved) else "nothing to save"
+        notes = [f"{self.pruned} pruned trial(s) scaled up to their full length", source, *notes]
+        notes += [f"{self.unscaled} pruned trial(s) of unknown full length counted as run"] if self.unscaled else []
         return (f"search {self.search}: {spent} spent; {full} had its {self.trials} trial(s) run to the end: "
                 f"{saved} ({'; '.join(notes)})")
 
@@ -79,7 +89,7 @@ class SearchHours:
         return {"search": self.search, "unit": f"{self.unit}-hours", "hours_spent": finite[0],
                 "hours_if_run_to_end": finite[1], "saved_share": finite[2], "source": self.source,
                 "trials": self.trials, "pruned": self.pruned, "pruned_unscaled": self.unscaled,
-                "time_unknown": self.unknown}
+                "time_unknown": self.unknown, "not_ended": self.cancelled}
 
 
 SACCT, RUN_TIME = "sacct", "run time"
@@ -92,6 +102,14 @@ def search_of(results: Results) -> Optional[str]:
     ids = {(info["search"] or {}).get("id") if isinstance(info["search"], dict) else None for info in results.infos}
     (found,) = ids if len(ids) == 1 else (None,)
     return found if isinstance(found, str) and found else None
+
+
+def search_record(results: Results) -> Optional[searchmod.SearchRecord]:
+    """The search.json of the search every run is a trial of (read tolerantly: a damaged
+    one gives empty fields); None for anything else."""
+    if search_of(results) is None:
+        return None
+    return searchmod.read(Path(results.infos[0]["path"]).parent)[0]
 
 
 def _held(spec: Optional[dict], keys: tuple) -> float:
@@ -142,8 +160,10 @@ def search_hours(results: Results, runs: pd.DataFrame, ask: Callable = slurmctl.
     rest = (full - done) * pace * rates / 3600
     scaled = pruned & np.isfinite(rest)
     extra = float(np.sum(np.maximum(rest[scaled], 0.0)))
+    status = runs["status"].astype(object)
+    cut_short = int((~status.isin(("completed", "pruned", "failed"))).sum())  # cancelled, running, ...
     return SearchHours(search, unit, spent, spent + extra, source, len(results.infos), int(scaled.sum()),
-                       int((pruned & ~scaled).sum()), int((~known).sum()) if source == RUN_TIME else 0)
+                       int((pruned & ~scaled).sum()), int((~known).sum()) if source == RUN_TIME else 0, cut_short)
 
 
 def _accounted_rates(results: Results, held: dict, rates: np.ndarray, unit: str) -> np.ndarray:

@@ -18,6 +18,12 @@ count, so a diverged run cannot drag a healthy group's mean. Groups with complet
 runs rank first, then the unfinished ones, then those with nothing to count; only a
 group with completed runs can be best. A group's ``state`` column says which of these
 it is, once (``group_state``): every reader of the table goes by it.
+
+A search's runs are its trials, each with values of its own: its table has one row per
+trial (``by_trial``: a ``trial`` key first, no "more seeds would tell" advice, trials
+that tie for best said to tie), unless its space has a seed (its trials group by the
+other keys, as a sweep's runs do) or --group-by is given. Its cancelled trials count at
+their latest values (SEARCH_NEVER_COUNTED), as a cancelled search is read as far as it got.
 """
 
 from __future__ import annotations
@@ -32,14 +38,14 @@ import numpy as np
 import pandas as pd
 
 from clusterjob.core import metrics as metricsfile
-from clusterjob.core import slurmctl
+from clusterjob.core import slurmctl, units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
 from clusterjob.core.units import default_mode
 from clusterjob.report import cost, efficiency
 from clusterjob.report.reading import Results, RunStates, collect, with_states
 from clusterjob.report.searchcost import SearchHours, search_hours
-from clusterjob.report.tables import RUN_FIELDS, planned_epochs, runs_frame, shown_keys, spec_keys
+from clusterjob.report.tables import RUN_FIELDS, own_code, planned_epochs, runs_frame, shown_keys, spec_keys
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
 GROUP_METRICS = ("val_acc", "best_val_acc", "val_loss", "wall_time_s")
@@ -80,6 +86,8 @@ class Experiment:
     metrics: list  # the metrics of the grouped table, the primary one first
     search_hours: Optional[SearchHours] = None  # a search's hours spent and had it run to the end
     gpu_series: dict = field(default_factory=dict)  # {run path: {GPU: (seconds, util %)}} (efficiency.curves)
+    trials: bool = False  # a search reported trial by trial (``by_trial``): a row per trial, a "trial" key first
+    took: dict = field(default_factory=dict)  # {group key: the --group-by word that named it, when it differs}
 
     @property
     def shows_cost(self) -> bool:
@@ -104,7 +112,13 @@ class Experiment:
     def lead(self) -> Optional["Lead"]:
         """How far the best group leads the next one, when that is within the noise (None
         when it is not, or there is no other group with completed runs to compare)."""
-        return best_lead(self) if self.best is not None else None
+        return best_lead(self) if self.best is not None and not self.trials else None
+
+    @property
+    def tied(self) -> list:
+        """The trials that tie for best (the best first), when more than one does: a
+        search's trials with the best one's value as the tables write it; [] otherwise."""
+        return tied_trials(self) if self.best is not None and self.trials else []
 
 
 @dataclass
@@ -190,6 +204,9 @@ def choose_primary(results: Results, metric: Optional[str] = None, mode: Optiona
     logged or a --mode other than max/min."""
     check_mode(mode)
     names = rankable(results)
+    named = spec_metric(results, names) if metric is None else None
+    if named is not None:
+        return named if mode is None else Primary(named.name, mode, "--mode")
     if metric is None:
         metric = metricsfile.default_metric(names)
     elif metric not in names:
@@ -202,6 +219,34 @@ def choose_primary(results: Results, metric: Optional[str] = None, mode: Optiona
     chosen = default_mode(metric)
     why = "the name says loss or err" if chosen == "min" else "the default for a name without loss or err"
     return Primary(metric, chosen, why)
+
+
+_OWN_METRICS = "entrypoint.metrics."  # your code's metrics in a flat spec: entrypoint.metrics.<name>: regex
+
+
+def spec_metric(results: Results, logged: list) -> Optional[Primary]:
+    """The metric the runs' spec names, when some run logged it: its search.metric (with
+    search.mode), else for your own code the one ``default_metric`` takes of its
+    entrypoint.metrics; None when the spec names none (the built-in trainer's runs). The
+    first spec tells: the runs of one name share it but for a value or two."""
+    spec = next((info["spec"] for info in results.infos if info["spec"]), None)
+    if spec is None:
+        return None
+    searched = spec.get("search.metric")
+    if isinstance(searched, str) and searched in logged:
+        mode = spec.get("search.mode")
+        if mode in MODES:
+            return Primary(searched, mode, "the spec's search.mode; the metric its search.metric names")
+        return _named(searched, "search.metric")
+    own = metricsfile.named_metric([key[len(_OWN_METRICS):] for key in spec if key.startswith(_OWN_METRICS)], logged)
+    return _named(own, "entrypoint.metrics") if own is not None else None
+
+
+def _named(metric: str, key: str) -> Primary:
+    """``metric`` as the spec's ``key`` names it, its mode the default for its name."""
+    chosen = default_mode(metric)
+    why = "the name says loss or err" if chosen == "min" else "the default for a name without loss or err"
+    return Primary(metric, chosen, f"{why}; the metric the spec's {key} names")
 
 
 def _primaries(parts: list, metric: Optional[str], mode: Optional[str]) -> list:
@@ -226,11 +271,17 @@ def _unasked(results: Results, metric: Optional[str]) -> Primary:
     return Primary(own.name, own.mode, f"these runs did not log --metric {metric}")
 
 
-def group_metrics(runs: pd.DataFrame, primary: Primary) -> list:
+def _trainer_columns(results: Results, primary: Primary) -> bool:
+    """Whether the tables have every column of the built-in trainer: its runs ranked by
+    val_acc; your own code's runs show only what they logged."""
+    return primary.name == "val_acc" and not any(map(own_code, results.infos))
+
+
+def group_metrics(runs: pd.DataFrame, primary: Primary, results: Results) -> list:
     """The grouped table's metrics: the primary one, then the standard ones (all of them
-    for val_acc, the built-in trainer's; else those some run has a value for)."""
+    for the built-in trainer ranked by val_acc; else those some run has a value for)."""
     rest = [m for m in GROUP_METRICS if m != primary.name]
-    if primary.name != "val_acc":
+    if not _trainer_columns(results, primary):
         rest = [m for m in rest if runs[m].notna().any()]
     return [primary.name, *rest]
 
@@ -238,7 +289,7 @@ def group_metrics(runs: pd.DataFrame, primary: Primary) -> list:
 def run_metrics(experiment: Experiment) -> list:
     """The metric columns of the per-run table; runs that logged steps but no epochs
     (a user's own code) show their last step instead of the epochs."""
-    if experiment.primary.name == "val_acc":
+    if _trainer_columns(experiment.results, experiment.primary):
         return list(RUN_METRICS)
     runs = experiment.runs
     where = "step" if "step" in runs.columns else "epochs"
@@ -259,11 +310,16 @@ def _extra_columns(results: Results, primary: Primary) -> list:
 
 
 def _resolve_key(key: str, shown: list, spec: list) -> str:
-    """A --group-by key as a runs-table column: a key column, one of _EXTRA_KEYS or any
-    key of the runs' spec.yaml; a unique suffix such as "lr" works."""
+    """A --group-by key as a runs-table column: a key column, any key of the runs'
+    spec.yaml or one of _EXTRA_KEYS; a unique suffix such as "lr" works. The spec's key
+    comes before a run.json field of the same last word ("amp" is train.amp, whose column
+    shows what each run resolved it to: ``tables.RESOLVED``)."""
     allowed = list(dict.fromkeys(shown + list(_EXTRA_KEYS) + spec))
-    if key in allowed:
+    if key in shown or key in spec:
         return key
+    of_spec = [k for k in dict.fromkeys(shown + spec) if k.endswith("." + key)]
+    if key in _EXTRA_KEYS:
+        return of_spec[0] if len(of_spec) == 1 else key
     for among in (shown, allowed):
         by_suffix = [k for k in among if k.endswith("." + key)]
         if len(by_suffix) == 1:
@@ -305,11 +361,12 @@ def group_has(mask: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.bincount(ids, weights=mask, minlength=ids.max(initial=-1) + 1)[ids] > 0
 
 
-def counted_runs(runs: pd.DataFrame, keys: list) -> pd.Series:
-    """Whether each run counts in its group's numbers (see the module docstring)."""
+def counted_runs(runs: pd.DataFrame, keys: list, never: Sequence[str] = NEVER_COUNTED) -> pd.Series:
+    """Whether each run counts in its group's numbers (see the module docstring; ``never``:
+    the statuses that never count, a search's SEARCH_NEVER_COUNTED)."""
     status = runs["status"].astype(object)
     completed = (status == "completed").to_numpy()
-    unfinished = ~status.isin(NEVER_COUNTED).to_numpy()
+    unfinished = ~status.isin(never).to_numpy()
     counted = completed | (~group_has(completed, group_ids(runs, keys)) & unfinished)
     return pd.Series(counted, index=runs.index)
 
@@ -344,11 +401,13 @@ def _with_rungs(runs: pd.DataFrame) -> pd.Series:
     return status.where(~marked, "pruned at rung " + rung.astype("string"))
 
 
-def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str]) -> pd.DataFrame:
+def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str],
+                never: Sequence[str] = NEVER_COUNTED) -> pd.DataFrame:
     """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
     <cost>_sum over all its runs (when ``runs`` has the cost columns), completed, counted,
-    not_completed ("1 failed") and state; ranked as the module docstring says."""
-    counted = counted_runs(runs, keys)
+    not_completed ("1 failed") and state; ranked as the module docstring says (``never``:
+    ``counted_runs``')."""
+    counted = counted_runs(runs, keys, never)
     frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
     if efficiency.WEIGHT in frame.columns:
         frame["_gpu_busy_hours"] = efficiency.busy_hours(frame)
@@ -415,6 +474,42 @@ def best_lead(experiment: Experiment) -> Optional[Lead]:
     return Lead(counted, by, spread) if counted < 2 or not by > spread else None
 
 
+# ---------------------------------------------------------------- a search's trials
+
+
+TRIAL = "trial"  # the key of a search's table by trial: each trial's number
+# A search's cancelled trials count at their latest values (a cancelled search is read as
+# far as it got); only a failed trial has nothing to show.
+SEARCH_NEVER_COUNTED = ("failed",)
+
+
+def by_trial(shown: list, keys: list) -> bool:
+    """Whether a search's runs are reported trial by trial: each trial drew its own
+    values, so a group of one is no sample of noise. Not when its space has a seed (its
+    trials group by the other keys, as a sweep's runs do) nor with --group-by."""
+    return not set(shown) & set(SEED_KEYS) and keys == shown
+
+
+def trial_numbers(results: Results) -> pd.Series:
+    """Each run's trial number in its search (run.json's ``search.trial``; NA when not
+    known), in ``results`` order."""
+    numbers = [(info["search"] or {}).get("trial") if isinstance(info["search"], dict) else None
+               for info in results.infos]
+    return pd.Series([n if type(n) is int else None for n in numbers], dtype="Int64")
+
+
+def tied_trials(experiment: Experiment) -> list:
+    """The rows of the completed trials whose value of the primary metric is written as the
+    best one's (``units.number``), when more than one is; [] otherwise."""
+    groups, name = experiment.groups, experiment.primary.name
+    done = groups[(groups["state"] == COMPLETE) & groups[f"{name}_mean"].notna()]
+    if done.empty:
+        return []
+    shown = [units.number(name, float(v)) for v in done[f"{name}_mean"]]
+    tied = [i for i, text in zip(done.index, shown) if text == shown[0]]
+    return tied if len(tied) > 1 else []
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -452,7 +547,18 @@ def _experiment_keys(parts: list, group_by: Optional[list]) -> list:
         failed = [err for _, _, errors in found for k, err in errors if k == key]
         if len(failed) == len(parts):
             raise failed[0]
-    return [(shown, keys) for shown, keys, _ in found]
+    return [(shown, keys, _took(keys, wanted or [])) for shown, keys, _ in found]
+
+
+def _took(keys: list, wanted: list) -> dict:
+    """{group key: the --group-by word that named it}, for a spec key named by the word of
+    a run.json field ("amp": train.amp, not run.json's amp): the legend says which it took."""
+    took = {}
+    for word in (w for w in wanted if w in _EXTRA_KEYS):
+        for key in keys:
+            if key != word and key.endswith("." + word) and key not in took:
+                took[key] = word
+    return took
 
 
 def _experiment(name: str, results: Results, costs: dict, shown: list, keys: list, primary: Primary,
@@ -462,12 +568,17 @@ def _experiment(name: str, results: Results, costs: dict, shown: list, keys: lis
     columns = shown + [key for key in keys if key not in shown and key not in _EXTRA_KEYS]
     runs = runs_frame(results, _extra_columns(results, primary), columns).assign(**costs)
     runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
-    metrics = group_metrics(runs, primary)
-    groups = group_table(runs, keys, primary, metrics)
+    metrics = group_metrics(runs, primary, results)
+    hours = search_hours(results, runs, ask)
+    trials = hours is not None and by_trial(shown, keys)
+    if trials:
+        runs, keys = runs.assign(**{TRIAL: trial_numbers(results)}), [TRIAL, *keys]
+    never = SEARCH_NEVER_COUNTED if hours is not None else NEVER_COUNTED
+    groups = group_table(runs, keys, primary, metrics, never)
     series = {info["path"]: (gpu_series or {})[info["path"]] for info in results.infos
               if info["path"] in (gpu_series or {})}
     return Experiment(name, results, _sorted_runs(runs, columns), columns, keys, groups, primary, metrics,
-                      search_hours(results, runs, ask), series)
+                      hours, series, trials)
 
 
 def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
@@ -491,9 +602,9 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
     parts = [results.subset(indices) for _, indices in named]
     primaries = _primaries(parts, metric, mode)
     keys = _experiment_keys(parts, group_by)
-    experiments = [_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary, asked,
-                               gpus.series)
-                   for (name, indices), part, (shown, group), primary in zip(named, parts, keys, primaries)]
+    experiments = [replace(_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary,
+                                       asked, gpus.series), took=took)
+                   for (name, indices), part, (shown, group, took), primary in zip(named, parts, keys, primaries)]
     return Report(results.root, results, experiments)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from clusterjob.core.files import is_number
+from clusterjob.core.record import parse_time
 from clusterjob.core.rundir import STATUSES, UNKNOWN
 from clusterjob.report.reading import Results
 
@@ -89,11 +90,9 @@ def _best_epoch(results: Results, best: np.ndarray) -> np.ndarray:
 
 
 def timestamp(text: Optional[str]) -> Optional[datetime]:
-    """An ISO-8601 time, or None when absent or unreadable."""
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
+    """A run folder's ISO-8601 time in UTC (``record.parse_time``), or None when absent or
+    unreadable: any two compare and subtract."""
+    return parse_time(text)
 
 
 def _wall_time(results: Results) -> np.ndarray:
@@ -109,10 +108,7 @@ def _wall_time(results: Results) -> np.ndarray:
             continue
         start, end = timestamp(info["started_at"]), timestamp(info["finished_at"])
         if start is not None and end is not None:
-            try:
-                out[i] = (end - start).total_seconds()
-            except TypeError:  # one time with an offset, one without: no honest difference
-                pass
+            out[i] = (end - start).total_seconds()
     return out
 
 
@@ -127,14 +123,11 @@ def running_time(info: dict) -> float:
              *(s.get("checkpoint_at") for s in info["sessions"])]
     ends = [t for t in map(timestamp, marks) if t is not None]
     total = 0.0
-    try:
-        for start, after in zip(starts, [*starts[1:], None]):
-            inside = [t for t in ends if start <= t and (after is None or t <= after)]
-            if not inside:
-                return math.nan
-            total += (max(inside) - start).total_seconds()
-    except TypeError:  # times with and without an offset: no honest difference
-        return math.nan
+    for start, after in zip(starts, [*starts[1:], None]):
+        inside = [t for t in ends if start <= t and (after is None or t <= after)]
+        if not inside:
+            return math.nan
+        total += (max(inside) - start).total_seconds()
     return total if starts else math.nan
 
 
@@ -212,12 +205,43 @@ def spec_keys(results: Results) -> list:
     return list(keys)
 
 
+# Spec keys a run resolves as it starts (``auto``), each with the run.json field that
+# records what it became: the tables show and group by what the run ran with.
+RESOLVED = {"train.amp": "amp", "dist.backend": "backend"}
+
+
 def key_value(info: dict, key: str) -> Any:
-    """A run's value of ``key``: its params' (run.json), else its spec.yaml's; None when neither has it."""
+    """A run's value of ``key``: what the run resolved it to (``RESOLVED``), else its
+    params' (run.json), else its spec.yaml's; None when none has it."""
+    field = RESOLVED.get(key)
+    if field is not None and info[field] is not None:
+        return info[field]
+    return _given(info, key)
+
+
+def _given(info: dict, key: str) -> Any:
+    """A run's value of ``key`` as its sweep point (params) or its spec.yaml gives it."""
     params = info["params"]
     if params is not None and key in params:
         return params[key]
     return (info["spec"] or {}).get(key)
+
+
+def key_values(results: Results, key: str) -> list:
+    """Every run's ``key_value``. A run that has not resolved a ``RESOLVED`` key yet (not
+    started: run.json records nothing) takes what the runs given the same value resolved it
+    to, when they agree: a pending run joins their group, never one of its own."""
+    values = [key_value(info, key) for info in results.infos]
+    field = RESOLVED.get(key)
+    if field is None:
+        return values
+    given = [value if isinstance(value, str) else None for value in (_given(info, key) for info in results.infos)]
+    became: dict = {}
+    for value, info in zip(given, results.infos):
+        if value is not None and info[field] is not None:
+            became.setdefault(value, set()).add(info[field])
+    return [next(iter(became[g])) if info[field] is None and len(became.get(g, ())) == 1 else v
+            for v, g, info in zip(values, given, results.infos)]
 
 
 def _key_column(values: list) -> pd.Series:
@@ -229,18 +253,23 @@ def _key_column(values: list) -> pd.Series:
 def _keys_table(results: Results, keys: Optional[Sequence[str]] = None) -> dict:
     """{key: Series over runs} of ``keys`` (default: ``shown_keys``)."""
     keys = shown_keys(results) if keys is None else keys
-    return {key: _key_column([key_value(info, key) for info in results.infos]) for key in keys}
+    return {key: _key_column(key_values(results, key)) for key in keys}
 
 
 _ENTRYPOINT_KEYS = ("entrypoint.script", "entrypoint.module", "entrypoint.function")
 
 
+def own_code(info: dict) -> bool:
+    """Whether the run ran your own code (its spec.yaml names an entrypoint), not the built-in trainer."""
+    spec = info["spec"] or {}
+    return any(spec.get(key) is not None for key in _ENTRYPOINT_KEYS)
+
+
 def _spec_epochs(info: dict) -> Optional[int]:
     """train.epochs of the run's spec.yaml; None for your own code (an entrypoint, which
     has no epochs of ours) or a spec that does not say."""
-    spec = info["spec"] or {}
-    epochs = spec.get("train.epochs")
-    if any(spec.get(key) is not None for key in _ENTRYPOINT_KEYS) or type(epochs) is not int or epochs < 1:
+    epochs = (info["spec"] or {}).get("train.epochs")
+    if own_code(info) or type(epochs) is not int or epochs < 1:
         return None
     return epochs
 

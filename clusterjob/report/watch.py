@@ -45,7 +45,7 @@ def main(args: ReportOptions, states: Optional[RunStates] = None) -> int:
     interval = check(args)
     tty = sys.stdout.isatty()
     while True:
-        report = build_report(args.dir, args.group_by, metric=args.metric, mode=args.mode, states=states)
+        report = build_report(args.source, args.group_by, metric=args.metric, mode=args.mode, states=states)
         ended = all_ended(report)
         sys.stdout.write(frame(report, args, interval, ended, tty))
         sys.stdout.flush()

@@ -12,6 +12,12 @@ no driver), or no rule maps the rank to a GPU. NVML is imported only once a GPU 
 three times in a row (it fell off the bus) is dropped with one line, a power reading
 NVML does not give is null; nothing the sampler meets fails the rank.
 
+Nothing the sampler meets holds the rank either: the sampler's thread opens NVML (the
+import, nvmlInit) and reads it, each call on a thread of its own awaited
+NVML_DEADLINE_S. A driver that does not answer (a hung nvmlInit, a reading that never
+returns) holds that one thread: the sampler is dropped with one line in the rank's log,
+and the rank trains, ends and is cancelled as if it had none.
+
 On rank 0 the sampler also hands every rank's samples (it follows the file) to the
 loggers as system metrics (``listen``): ``system/gpu<rank>_util``, ``_mem_mib`` and
 ``_power_w``.
@@ -115,13 +121,24 @@ def open_gpus(env: DistEnv, spec: Spec) -> tuple[Any, list, str]:
     return pynvml, [Gpu(handle, uuid.decode() if isinstance(uuid, bytes) else str(uuid))], ""
 
 
-class Sampler:
-    """The thread that samples the rank's GPUs every ``period`` seconds until ``stop``."""
+NVML_DEADLINE_S = 30.0  # NVML answers a call in ms, nvmlInit in seconds on a large node; past this it hangs
+STOP_WAIT_S = 5.0  # the longest a rank's end waits for its sampler: a second for each NVML call, and more
+NO_ANSWER = object()  # what ``Sampler._answered`` gives for a call NVML did not answer
 
-    def __init__(self, run: RunDir, env: DistEnv, host: str, nvml: Any, gpus: list, period: float, follow: bool):
-        self.run, self.env, self.host, self.nvml, self.gpus, self.period = run, env, host, nvml, gpus, period
+
+class Sampler:
+    """The thread that opens NVML and samples the rank's GPUs every ``period`` seconds
+    until ``stop``. Every NVML call (the import, nvmlInit, each reading) runs on a thread
+    of its own, awaited NVML_DEADLINE_S: a driver that hangs holds that thread alone,
+    never the rank, and the sampler is dropped with one line."""
+
+    def __init__(self, run: RunDir, env: DistEnv, spec: Spec, host: str, period: float, follow: bool):
+        self.run, self.env, self.spec, self.host, self.period = run, env, spec, host, period
+        self.follow = follow
+        self.nvml: Any = None
+        self.gpus: list = []
         self.done = threading.Event()
-        self.offset = self._size() if follow else None  # rank 0 follows the file from here for the loggers
+        self.offset: Optional[int] = None  # rank 0 follows the file from here for the loggers
         self.rest = b""
         self.write_failed = False
         self.thread = threading.Thread(target=self._loop, name="clusterjob-gpu", daemon=True)
@@ -131,22 +148,79 @@ class Sampler:
         return self
 
     def stop(self) -> None:
-        """The thread ends, and NVML is shut down."""
+        """The thread ends, and NVML is shut down; a call NVML has not answered a second
+        after is left to its own thread (the rank does not wait for it)."""
         self.done.set()
-        self.thread.join(timeout=max(2.0, self.period))
+        self.thread.join(timeout=STOP_WAIT_S)
 
     def _loop(self) -> None:
+        opened = False
+        with contextlib.suppress(Exception):  # a traceback in the rank's log would read as its own
+            opened = self._open()
+        if not opened:
+            return
         while True:
             with contextlib.suppress(Exception):  # nothing the sampler meets may end the rank
-                self.tick()
+                samples = self._answered("a reading", self._read_all)
+                if samples is NO_ANSWER:
+                    return  # the thread of the reading still waits on NVML: no shutdown either
+                self.tick(samples)
             if not self.gpus or self.done.wait(self.period):
                 break
         with contextlib.suppress(Exception):
-            self.nvml.nvmlShutdown()
+            self._answered("nvmlShutdown", self.nvml.nvmlShutdown)
 
-    def tick(self) -> None:
+    def _open(self) -> bool:
+        """NVML opened and the rank's GPU found, with the line that says so; False (with
+        the line that says why, unless the spec means CPU) where the sampler is off."""
+        opened = self._answered("nvmlInit", lambda: open_gpus(self.env, self.spec))
+        if opened is NO_ANSWER:
+            return False
+        self.nvml, self.gpus, why = opened
+        if not self.gpus:
+            if why != CPU:  # a spec that means CPU expects no GPU: nothing to say
+                _say(self.env.rank, f"off: {why}")
+            return False
+        _say(self.env.rank, f"sampling {', '.join(g.uuid for g in self.gpus)} every {self.period:g} s "
+                            f"into {self.run.telemetry_file.name}")
+        self.offset = self._size() if self.follow else None
+        return True
+
+    def _answered(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` run on a thread of its own; NO_ANSWER, with the one line that drops
+        the sampler, when it did not return within NVML_DEADLINE_S (a second once
+        ``stop`` was asked). What it raises is raised here (NVML's own errors are caught
+        inside: this is the unforeseen)."""
+        answer: list = []
+        returned = threading.Event()
+
+        def run() -> None:
+            try:
+                answer.append((True, call()))
+            except Exception as err:  # noqa: BLE001 -- handed to the sampler's thread, which goes on
+                answer.append((False, err))
+            returned.set()
+
+        threading.Thread(target=run, name="clusterjob-nvml", daemon=True).start()
+        began = time.monotonic()
+        deadline = began + NVML_DEADLINE_S
+        while not returned.wait(max(0.0, min(0.1, deadline - time.monotonic()))):
+            if self.done.is_set():
+                deadline = min(deadline, time.monotonic() + 1.0)
+            if time.monotonic() >= deadline:
+                _say(self.env.rank, f"off: NVML did not answer {what} in {time.monotonic() - began:.0f} s; the "
+                                    "sampler is dropped (the run goes on without GPU samples)")
+                return NO_ANSWER
+        returned_ok, value = answer[0]
+        if not returned_ok:
+            raise value
+        return value
+
+    def _read_all(self) -> list:
         now = time.time()
-        samples = [s for s in (self._read(gpu, now) for gpu in list(self.gpus)) if s is not None]
+        return [s for s in (self._read(gpu, now) for gpu in list(self.gpus)) if s is not None]
+
+    def tick(self, samples: list) -> None:
         try:
             telemetry.append(self.run.telemetry_file, samples)
         except OSError as err:
@@ -212,17 +286,11 @@ class Sampler:
 
 
 def start(run: RunDir, env: DistEnv, spec: Spec, host: str) -> Optional[Sampler]:
-    """The rank's sampler, started; None (with one line) where it is off."""
+    """The rank's sampler, started (it opens NVML on its own thread: the rank goes on at
+    once); None where the spec samples no GPU."""
     if spec.health is None or spec.health.gpu_sample_s is None:
         return None
-    nvml, gpus, why = open_gpus(env, spec)
-    if not gpus:
-        if why != CPU:  # a spec that means CPU expects no GPU: nothing to say
-            _say(env.rank, f"off: {why}")
-        return None
-    _say(env.rank, f"sampling {', '.join(g.uuid for g in gpus)} every {spec.health.gpu_sample_s:g} s "
-                   f"into {run.telemetry_file.name}")
-    return Sampler(run, env, host, nvml, gpus, spec.health.gpu_sample_s, env.rank == 0 and spec.logging.any).start()
+    return Sampler(run, env, spec, host, spec.health.gpu_sample_s, env.rank == 0 and spec.logging.any).start()
 
 
 def memory_used(nvml: Any, gpu: Gpu) -> int:

@@ -14,7 +14,11 @@
 - **The watcher.** A process of its own per rank (clusterjob.runner.watchdog, no torch),
   never a thread of the training: it watches the beats and the output, takes the
   stacks, and ends the rank on a stall verdict. It dies with the rank: its stdin is a
-  pipe from the rank, and the kernel tells it when the rank is gone.
+  pipe from the rank, and the kernel tells it when the rank is gone. The rank looks at
+  it every ``WATCHER_CHECK_S``: one that ended while the rank runs (kill -9), or that
+  is stopped (SIGSTOP: then killed), is started again (rank 0's leads again), and after
+  ``WATCHER_STARTS`` starts the rank says in its log and in run.json's warnings
+  (``status``) that it runs without.
 - **Waits in collectives** (stragglers): the built-in trainer times its own (its
   ``Waits``: from its last gradient to the end of DDP's backward), any other code is
   sampled: a thread reads the main thread's innermost frame at most ``SAMPLE_HZ`` times
@@ -60,6 +64,8 @@ if TYPE_CHECKING:  # the spec (and YAML) is not loaded by ``clusterjob.heartbeat
 
 BEAT_EVERY_S = 1.0
 WRITE_EVERY_S = 5.0  # the health file's waits are this fresh
+WATCHER_CHECK_S = 1.0  # how often the rank looks whether its watcher still runs
+WATCHER_STARTS = 4  # a watcher that keeps ending is started this often in all, then the rank says it runs without
 SAMPLE_HZ = 20  # the most the main thread is sampled a second (10 to 20, at random intervals)
 RECENT_S = 60.0  # the window of the waits the straggler warning and status read
 STACK_SIGNAL = signal.SIGRTMIN + 6  # NCCL owns SIGUSR1; USR2 and TERM are stop signals
@@ -156,6 +162,8 @@ class Health:
             threading.main_thread().ident, rankhealth.Waits(self.clock.method))
         self.done = threading.Event()
         self.watcher: Optional[subprocess.Popen] = None
+        self.watcher_lock = threading.Lock()  # ``stop`` and the monitor's restart of the watcher
+        self.starts, self.stopped_looks = 0, 0
         self.inputs = WaitClock("timed")  # the built-in trainer's wait for its next batch
         self.probes: list[Callable[[], dict]] = [self._input_wait]  # further readings for the health file
         self.sampler: Optional[gpusampler.Sampler] = None
@@ -174,8 +182,7 @@ class Health:
         with _quiet_errors():
             os.unlink(self.run.ended_file(self.env.rank))
         rankhealth.write(self.run, self.identity)
-        self.watcher = _start_watcher(self.config())
-        _let_trace(self.watcher.pid)
+        self._start_watcher()
         _current = self
         threading.Thread(target=self._monitor, daemon=True, name="clusterjob-health").start()
         self.sampler = gpusampler.start(self.run, self.env, self.spec, self.identity.node)
@@ -210,11 +217,66 @@ class Health:
         self.write()
         with _quiet_errors():  # before its connections close: a rank they fail knows this one ended first
             rankhealth.mark_ended(self.run, self.env.rank, self.session)
-        if self.watcher is not None:
+        with self.watcher_lock:  # no restart after this: the watcher is told to go
+            watcher = self.watcher
+        if watcher is not None:
             with _quiet_errors():
-                self.watcher.stdin.close()  # type: ignore[union-attr]  # Popen made it a pipe
+                watcher.stdin.close()  # type: ignore[union-attr]  # Popen made it a pipe
             with _quiet_errors():
-                self.watcher.wait(timeout=2.0)
+                watcher.wait(timeout=2.0)
+
+    def _start_watcher(self) -> None:
+        self.starts += 1
+        self.watcher = _start_watcher(self.config())
+        _let_trace(self.watcher.pid)
+
+    def keep_watcher(self) -> None:
+        """A watcher that ended while its rank runs (killed, crashed: it ends by itself only
+        with its rank), or stopped (SIGSTOP: killed), is started again, a new leader for
+        rank 0 (it watches every rank from then on), with one line in the rank's log; after
+        WATCHER_STARTS the rank runs without and run.json says so (``status`` shows it):
+        the watch never stops unsaid."""
+        with self.watcher_lock:
+            if self.done.is_set() or self.watcher is None:
+                return
+            ended = self._watcher_ended(self.watcher)
+            if ended is None:
+                return
+            how = f"the stall watcher of rank {self.env.rank} {ended}"
+            self.watcher = None
+            if self.starts < WATCHER_STARTS:
+                _say(f"clusterjob: warning: health: {how}; started again")  # before it starts: no progress to it
+                try:
+                    self._start_watcher()
+                    return
+                except OSError as err:  # no process left to start
+                    how += f", and could not start again ({err.strerror or err})"
+            self._watch_stopped(f"{how} ({self.starts} starts)")
+
+    def _watcher_ended(self, watcher: subprocess.Popen) -> Optional[str]:
+        """How the watcher ended ("was killed by SIGKILL"), None while it runs. One found
+        stopped (state T) at two looks in a row is killed: a stopped watcher watches nothing."""
+        if watcher.poll() is not None:
+            return procs.ended(watcher.returncode)
+        stopped = procs.state(watcher.pid) in ("T", "t")
+        self.stopped_looks = self.stopped_looks + 1 if stopped else 0
+        if self.stopped_looks < 2:
+            return None
+        self.stopped_looks = 0
+        watcher.kill()  # our own child, not reaped yet: its pid is still that process
+        with _quiet_errors():
+            watcher.wait(timeout=5.0)
+        return "was stopped (state T): killed"
+
+    def _watch_stopped(self, how: str) -> None:
+        """The rank runs without its watcher: said in its log and in run.json's warnings."""
+        rank = self.env.rank
+        line = f"health: {how}; " + ("the stall watch of this run stopped: no stall is noticed from here on"
+                                     if rank == 0 else f"a stall shows no stacks of rank {rank} from here on")
+        _say(f"clusterjob: warning: {line}")
+        with _quiet_errors():
+            info = self.run.read()
+            self.run.update(warnings=[*info.warnings, line])
 
     def ended_before(self, exc: BaseException) -> str:
         """`` (rank 1 had ended already: ...)`` when other ranks of this session ended
@@ -241,9 +303,12 @@ class Health:
 
         main, native = threading.main_thread().ident or 0, threading.main_thread().native_id
         sampled = self.clock.method == "sampled"
-        last = next_write = time.monotonic()
-        while not self.done.wait(random.uniform(1.0, 2.0) / SAMPLE_HZ if sampled else WRITE_EVERY_S):
+        last = next_write = next_check = time.monotonic()
+        while not self.done.wait(random.uniform(1.0, 2.0) / SAMPLE_HZ if sampled else WATCHER_CHECK_S):
             now = time.monotonic()
+            if now >= next_check:
+                next_check = now + WATCHER_CHECK_S
+                self.keep_watcher()
             if sampled and self.clock.first is None and dist.initialized():
                 self.clock.begin()
             elif sampled and self.clock.first is not None and _waiting(sys._current_frames().get(main), native):
@@ -305,6 +370,12 @@ def _asleep(native_id: Optional[int]) -> bool:
             return f.read().rsplit(b")", 1)[-1].split()[0] == b"S"
     except (OSError, IndexError):
         return False
+
+
+def _say(line: str) -> None:
+    """A line on the rank's stderr (its log)."""
+    with _quiet_errors():
+        print(line, file=sys.stderr, flush=True)
 
 
 def _quiet_errors() -> contextlib.suppress:

@@ -118,13 +118,17 @@ class StopSignal:
         self._signum = signum
         self.received_at = self.received_at or time.time()
         name = signal.Signals(signum).name
-        said = self._said == name  # the same stop twice (cancel and the supervisor both send SIGTERM): one line
-        self._said = name
         self.signal = self.signal if self.signal in _STICKY else name
+        # a pruned trial's ranks are stopped by SIGTERM too (the supervisor, srun, this
+        # process for a plain script): its log says the prune, not a signal from outside
+        told = "pruned by its search" if self.signal == PRUNE else f"received {name}"
+        said = self._said == told  # the same stop twice (cancel and the supervisor both send SIGTERM): one line
+        self._said = told
         # os.write, not print: a handler that prints while the main thread prints raises
         what = "stopping the script" if self.is_plain_script() else "checkpointing at the next step boundary"
+        what = "stopping at the next step boundary" if self.signal == PRUNE and not self.is_plain_script() else what
         if not said:
-            os.write(1, f"received {name}: {what}\n".encode())
+            os.write(1, f"{told}: {what}\n".encode())
         if first and signum == signal.SIGTERM and self.on_term is not None:
             self.on_term()
         self.raise_if_plain()

@@ -26,13 +26,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from clusterjob.core import asha, metrics, units
 from clusterjob.core import search as searchmod
 from clusterjob.core.files import is_number, shown
+from clusterjob.core.record import parse_time
 from clusterjob.core.rundir import RunDir
 from clusterjob.core.telemetry import Sample
 from clusterjob.runner import gpusampler, health
@@ -119,10 +119,8 @@ class Sinks:
 
 def _unix(text: Optional[str]) -> Optional[float]:
     """Unix seconds of one of run.json's times; None when absent or unreadable."""
-    try:
-        return datetime.fromisoformat(text).timestamp() if text else None
-    except ValueError:
-        return None
+    found = parse_time(text)
+    return found.timestamp() if found is not None else None
 
 
 def _raised_by(call: Callable, *args: Any) -> Optional[BaseException]:

@@ -4,7 +4,9 @@ the culprit named in one line of evidence:
 
     rank 1 on node2: time.sleep at train.py:40; rank 0 in all_reduce
 
-The culprit is the rank whose main thread is not inside a collective (a rank that waits
+The culprit is a rank that could not answer in its state (stopped by SIGSTOP, a debugger:
+``rank 1 on node2: stopped (T), time.sleep at train.py:40``, its stacks read by py-spy);
+else the rank whose main thread is not inside a collective (a rank that waits
 in one waits for another); else a rank whose process ended while the others waited;
 else one that gave no stacks; else the rank whose last progress is oldest. Stdlib only
 (the watcher has no torch).
@@ -19,10 +21,8 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterjob.core.stackdump import CHILD_MARK
+from clusterjob.core.stackdump import CHILD_MARK, STACK_HEADER, THREAD_HEADER, state_in
 
-_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):\s*$")
-_STACK = re.compile(r"^Stack \(most recent call first\):\s*$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*)\s*\(")
 _NOT_CALLS = frozenset({"if", "elif", "while", "for", "return", "yield", "assert", "not", "and", "or", "in", "print",
@@ -63,7 +63,7 @@ def parse(text: str) -> list[Thread]:
     current, inside = False, False
     frames: list[Frame] = []
     for line in text.splitlines():
-        header, single = _THREAD.match(line), _STACK.match(line)
+        header, single = THREAD_HEADER.match(line), STACK_HEADER.match(line)
         if header or single:
             if inside:
                 threads.append(Thread(ident, current, tuple(frames)))
@@ -170,6 +170,11 @@ class RankDump:
     age_s: float = 0.0
     main_ident: Optional[int] = None
 
+    @property
+    def state(self) -> str:
+        """The state its process was in when it could not answer (``stopped (T)``), else ""."""
+        return state_in(self.text) if self.text else ""
+
     def where(self) -> Optional[Place]:
         """Where the rank's main thread is, from its own dump (its children's follow it)."""
         own = self.text.split(CHILD_MARK, 1)[0] if self.text else None
@@ -188,15 +193,16 @@ def culprit(dumps: list[RankDump]) -> Optional[Culprit]:
     if not dumps:
         return None
     places = {d.rank: d.where() for d in dumps}
-    outside = [d for d in dumps if not d.ended and not getattr(places[d.rank], "collective", True)]
+    frozen = [d for d in dumps if not d.ended and d.state]
+    outside = [d for d in dumps if not d.ended and not d.state and not getattr(places[d.rank], "collective", True)]
     ended = [d for d in dumps if d.ended]
     silent = [d for d in dumps if not d.ended and places[d.rank] is None]
-    for group, says in ((outside, None), (ended, "its process ended while the others waited"),
+    for group, says in ((frozen, None), (outside, None), (ended, "its process ended while the others waited"),
                         (silent, "no stacks")):
         if group:
             found = max(group, key=lambda d: (d.age_s, -d.rank))
-            what = says if says is not None else places[found.rank].words()  # type: ignore[union-attr]
-            if found in silent and found.why:
+            what = says if says is not None else _where(found, places[found.rank], "no stacks")
+            if group is silent and found.why:
                 what += f" ({found.why})"
             return Culprit(found.rank, found.host, _line(found, what, dumps, places))
     # Every rank waits in a collective: the one whose progress is oldest, and where each
@@ -217,11 +223,17 @@ def _line(found: RankDump, what: str, dumps: list[RankDump], places: dict, at: b
     for dump in dumps:
         if dump.rank == found.rank:
             continue
-        where = places[dump.rank]
-        said = "ended" if dump.ended else where.words(at) if where is not None else "gave no stacks"
+        said = "ended" if dump.ended else _where(dump, places[dump.rank], "gave no stacks", at)
         groups.setdefault(said, []).append(dump.rank)
     others = [f"{'ranks' if len(ranks) > 1 else 'rank'} {_ranks(ranks)} {said}" for said, ranks in groups.items()]
     return "; ".join([f"rank {found.rank} on {found.host}: {what}", *others])
+
+
+def _where(dump: RankDump, place: Optional[Place], none: str, at: bool = False) -> str:
+    """Where the rank is (``none`` without its stacks), after its state when it could not
+    answer: ``stopped (T), time.sleep at train.py:40``."""
+    where = place.words(at) if place is not None else none
+    return f"{dump.state}, {where}" if dump.state else where
 
 
 def _ranks(ranks: list[int]) -> str:

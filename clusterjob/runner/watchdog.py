@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import procs, rankhealth, stackdump, stalls
+from clusterjob.core import procs, pyspy, rankhealth, stackdump, stalls
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import Stall, Straggler
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir
@@ -158,27 +158,28 @@ class Watcher:
         """Write this rank's stacks for stall ``number`` (and the native frames, the NCCL trace)."""
         self.answered, self.awaiting = number, number
         folder = self.run.stall_dir(number)
-        text, why = self._stacks()
+        got = self._stacks()
         host = self.identity.host if self.identity else socket.gethostname()
         pid = self.identity.ref.pid if self.identity and self.identity.ref else self.parent
         main = self.identity.main_thread if self.identity else None
         header = (f"# rank {self.rank} on {host}, pid {pid}, main thread {f'0x{main:016x}' if main else '?'}; "
                   f"its last progress {self.own.age_s(self.rank):.0f} s before this dump\n")
-        parts = [header, text if text is not None else f"# no stacks: {why}\n"]
-        if text is not None and self.identity is not None:
+        parts = [header, got.written()]
+        if got.text is not None and self.identity is not None:
             parts.append(stackdump.take_children(self.identity, self.run.stacks_file(self.rank)))
-        native = _native(pid) if text is not None else None
+        # py-spy's native frames pause the process: that fails on one read from outside (stopped)
+        native = _native(pid) if got.text is not None and not got.outside else None
         if native:
             parts.append(f"\n# native frames (py-spy dump --native)\n{native}")
         if self.config.get("nccl"):
             _nccl_trace(self.rank, folder)
         write_atomic(folder / f"rank{self.rank}.txt", "".join(parts))
 
-    def _stacks(self) -> tuple[Optional[str], str]:
+    def _stacks(self) -> stackdump.Stacks:
         """The rank's stacks, only from the process that started this watcher."""
         if self.identity is None or self.identity.ref is None or self.identity.ref.pid != self.parent:
-            return None, f"its health file does not name this watcher's rank (pid {self.parent})"
-        return stackdump.take(self.identity, self.run.stacks_file(self.rank))
+            return stackdump.Stacks(None, f"its health file does not name this watcher's rank (pid {self.parent})")
+        return stackdump.ask(self.identity, self.run.stacks_file(self.rank))
 
     def act(self) -> None:
         """On a retry or stop verdict of the stall answered: end the rank (and its group)."""
@@ -338,7 +339,7 @@ def _iso(wall: float) -> str:
 
 def _native(pid: int) -> Optional[str]:
     """py-spy's dump with native frames (the ``[health]`` extra), or None without py-spy."""
-    exe = shutil.which("py-spy")
+    exe = pyspy.executable()
     if exe is None:
         return None
     try:

@@ -1,8 +1,9 @@
 """The spec's ``env``: environment variables every rank gets (docs/design.md, "Spec").
 
 A name is a POSIX name (what a shell can export) that is not the launcher's nor one a
-process reads only as it starts (``core.env.refused`` decides which). A value is one line
-of text; a number or true/false written bare in YAML becomes its text (1 -> "1", 0.5 ->
+process reads only as it starts (``core.env.refused`` decides which). A value is text,
+line breaks and tabs allowed (a key file, a JSON blob: every file that holds it writes it
+quoted), no other control character; a number or true/false written bare in YAML becomes its text (1 -> "1", 0.5 ->
 "0.5", true -> "true"), so a spec.yaml always holds text. An error never quotes the value
 of a secret (``core.env.is_secret``): it may be printed, and on a task written into
 run.json. No torch.
@@ -11,6 +12,7 @@ run.json. No torch.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from clusterjob.core import env as envmod
@@ -19,6 +21,8 @@ from clusterjob.spec.fields import MAX_TEXT_LENGTH
 
 MAX_NAME_LENGTH = 255
 _EXAMPLE = "e.g. NCCL_DEBUG: INFO"
+# What a variable's text may not hold: the control characters but a line break and a tab.
+_BAD_IN_VALUE = re.compile(CONTROL_CHARS.pattern.replace(r"\x00-\x1f", r"\x00-\x08\x0b-\x1f"))
 
 
 def checked_env(env: dict) -> dict[str, str]:
@@ -49,8 +53,8 @@ def check_sweepable(where: str, name: str) -> None:
 
 
 def env_text(where: str, name: str, value: Any) -> str:
-    """``value`` as the variable's text: text as it is (one line), true/false and numbers
-    as YAML writes them."""
+    """``value`` as the variable's text: text as it is, true/false and numbers as YAML
+    writes them."""
     said = "the value (a secret: not shown)" if envmod.is_secret(name) else brief(value)
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -65,10 +69,10 @@ def env_text(where: str, name: str, value: Any) -> str:
     if not isinstance(value, str):
         kind = "a list" if isinstance(value, (list, tuple)) else "a mapping" if isinstance(value, dict) else "no text"
         raise SpecError(where, f"{said} is {kind}; a variable holds one line of text, {_EXAMPLE}")
-    bad = CONTROL_CHARS.search(value)
+    bad = _BAD_IN_VALUE.search(value)
     if bad:
         raise SpecError(where, f"{said} contains the control character {bad.group()!r} at position {bad.start()}; "
-                               "a variable holds one line of printable text: remove it")
+                               "a variable holds printable text (line breaks and tabs allowed): remove it")
     if len(value) > MAX_TEXT_LENGTH:
         raise SpecError(where, f"{said} is {len(value)} characters long; use at most {MAX_TEXT_LENGTH}")
     return value

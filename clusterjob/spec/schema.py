@@ -132,8 +132,9 @@ class TrainSpec(Section):
     schedule: Schedule = opt("cosine", "cosine | step | constant, after warmup")
     warmup_epochs: float = opt(1.0, "linear warmup length in epochs", ge=0)
     label_smoothing: float = opt(0.0, "cross-entropy label smoothing", ge=0, lt=1)
-    amp: Literal["auto", "fp16", "bf16", "off"] = opt("auto", "auto (bf16 on CPU and on GPUs of compute capability "
-                                                      ">= 8.0, else fp16) | fp16 | bf16 | off")
+    amp: Literal["auto", "fp16", "bf16", "off"] = opt("auto", "auto (bf16 on GPUs of compute capability >= "
+                                                      "8.0, else fp16; on CPUs bf16 where they run it natively, "
+                                                      "else off) | fp16 | bf16 | off")
     grad_accum: int = opt(1, "micro-batches per optimizer step", ge=1)
     ema_decay: Optional[float] = opt(None, "e.g. 0.999: also evaluate an EMA of the weights", gt=0, lt=1)
     param_groups: tuple[ParamGroupSpec, ...] = opt((), "per-layer overrides, first prefix match wins")

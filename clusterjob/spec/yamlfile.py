@@ -260,20 +260,24 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...],
     return raw
 
 
+# YAML's words for null (its core schema): the one bare reading a key that holds text takes
+# from YAML (``--set resources.partition=null``); any other bare text stays as typed.
+_NULL_WORDS = frozenset({"~", "null", "Null", "NULL"})
+
+
 def override_value(key: str, text: str, text_key: bool) -> Any:
     """The value of ``--set key=text``: ``text`` read as YAML. For a key that holds text
-    (``text_key``: a path, a name, a metric's regex) a reading that is neither text nor
-    null is not what was meant: ``loss: ([0-9.]+)`` would be a mapping, ``2024`` a number,
-    ``[0-9]+ x`` no YAML at all; such a value stays the text as typed. Text in quotes is
-    read as YAML still, so a bad escape in double quotes is an error that says how to fix it."""
+    (``text_key``: a path, a name, a variable, a metric's regex) any YAML reading of bare
+    text but null is not what was meant: ``loss: ([0-9.]+)`` would be a mapping, ``2024``
+    a number, ``[0-9]+ x`` no YAML at all, and even text loses what YAML drops (a line
+    break folded to a space, ``  #b`` read as a comment); so bare text stays exactly as
+    typed, and the spec's checks see it as it is. Text in quotes is read as YAML still, so
+    a bad escape in double quotes is an error that says how to fix it."""
     if not text:
         return ""
-    try:
-        value = parse_yaml(text, f"--set {key_text(key)}")
-    except SpecError:
-        if text_key and text.lstrip()[:1] not in ("'", '"'):
-            return text
-        raise
+    if text_key and text.lstrip()[:1] not in ("'", '"') and text not in _NULL_WORDS:
+        return text
+    value = parse_yaml(text, f"--set {key_text(key)}")
     return text if text_key and value is not None and not isinstance(value, str) else value
 
 

@@ -12,12 +12,10 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
+from clusterjob.core import precision
 from clusterjob.core.env import cuda_index
 from clusterjob.core.errors import BadInput
 
-# Compute capability (major * 10 + minor) from which bf16 runs natively (Ampere, 8.0);
-# below it torch emulates bf16, slower than fp16 with a GradScaler.
-BF16_CAPABILITY = 80
 # Backends whose collectives need CUDA tensors; "cuda:gloo" is gloo restricted to CUDA,
 # the same device rule as NCCL, and lets two ranks share one GPU (scripts/gpu-check).
 CUDA_BACKENDS = ("nccl", "cuda:gloo")
@@ -33,6 +31,8 @@ class DevicePlan:
     sync_bn: bool
     capability: Optional[int] = None  # the job's lowest GPU compute capability, e.g. 80
     notes: tuple[str, ...] = ()       # settings of the spec the plan overrode, for rank 0's log
+    amp_why: str = ""                 # why amp: auto chose amp_dtype ("" when the spec named it)
+    cpu_bf16: bool = False            # this rank's CPU runs bf16 natively (core/precision.py)
 
     @property
     def device_type(self) -> str:
@@ -47,6 +47,11 @@ class DevicePlan:
     def amp_name(self) -> str:
         return {"float16": "fp16", "bfloat16": "bf16", None: "off"}[self.amp_dtype]
 
+    @property
+    def amp_line(self) -> str:
+        """Rank 0's first line: what ``train.amp`` became and, for auto, why."""
+        return precision.AmpChoice(self.amp_name, self.amp_why).line()
+
 
 @dataclass(frozen=True)
 class RankFacts:
@@ -55,6 +60,7 @@ class RankFacts:
     gpu: str                # the GPU's UUID, "" on CPU
     capability: int         # 0 on CPU
     backend: str
+    bf16: bool = True       # its CPU runs bf16 natively (what amp: auto needs on CPU)
 
     @property
     def device_type(self) -> str:
@@ -62,9 +68,10 @@ class RankFacts:
 
 
 def plan_device(spec, local_rank: int, local_world_size: int, world_size: int, cuda_count: int,
-                capability: Optional[int] = None) -> DevicePlan:
+                capability: Optional[int] = None, cpu_bf16: bool = False) -> DevicePlan:
     """Decide where and how to train. ``cuda_count`` is the number of CUDA devices this
-    process sees, ``capability`` the lowest compute capability of the job's GPUs.
+    process sees, ``capability`` the lowest compute capability of the job's GPUs,
+    ``cpu_bf16`` whether this CPU runs bf16 natively (amp: auto on CPU).
     ``resources.gpus_per_node: 0`` means CPU even where CUDA shows GPUs (code that plans
     without the runner, which hides them)."""
     on_gpu = cuda_count > 0 and spec.resources.gpus_per_node > 0
@@ -75,14 +82,17 @@ def plan_device(spec, local_rank: int, local_world_size: int, world_size: int, c
                        "use backend: auto or gloo")
     pin = spec.data.pin_memory if isinstance(spec.data.pin_memory, bool) else on_gpu
     sync_bn, notes = sync_bn_choice(spec.model.sync_bn, on_gpu and world_size > 1, backend)
+    amp = precision.choose(spec.train.amp, on_gpu, capability, cpu_bf16)
     return DevicePlan(
         device=device,
         backend=backend,
-        amp_dtype=_DTYPES[amp_mode(spec.train.amp, on_gpu, capability)],
+        amp_dtype=_DTYPES[amp.mode],
         pin_memory=bool(pin and on_gpu),
         sync_bn=sync_bn,
         capability=capability,
         notes=notes,
+        amp_why=amp.why,
+        cpu_bf16=cpu_bf16,
     )
 
 
@@ -95,16 +105,6 @@ def sync_bn_choice(wanted: bool, several_gpus: bool, backend: str) -> tuple[bool
     if backend != "nccl":
         return False, (f"model.sync_bn: off under {backend} (SyncBatchNorm needs NCCL); plain BatchNorm per rank",)
     return True, ()
-
-
-def amp_mode(amp: str, on_gpu: bool, capability: Optional[int]) -> str:
-    """``train.amp`` resolved: auto is bf16 on CPU and on GPUs that run it natively (no
-    GradScaler, no overflow), fp16 + GradScaler on older GPUs."""
-    if amp != "auto":
-        return amp
-    if not on_gpu or (capability is not None and capability >= BF16_CAPABILITY):
-        return "bf16"
-    return "fp16"
 
 
 def check_unique_gpus(identities: Sequence[tuple[str, str]], backend: str) -> None:
@@ -140,7 +140,8 @@ def detect_plan(spec, env) -> DevicePlan:
 
     wants_gpu = spec.resources.gpus_per_node > 0  # else CPU: CUDA is not even asked
     count = torch.cuda.device_count() if wants_gpu and torch.cuda.is_available() else 0
-    plan = plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count)
+    plan = plan_device(spec, env.local_rank, env.local_world_size, env.world_size, count,
+                       cpu_bf16=count == 0 and precision.cpu_native_bf16())
     if plan.device_type != "cuda":
         return plan
     torch.cuda.set_device(plan.device)
@@ -163,18 +164,29 @@ def job_plan(plan: DevicePlan, spec, facts: Sequence[RankFacts]) -> DevicePlan:
     """``plan`` checked against every rank's ``facts`` (in rank order)."""
     check_same_backend(facts)
     if plan.device_type != "cuda":
-        return plan
+        return _cpu_job_amp(plan, spec, facts)
     check_unique_gpus([(fact.host, fact.gpu) for fact in facts], plan.backend)
     lowest = min(fact.capability for fact in facts)
-    return replace(plan, capability=lowest, amp_dtype=_DTYPES[amp_mode(spec.train.amp, True, lowest)])
+    amp = precision.choose(spec.train.amp, True, lowest, False)
+    return replace(plan, capability=lowest, amp_dtype=_DTYPES[amp.mode], amp_why=amp.why)
 
 
-def rank_facts(plan: DevicePlan) -> tuple[str, str, int, str]:
-    """This rank's (host, GPU UUID, compute capability, backend); MIG slices and Slurm's
-    renumbering give each GPU its own UUID, whatever index the process sees."""
+def _cpu_job_amp(plan: DevicePlan, spec, facts: Sequence[RankFacts]) -> DevicePlan:
+    """amp: auto on CPU is bf16 only where every rank's CPU runs it natively: one rank
+    emulating bf16 would set the pace of all (and the ranks would round differently)."""
+    slow = next((fact.host for fact in facts if not fact.bf16), None)
+    if spec.train.amp != "auto" or slow is None or plan.amp_dtype is None:
+        return plan
+    return replace(plan, amp_dtype=None, amp_why=f"the CPU of {slow} has no native bf16")
+
+
+def rank_facts(plan: DevicePlan) -> tuple[str, str, int, str, bool]:
+    """This rank's (host, GPU UUID, compute capability, backend, native CPU bf16); MIG
+    slices and Slurm's renumbering give each GPU its own UUID, whatever index the process
+    sees."""
     if plan.device_type != "cuda":
-        return socket.gethostname(), "", 0, plan.backend
+        return socket.gethostname(), "", 0, plan.backend, plan.cpu_bf16
     import torch
 
     uuid = str(torch.cuda.get_device_properties(plan.device).uuid)
-    return socket.gethostname(), uuid, plan.capability or 0, plan.backend
+    return socket.gethostname(), uuid, plan.capability or 0, plan.backend, True

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from clusterjob.core.errors import BadInput
+from clusterjob.core.precision import BF16_CAPABILITY
 from clusterjob.runner import dist, health
 from clusterjob.spec.schema import Spec
-from clusterjob.trainer.device import BF16_CAPABILITY, DevicePlan
+from clusterjob.trainer.device import DevicePlan
 from clusterjob.trainer.models import CONV_ARCHS
 from clusterjob.trainer.optim import build_optimizer, build_scheduler
 

@@ -54,7 +54,7 @@ def prepare(spec: Spec, env: DistEnv) -> Callable[[RunDir, StopSignal], str]:
 def train(spec: Spec, env: DistEnv, plan: DevicePlan, run: RunDir, stop: StopSignal) -> str:
     plan = device.plan_for_job(plan, spec)  # through the store: NCCL's first call would fail on a shared GPU
     if env.rank == 0:
-        for note in plan.notes:
+        for note in ([plan.amp_line] if plan.amp_why else []) + list(plan.notes):  # what auto chose comes first
             print(note, flush=True)
     with dist.rank0_first(env) if downloads(spec.data) else contextlib.nullcontext():
         data = load_data(spec)  # before the process group: no timeout

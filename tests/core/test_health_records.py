@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
+from clirun import wait_for
 
 from clusterjob.core import procs, rankhealth, stackdump, stalls
 from clusterjob.core.record import RunError, RunRecord, Stall
@@ -78,12 +80,21 @@ time.sleep(60)
 """
 
 
+def asleep(pid: int) -> bool:
+    """Whether process ``pid`` is in an interruptible sleep (state S)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def children(pid: int) -> list:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 @pytest.fixture
 def sleeper(tmp_path):
     stacks = tmp_path / "rank0.stacks"
     child = subprocess.Popen([sys.executable, "-c", SLEEPER, str(stacks)], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline() == "ready\n"
-    time.sleep(0.3)  # out of print, into the sleep
+    wait_for(lambda: asleep(child.pid), "the child out of print, into the sleep")
     yield child, stacks
     child.kill()
     child.wait()
@@ -126,7 +137,7 @@ def test_only_a_ranks_children_that_take_its_signal_are_dumped(tmp_path):
                               start_new_session=True)
     try:
         other = int(parent.stdout.readline())
-        time.sleep(0.3)  # the forked child into its sleep
+        wait_for(lambda: all(asleep(pid) for pid in children(parent.pid)), "the forked child into its sleep")
         me = rankhealth.RankHealth(0, "s", "h", "h", procs.current(parent.pid), int(signal.SIGRTMIN + 6))
         (forked,) = stackdump.children(me)
         assert forked.pid not in (parent.pid, other)

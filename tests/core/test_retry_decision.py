@@ -97,7 +97,7 @@ def test_the_ranks_hold_until_the_wait_ends_or_a_stop_comes():
     started = time.monotonic()
     runrecord.hold(f"{runrecord.WAIT} 60", lambda: True)
     runrecord.hold(runrecord.GO, lambda: False)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 30  # at the stop, not at the wait's end (60 s)
 
 
 def test_the_job_script_requeues_and_holds_its_job_for_the_decided_wait(run, tmp_path, monkeypatch):

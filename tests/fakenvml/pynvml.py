@@ -6,7 +6,8 @@ The script is JSON, in the variable FAKE_NVML (inline) or in the file FAKE_NVML_
     {"gpus": {"GPU-a": {"util": 90, "mem_mib": 2048, "power_w": 250.5},
               "GPU-b": {"util": 10, "mem_mib": 512, "lost_after": 3}},
      "raise": {"nvmlDeviceGetPowerUsage": "NotSupported"},
-     "init": "DriverNotLoaded"}
+     "init": "DriverNotLoaded",
+     "hang": ["nvmlInit"]}
 
 - ``gpus``: the machine's GPUs in NVML's index order, each by its UUID: its utilisation
   (%), memory used (MiB) and power (W); ``util`` may be a list, one value per reading
@@ -14,12 +15,15 @@ The script is JSON, in the variable FAKE_NVML (inline) or in the file FAKE_NVML_
   falls off the bus (NVMLError_GpuIsLost on every call).
 - ``raise``: a call that raises the NVMLError of that name on every GPU.
 - ``init``: nvmlInit raises that error (no driver).
+- ``hang``: calls that never return (a driver that hangs), by name; ``"import"``: the
+  import of this module itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from types import SimpleNamespace
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -46,6 +50,15 @@ def _script() -> dict:
 _state: dict = {"script": None, "reads": {}}
 
 
+def _hang(call: str, script: "dict | None") -> None:
+    """Never return where the script says ``call`` hangs."""
+    if script and call in script.get("hang", []):
+        threading.Event().wait()
+
+
+_hang("import", _script())
+
+
 def _gpus() -> dict:
     if _state["script"] is None:
         raise NVMLError("Uninitialized")
@@ -53,6 +66,7 @@ def _gpus() -> dict:
 
 
 def _check(call: str, uuid: str = "") -> None:
+    _hang(call, _state["script"])
     raised = _state["script"].get("raise", {}).get(call) if _state["script"] else None
     if raised:
         raise NVMLError(raised)
@@ -63,6 +77,7 @@ def _check(call: str, uuid: str = "") -> None:
 
 def nvmlInit() -> None:
     script = _script()
+    _hang("nvmlInit", script)
     if script.get("init"):
         raise NVMLError(script["init"])
     _state["script"] = script

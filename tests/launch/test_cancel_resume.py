@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from clirun import cli
+from clirun import WAIT_S, cli
 from owncode import Project
 
 pytestmark = pytest.mark.slow
@@ -76,12 +76,12 @@ def running_code(run: Path, before: int) -> bool:
 def cancel_and_check(own: Project, run: Path, sampler: Sampler) -> str:
     """Cancel the run; once it is final, check that it is cancelled, that no rank of any
     start lives, and that it was never ``cancelled`` while one did."""
-    done = cli(own.folder, "cancel", str(run), timeout=120)
+    done = cli(own.folder, "cancel", str(run))
     assert done.returncode == 0, done.stdout + done.stderr
     if f"{run}: cancelled" in done.stdout:  # cancel says so only once it is true
         assert not ranks_alive(run), done.stdout
     wait_for(lambda: status(run) in ("cancelled", "failed", "completed"), SETTLE_S, "the run's final record")
-    wait_for(lambda: not ranks_alive(run), 15, "every rank to end")
+    wait_for(lambda: not ranks_alive(run), WAIT_S, "every rank to end")
     time.sleep(0.5)
     samples = sampler.stop()
     assert status(run) == "cancelled", done.stdout
@@ -97,7 +97,7 @@ def test_a_cancel_right_after_resume_ends_the_new_ranks_and_tells_the_truth(tmp_
     done = cli(own.folder, "submit", "loop.yaml", "--executor", "local")
     assert done.returncode == 0, done.stdout + done.stderr
     run = own.run
-    wait_for(lambda: running_code(run, 2), 120, "the first start's code")
+    wait_for(lambda: running_code(run, 2), WAIT_S, "the first start's code")
     first = Sampler(run)
     first.start()
     cancel_and_check(own, run, first)  # the earlier start ends; its records stay

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli
+from clirun import WAIT_S, cli
 
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import create_run
@@ -144,7 +144,7 @@ def test_status_shows_what_a_run_waits_for_and_a_failed_dependency_fails_it(tmp_
     shown = cli(tmp_path, "status", str(tmp_path / "results")).stdout
     if info(first)["status"] != "failed":  # (on a loaded machine the first run may have ended already)
         assert f"{second.name}: waits for 1 of 1 run(s): {first.resolve()} (" in shown, shown
-    wait_for(lambda: info(second)["status"] == "failed", 90, "the waiting run to fail")
+    wait_for(lambda: info(second)["status"] == "failed", WAIT_S, "the waiting run to fail")
     error = info(second)["error"]["message"]
     assert error == f"dependency failed: {first.resolve()} is failed: ValueError: the first run broke"
     assert not (second / "found.json").exists() and not list((second / "logs").glob("rank*.proc.json"))  # never started

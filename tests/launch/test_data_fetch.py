@@ -90,7 +90,7 @@ def test_an_offline_run_names_the_fetch_command_in_one_line(tmp_path, download):
     root = tmp_path / "data"
     spec = write_spec(tmp_path, "offline", data={"dataset": "mnist", "root": str(root), "download": download},
                       resources={"tasks_per_node": 1})
-    submitted = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", timeout=240, env=offline_env())
+    submitted = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", env=offline_env())
     assert submitted.returncode == 1, submitted.stdout + submitted.stderr
     fetch = f"run `clusterjob data fetch mnist --root {root}`"
     (run,) = [p for p in (tmp_path / "results" / "offline").iterdir() if not p.name.startswith(".")]

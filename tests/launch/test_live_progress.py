@@ -10,7 +10,7 @@ import pty
 import subprocess
 from pathlib import Path
 
-from clirun import base_env, cli, start
+from clirun import WAIT_S, base_env, cli, start
 from trainutil import write_spec
 
 EPOCHS = 3
@@ -51,7 +51,7 @@ def screen(raw: str) -> list[str]:
 
 
 def test_in_a_pipe_every_progress_line_and_every_epoch_line_is_printed(tmp_path):
-    done = cli(tmp_path, "submit", str(spec(tmp_path)), "--executor", "local", "--wait", timeout=240)
+    done = cli(tmp_path, "submit", str(spec(tmp_path)), "--executor", "local", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     shown = done.stdout.splitlines()
     summary = next(i for i, line in enumerate(shown) if "  completed  " in line)
@@ -77,7 +77,7 @@ def test_on_a_terminal_each_epoch_stays_on_screen_and_the_step_line_is_rewritten
             break
         raw += chunk
     os.close(parent)
-    assert proc.wait(timeout=240) == 0, proc.stderr.read().decode() if proc.stderr else ""
+    assert proc.wait(timeout=WAIT_S) == 0, proc.stderr.read().decode() if proc.stderr else ""
     text = raw.decode()
     lines = screen(text)
     epochs = [line for line in logged(tmp_path) if " step " not in line]

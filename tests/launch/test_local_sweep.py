@@ -86,7 +86,7 @@ def most_at_once(intervals: list) -> int:
 @needs_two_cores
 def test_three_runs_with_array_parallelism_2_run_two_at_a_time_each_on_its_own_cores(tmp_path):
     proc = submit(tmp_path, spec_file(tmp_path, ["short", "short", "short"], tasks=1, parallelism=2))
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=clirun.WAIT_S)
     assert proc.returncode == 0, out + err
     found = runs(tmp_path)
     assert len(found) == 3 and all(info(r)["status"] == "completed" for r in found)
@@ -106,23 +106,23 @@ def test_three_runs_with_array_parallelism_2_run_two_at_a_time_each_on_its_own_c
 def test_faults_stay_with_their_run_while_the_others_run(tmp_path):
     proc = submit(tmp_path, spec_file(tmp_path, ["die", "long", "short"], tasks=2, parallelism=2))
     try:
-        wait_for(lambda: len(runs(tmp_path)) == 3 and all(facts(r) for r in runs(tmp_path)), 240,
+        wait_for(lambda: len(runs(tmp_path)) == 3 and all(facts(r) for r in runs(tmp_path)), clirun.WAIT_S,
                  "every run to start (the third in the slot of the failed one)")
         by_role = {role(r): r for r in runs(tmp_path)}
         died = float(os.path.getmtime(by_role["die"] / "logs" / "rank1.proc.json"))
         assert info(by_role["die"])["status"] == "failed" and info(by_role["long"])["status"] == "running"
-        wait_for(lambda: info(by_role["short"])["status"] == "completed", 120, "the third run to complete")
+        wait_for(lambda: info(by_role["short"])["status"] == "completed", clirun.WAIT_S, "the third run to complete")
         assert info(by_role["long"])["status"] == "running"  # untouched by its neighbours' ends
-        cancelled = clirun.cli(tmp_path, "cancel", str(by_role["long"]), env=environ(), timeout=120)
+        cancelled = clirun.cli(tmp_path, "cancel", str(by_role["long"]), env=environ())
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=clirun.WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, out + err
     dead = info(by_role["die"])
     assert dead["error"]["rank"] == 1 and dead["error"]["message"] == "rank 1 was killed by SIGKILL (no traceback)"
-    assert seconds(dead["finished_at"]) - died < 20  # its rank 0 stopped within seconds, not at dist.timeout_s
+    assert seconds(dead["finished_at"]) - died < 60  # its rank 0 stopped within seconds, not at dist.timeout_s
     assert info(by_role["long"])["status"] == "cancelled"
     assert seconds(info(by_role["short"])["sessions"][0]["at"]) < seconds(info(by_role["long"])["finished_at"])
     assert not [line for line in err.splitlines() if line.startswith("stopping")]  # no Ctrl-C: no stop of all
@@ -132,10 +132,10 @@ def test_faults_stay_with_their_run_while_the_others_run(tmp_path):
 def test_ctrl_c_stops_every_run_of_a_sweep_that_runs_as_many_as_fit(tmp_path):
     proc = submit(tmp_path, spec_file(tmp_path, ["long", "long"], tasks=1, parallelism=None))
     try:
-        wait_for(lambda: len(runs(tmp_path)) == 2 and all(facts(r) for r in runs(tmp_path)), 240,
+        wait_for(lambda: len(runs(tmp_path)) == 2 and all(facts(r) for r in runs(tmp_path)), clirun.WAIT_S,
                  "both runs to start")  # 1 task x 1 core each: both fit
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=clirun.WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

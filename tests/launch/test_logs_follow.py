@@ -5,11 +5,10 @@ nothing."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from clirun import cli, start
+from clirun import WAIT_S, cli, start, wait_for
 from owncode import Project
 
 pytestmark = pytest.mark.slow
@@ -28,9 +27,7 @@ def started(own: Project, script: str) -> Path:
     own.spec(script)
     done = cli(own.folder, "submit", f"{own.name}.yaml", "--executor", "local")
     assert done.returncode == 0, done.stderr
-    deadline = time.time() + 60
-    while not (own.run / "logs" / "rank0.out").exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: (own.run / "logs" / "rank0.out").exists(), "the rank's log")
     return own.run
 
 
@@ -41,31 +38,30 @@ def stamps(folder: Path) -> dict:
 def test_follow_prints_the_rank_as_it_writes_and_ends_with_the_run(tmp_path):
     own = Project(tmp_path, "follow")
     run = started(own, SLOW_PRINTS)
-    follow = cli(own.folder, "logs", str(run), "--follow", timeout=120)
+    follow = cli(own.folder, "logs", str(run), "--follow", timeout=WAIT_S)
     assert follow.returncode == 0, follow.stderr
     out = follow.stdout
     assert [out.index(f"line {i}\n") for i in range(1, 7)] == sorted(out.index(f"line {i}\n") for i in range(1, 7))
     assert f"==> {run}/logs/rank0.err <==\nto stderr\n" in out
     assert own.info()["status"] == "completed"
-    deadline = time.time() + 30
-    while "completed" not in (run / "logs/supervisor.log").read_text() and time.time() < deadline:
-        time.sleep(0.05)  # the supervisor's last word, after the run's
+    wait_for(lambda: "completed" in (run / "logs/supervisor.log").read_text(),
+             "the supervisor's last word, after the run's")
     before = stamps(run)
-    again = cli(own.folder, "logs", str(run), "-f", timeout=60)  # a finished run: all of it, at once
+    again = cli(own.folder, "logs", str(run), "-f", timeout=WAIT_S)  # a finished run: all of it, at once
     assert again.returncode == 0 and "line 6" in again.stdout
     assert stamps(run) == before  # read-only
 
 
 def test_ctrl_c_ends_follow_quietly(tmp_path):
     own = Project(tmp_path, "interrupt")
-    run = started(own, "import time\nprint('started', flush=True)\ntime.sleep(60)\n")
-    follow = start(own.folder, "logs", str(run), "--follow")
-    deadline = time.time() + 30
-    while own.info()["status"] != "running" and time.time() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.5)
+    run = started(own, "import time\nprint('started', flush=True)\ntime.sleep(3600)\n")  # cancelled below
+    wait_for(lambda: own.info()["status"] == "running", "the run to run")
+    printed = tmp_path / "follow.out"
+    with printed.open("w") as out:
+        follow = start(own.folder, "logs", str(run), "--follow", stdout=out)
+    wait_for(lambda: "started\n" in printed.read_text(), "follow to print the rank's line")  # it follows now
     follow.send_signal(signal.SIGINT)
-    out, err = follow.communicate(timeout=30)
+    _, err = follow.communicate(timeout=WAIT_S)
     assert follow.returncode == 130 and err == "", err
-    assert "started" in out
+    assert "started" in printed.read_text()
     assert cli(own.folder, "cancel", str(run)).returncode == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import base_env, cli, start
+from clirun import WAIT_S, base_env, cli, start
 from owncode import Project
 from slurmcluster import wait_for
 from trainutil import write_spec
@@ -84,10 +84,10 @@ def test_a_run_whose_every_process_was_killed_shows_no_none(tmp_path):
     spec = write_spec(tmp_path, "killed", **LONG)
     assert cli(tmp_path, "submit", str(spec), "--executor", "local").returncode == 0
     (run,) = runs_of(tmp_path, "killed")
-    wait_for(lambda: progressed(run), 120, "a progress line")
+    wait_for(lambda: progressed(run), WAIT_S, "a progress line")
     mine = refs(run)
     assert len(mine) == 2 and all(procs.terminate(ref, signal.SIGKILL) is None for ref in mine)  # verified first
-    wait_for(lambda: all(procs.check(ref) is not None for ref in mine), 30, "the processes to end")
+    wait_for(lambda: all(procs.check(ref) is not None for ref in mine), WAIT_S, "the processes to end")
     status = cli(tmp_path, "status", "results").stdout
     assert f"{run.name}: failed: every process of the run ended before it recorded its end (" in status
     shown = status + cli(tmp_path, "logs", str(run)).stdout + cli(tmp_path, "report", "results", "--runs").stdout
@@ -120,14 +120,14 @@ def test_cancel_and_status_agree_and_resume_says_where_it_starts(tmp_path):
     assert cli(tmp_path, "submit", str(spec), "--executor", "local").returncode == 0
     first, second = sorted(runs_of(tmp_path, "pair"), key=lambda r: -yaml.safe_load((r / "spec.yaml").read_text())[
         "train"]["epochs"])
-    wait_for(lambda: progressed(first), 120, "the first run's progress")
+    wait_for(lambda: progressed(first), WAIT_S, "the first run's progress")
     waiting = cli(tmp_path, "cancel", str(second))  # its supervisor skips it once the first run ended
     assert waiting.returncode == 0 and waiting.stdout.splitlines()[-1] == f"{second}: pending (cancel requested)"
     row = next(line for line in cli(tmp_path, "status", "results").stdout.splitlines() if second.name in line)
     assert "pending (cancel requested)" in row, row
     running = cli(tmp_path, "cancel", str(first))
     assert running.returncode == 0 and running.stdout.splitlines()[-1] == f"{first}: cancelled", running.stdout
-    wait_for(lambda: info(second)["status"] == "cancelled", 60, "the supervisor to skip the cancelled run")
+    wait_for(lambda: info(second)["status"] == "cancelled", WAIT_S, "the supervisor to skip the cancelled run")
     assert (first / "logs" / "rank0.out").read_text().splitlines()[-1] == "stopped (cancelled)"
     resumed = cli(tmp_path, "resume", str(second), "--wait")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -137,16 +137,16 @@ def test_cancel_and_status_agree_and_resume_says_where_it_starts(tmp_path):
 def test_ctrl_c_of_submit_wait_ends_cancelled_and_the_log_says_so(tmp_path):
     spec = write_spec(tmp_path, "stop", **LONG)
     proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
-    wait_for(lambda: any(map(progressed, (tmp_path / "results").glob("stop/*"))), 120, "a progress line")
+    wait_for(lambda: any(map(progressed, (tmp_path / "results").glob("stop/*"))), WAIT_S, "a progress line")
     (run,) = runs_of(tmp_path, "stop")
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 130 and info(run)["status"] == "cancelled", out + err
     log = (run / "logs" / "rank0.out").read_text()
     assert log.splitlines()[-1] == "stopped (cancelled)" and "preempted" not in log
     again = cli(tmp_path, "resume", str(run))
     assert again.stdout.splitlines()[0] == f"resuming {run} (local) from its last checkpoint", again.stdout
-    wait_for(lambda: info(run)["status"] == "running", 120, "the resumed run to start")
+    wait_for(lambda: info(run)["status"] == "running", WAIT_S, "the resumed run to start")
     assert cli(tmp_path, "cancel", str(run)).stdout.splitlines()[-1] == f"{run}: cancelled"
 
 

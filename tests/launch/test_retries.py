@@ -42,7 +42,7 @@ def project(folder: Path, script: str, **resources) -> Path:
 
 
 def submit(folder: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
-    done = cli(folder, "submit", "retry.yaml", "--executor", "local", "--wait", *extra, timeout=240)
+    done = cli(folder, "submit", "retry.yaml", "--executor", "local", "--wait", *extra)
     (run,) = [p for p in (folder / "results" / "retry").iterdir() if not p.name.startswith(".")]
     return done, json.loads((run / "run.json").read_text())
 

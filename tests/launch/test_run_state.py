@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import cli, start
+from clirun import WAIT_S, cli, start
 from healthutil import processes_of
 from trainutil import epochs_of, run_info, write_spec
 
@@ -52,7 +52,7 @@ def test_three_resumes_at_once_start_the_run_once(tmp_path):
     run = only_run(tmp_path, "race")
     assert run_info(run)["status"] == "preempted", first.stdout + first.stderr
     resumes = [start(tmp_path, "resume", str(run)) for _ in range(3)]
-    done = [(p.wait(timeout=120), *p.communicate()) for p in resumes]
+    done = [(p.wait(timeout=WAIT_S), *p.communicate()) for p in resumes]
     assert sorted(code for code, _, _ in done) == [0, 2, 2], done
     for code, out, err in done:
         if code == 2:  # one line naming who has the run
@@ -62,7 +62,7 @@ def test_three_resumes_at_once_start_the_run_once(tmp_path):
                     or "(its processes are alive: supervisor pid " in line), line
         else:
             assert f"resuming {run} (local)" in out
-    wait_for(lambda: run_info(run)["status"] in FINAL, 120, "the resumed run to end")
+    wait_for(lambda: run_info(run)["status"] in FINAL, WAIT_S, "the resumed run to end")
     info = run_info(run)
     assert info["status"] == "completed", info
     assert [r["epoch"] for r in epochs_of(run)] == [1, 2, 3]
@@ -75,15 +75,15 @@ def test_a_run_whose_every_process_was_killed_is_failed_and_resumes(tmp_path):
     detached = cli(tmp_path, "submit", str(spec), "--executor", "local")
     assert detached.returncode == 0, detached.stderr
     run = only_run(tmp_path, "killed")
-    wait_for(lambda: (run / "metrics.jsonl").exists() and len(rank_refs(run)) == 2, 120, "the first epoch")
+    wait_for(lambda: (run / "metrics.jsonl").exists() and len(rank_refs(run)) == 2, WAIT_S, "the first epoch")
     everyone = [procs.ProcessRef.from_dict(run_info(run)["launcher"]), *rank_refs(run)]
     for ref in everyone:  # stopped first, so that none sees the others die and records it
         os.kill(ref.pid, signal.SIGSTOP)
     for ref in reversed(everyone):
         os.kill(ref.pid, signal.SIGKILL)
-    wait_for(lambda: all(procs.check(ref) is not None for ref in everyone), 30, "the processes to die")
+    wait_for(lambda: all(procs.check(ref) is not None for ref in everyone), WAIT_S, "the processes to die")
     # each rank's health watcher ends with it and marks its end (logs/rank<R>.ended) first
-    wait_for(lambda: not processes_of(run), 30, "the ranks' watchers to end")
+    wait_for(lambda: not processes_of(run), WAIT_S, "the ranks' watchers to end")
     assert run_info(run)["status"] == "running"  # what the run recorded: nobody lived to say otherwise
 
     before = files_of(tmp_path / "results")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import base_env, cli, start
+from clirun import WAIT_S, base_env, cli, start
 from slurmcluster import wait_for
 from trainutil import TINY, merge
 
@@ -231,7 +231,7 @@ def test_cancel_and_resume_a_local_search(tmp_path):
     write(tmp_path, {**SEARCH, "trials": 4, "prune": None}, train={"epochs": 20, "log_every": 64},
           data={"limit_train": 1024})
     proc = start(tmp_path, "submit", "s.yaml", "--executor", "local")
-    assert proc.wait(timeout=60) == 0
+    assert proc.wait(timeout=WAIT_S) == 0
     wait_for(lambda: (tmp_path / "results" / "s").is_dir() and any((tmp_path / "results" / "s").iterdir()), 30,
              "the search's folder")
     found = search_folder(tmp_path)

@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from clirun import cli
+from clirun import WAIT_S, cli
 from slurmcluster import check_cost_against_sacct, job_of, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, run_info, write_spec
 
@@ -28,8 +28,8 @@ def test_a_rank_killed_with_sigkill_is_retried_from_the_last_checkpoint(slurm_cl
     wait_for(lambda: "epoch 1/3 train_loss" in rank0_log(run) and any((run / "checkpoints").glob("epoch-*.pt")),
              180, "epoch 1 and its checkpoint")
     os.kill(task_pid(job, 1), signal.SIGKILL)
-    wait_for(lambda: run_info(run).get("retries") == 1, 60, "the retry")
-    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), 300, "the run to end")
+    wait_for(lambda: run_info(run).get("retries") == 1, WAIT_S, "the retry")
+    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), WAIT_S, "the run to end")
     info = run_info(run)
     assert (info["status"], info["retries"], info["requeues"], info["slurm_job_id"]) == ("completed", 1, 0, job)
     (attempt,) = info["attempts"]

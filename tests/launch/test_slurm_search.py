@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli
+from clirun import WAIT_S, cli
 from slurmcluster import rank0_log, sacct_sessions, wait_for
 from trainutil import TINY, epochs_of, final_state, max_abs_diff, merge, run_hand_set
 
@@ -69,23 +69,23 @@ def test_a_search_array_survives_preemption_and_a_killed_rank(slurm_cluster, tmp
     array = json.loads((found / "search.json").read_text())["job"]["id"]
     assert done.stdout.splitlines()[0].split()[0] == array
 
-    wait_for(lambda: running_trial(found, 0) is not None, 240, "slot 0 to run a trial")
+    wait_for(lambda: running_trial(found, 0) is not None, WAIT_S, "slot 0 to run a trial")
     preempted = running_trial(found, 0)
     subprocess.run(["scancel", "--signal=USR2", f"{array}_0"], check=True, env=slurm_cluster.env())
     wait_for(lambda: info(preempted)["status"] in ("preempted", "running") and info(preempted).get("requeues"), 90,
              "the preempted trial's record")
 
-    wait_for(lambda: running_trial(found, 1) is not None, 240, "slot 1 to run a trial")
+    wait_for(lambda: running_trial(found, 1) is not None, WAIT_S, "slot 1 to run a trial")
     killed = running_trial(found, 1)
     os.kill(rank_pid(array, 1), signal.SIGKILL)
-    wait_for(lambda: info(killed)["status"] == "failed", 120, "the killed trial to be failed")
+    wait_for(lambda: info(killed)["status"] == "failed", WAIT_S, "the killed trial to be failed")
 
     done = cli(tmp_path, "status", str(found), env=slurm_cluster.env())
     assert done.returncode == 0 and done.stdout.startswith("search ")
     wait_for(lambda: len(trials(found)) == 6 and all(info(r)["status"] in ("completed", "failed")
-                                                     for r in trials(found)), 480, "every trial to end")
+                                                     for r in trials(found)), WAIT_S, "every trial to end")
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True,
-                                        env=slurm_cluster.env()).stdout.strip(), 120, "the array to leave the queue")
+                                        env=slurm_cluster.env()).stdout.strip(), WAIT_S, "the array to leave the queue")
 
     study = [json.loads(line) for line in (found / "study.jsonl").read_text().splitlines()]
     assert sorted(e["trial"] for e in study if e["op"] == "new") == list(range(6))  # none twice, none lost
@@ -162,7 +162,7 @@ def test_a_slurm_search_cancelled_mid_trial_resumes_to_completion(slurm_cluster,
     busy = [lambda slot=slot: any(info(r).get("search", {}).get("slot") == slot and info(r)["status"] == "running"
                                   and "[progress] epoch 1/3 step 16/" in rank0_log(r) for r in trials(found))
             for slot in (0, 1)]
-    wait_for(lambda: all(check() for check in busy), 240, "both slots to train a trial")
+    wait_for(lambda: all(check() for check in busy), WAIT_S, "both slots to train a trial")
 
     real = subprocess.run(["sh", "-c", "command -v scancel"], capture_output=True, text=True).stdout.strip()
     env = {**slurm_cluster.env(), "PATH": f"{scancel_logged(tmp_path, real)}:{os.environ['PATH']}"}

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli
+from clirun import WAIT_S, cli
 from slurmcluster import check_cost_against_sacct, rank0_log, submit, task_pid, wait_for
 from trainutil import epochs_of, final_state, max_abs_diff, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
+
+# How soon after a rank raised or was killed every rank of the job has ended (Slurm's
+# epilog included): the feature's bound, measured from the event and generous for a loaded
+# machine; a job that did not end fast would wait out dist.timeout_s (600 s) or its time limit.
+FAST_S = 180
 
 # Slow enough to signal mid-run (a few seconds per epoch), small enough for 2 cores.
 LONG = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_val": 64},
@@ -92,7 +97,7 @@ def test_sweep_is_one_array_with_a_run_folder_per_point(slurm_cluster, tmp_path)
 
 def _start(cluster, folder: Path, name: str, **extra) -> tuple[Path, str]:
     (run,) = submit(cluster, write_spec(folder, name, **{**LONG, **extra}))
-    wait_for(lambda: "[progress] epoch 1/3 step 4/" in rank0_log(run), 120, "training to start")
+    wait_for(lambda: "[progress] epoch 1/3 step 4/" in rank0_log(run), WAIT_S, "training to start")
     return run, run_info(run)["slurm_job_id"]
 
 
@@ -110,19 +115,20 @@ def _check_resumed_like(run: Path, baseline: Path, requeues: int) -> None:
 def test_usr2_preemption_checkpoints_requeues_and_resumes(slurm_cluster, baseline, tmp_path):
     run, job = _start(slurm_cluster, tmp_path, "base")
     subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm_cluster.env())
-    wait_for(lambda: run_info(run).get("status") == "preempted", 60, "the preempted record")
+    wait_for(lambda: run_info(run).get("status") == "preempted", WAIT_S, "the preempted record")
     assert status_of(slurm_cluster, run).startswith("preempted")
-    wait_for(lambda: run_info(run).get("status") == "completed", 240, "the requeued job to finish")
+    wait_for(lambda: run_info(run).get("status") == "completed", WAIT_S, "the requeued job to finish")
     _check_resumed_like(run, baseline, requeues=1)
     assert "resuming" in rank0_log(run)
-    assert check_cost_against_sacct(slurm_cluster, run, job) < 30  # checkpointed at the stop: little is redone
+    # checkpointed at the stop: what is lost is the ranks' ending after it (slower on a loaded machine)
+    assert check_cost_against_sacct(slurm_cluster, run, job) < 120
 
 
 def test_scontrol_requeue_resumes_from_the_last_checkpoint(slurm_cluster, baseline, tmp_path):
     run, job = _start(slurm_cluster, tmp_path, "base")
-    wait_for(lambda: "epoch 1/3 train_loss" in rank0_log(run), 120, "epoch 1 to end")
+    wait_for(lambda: "epoch 1/3 train_loss" in rank0_log(run), WAIT_S, "epoch 1 to end")
     subprocess.run(["scontrol", "requeue", job], check=True, env=slurm_cluster.env())
-    wait_for(lambda: run_info(run).get("status") == "completed", 240, "the requeued job to finish")
+    wait_for(lambda: run_info(run).get("status") == "completed", WAIT_S, "the requeued job to finish")
     _check_resumed_like(run, baseline, requeues=1)
 
 
@@ -130,13 +136,13 @@ def test_a_raising_rank_fails_the_job_fast_with_its_traceback(slurm_cluster, tmp
     spec = write_spec(tmp_path, "fail", debug={"fail_at_epoch": 2, "fail_rank": 1},
                       **{k: v for k, v in LONG.items() if k != "debug"})
     (run,) = submit(slurm_cluster, spec)
-    wait_for(lambda: (run / "logs" / "rank1.error.json").exists(), 120, "rank 1 to raise")
-    raised = time.time()
-    wait_for(lambda: run_info(run).get("status") == "failed", 60, "the run to be failed")
+    wait_for(lambda: (run / "logs" / "rank1.error.json").exists(), WAIT_S, "rank 1 to raise")
+    raised = time.monotonic()
+    wait_for(lambda: run_info(run).get("status") == "failed", WAIT_S, "the run to be failed")
     job = run_info(run)["slurm_job_id"]
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
-                                        env=slurm_cluster.env()).stdout.strip(), 60, "every rank to exit")
-    assert time.time() - raised < 60
+                                        env=slurm_cluster.env()).stdout.strip(), WAIT_S, "every rank to exit")
+    assert time.monotonic() - raised < FAST_S
     error = run_info(run)["error"]
     assert error["rank"] == 1 and "debug.fail_at_epoch" in error["message"]
     assert "RuntimeError" in error["traceback"]
@@ -147,10 +153,10 @@ def test_a_raising_rank_fails_the_job_fast_with_its_traceback(slurm_cluster, tmp
 def test_a_killed_task_fails_the_job_fast(slurm_cluster, tmp_path):
     run, job = _start(slurm_cluster, tmp_path, "killed")
     os.kill(task_pid(job, 3), signal.SIGKILL)
-    killed = time.time()
+    killed = time.monotonic()
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
-                                        env=slurm_cluster.env()).stdout.strip(), 60, "every rank to exit")
-    assert time.time() - killed < 60
+                                        env=slurm_cluster.env()).stdout.strip(), WAIT_S, "every rank to exit")
+    assert time.monotonic() - killed < FAST_S
     assert status_of(slurm_cluster, run) == "failed"
     error = run_info(run)["error"]
     assert error["rank"] == 3 and "task 3 on node2: Killed" in error["message"], error
@@ -161,5 +167,5 @@ def test_cancel_ends_a_running_job(slurm_cluster, tmp_path):
     done = cli(tmp_path, "cancel", str(run), env=slurm_cluster.env())
     assert done.returncode == 0, done.stderr
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
-                                        env=slurm_cluster.env()).stdout.strip(), 60, "the job to leave the queue")
+                                        env=slurm_cluster.env()).stdout.strip(), WAIT_S, "the job to leave the queue")
     assert run_info(run)["status"] == "cancelled" and status_of(slurm_cluster, run) == "cancelled"

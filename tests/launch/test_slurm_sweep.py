@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli, start
+from clirun import WAIT_S, cli, start
 from slurmcluster import wait_for
 
 from clusterjob.core.rundir import RunDir, find_runs
@@ -101,12 +101,12 @@ def test_a_sweep_is_one_array_shown_and_cancelled_as_a_whole(slurm_cluster, tmp_
     # cancel: one scancel of the array, never one per task; then every run cancelled
     bin_dir, log = scancel_logger(tmp_path)
     env = {**slurm_cluster.env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    cancelled = cli(tmp_path, "cancel", named, env=env, timeout=180)
+    cancelled = cli(tmp_path, "cancel", named, env=env)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert log.read_text().split() == [array], log.read_text()
-    wait_for(lambda: not queued_named(slurm_cluster, named), 120, "the array to leave the queue")
+    wait_for(lambda: not queued_named(slurm_cluster, named), WAIT_S, "the array to leave the queue")
     wait_for(lambda: cli(tmp_path, "status", named, env=slurm_cluster.env()).stdout.startswith(
-        f"{named}: 30 runs: 30 cancelled"), 120, "every run cancelled")
+        f"{named}: 30 runs: 30 cancelled"), WAIT_S, "every run cancelled")
     again = cli(tmp_path, "cancel", named, "--only", "failed", env=slurm_cluster.env())
     assert again.returncode == 2 and "nothing to cancel: 0 runs (--only failed)" in again.stderr, again.stderr
 
@@ -137,8 +137,8 @@ def test_a_submit_killed_at_any_moment_leaves_no_run_pending_without_a_job(slurm
     if array_ids:  # the jobs the dead submit queued are the runs' jobs: cancelling the sweep ends them
         assert {row[-1].split("_")[0] for row in rows if row[-1] != "-"} == array_ids, shown.stdout
     if any(row[1] not in ("failed", "cancelled", "completed") for row in rows):
-        assert cli(tmp_path, "cancel", named, env=slurm_cluster.env(), timeout=180).returncode == 0
-    wait_for(lambda: not queued_named(slurm_cluster, named), 120, "the sweep's jobs to leave the queue")
+        assert cli(tmp_path, "cancel", named, env=slurm_cluster.env()).returncode == 0
+    wait_for(lambda: not queued_named(slurm_cluster, named), WAIT_S, "the sweep's jobs to leave the queue")
 
 
 def sbatch_that_stalls(folder: Path, where: str) -> tuple[Path, Path]:
@@ -164,7 +164,7 @@ def test_a_submit_killed_in_sbatch_leaves_its_array_adopted_or_its_runs_failed(s
     env = {**slurm_cluster.env(), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     submitting = start(tmp_path, "submit", str(spec_file(tmp_path, 6)), "--executor", "slurm", "--no-preflight",
                        env=env, start_new_session=True)
-    wait_for(mark.exists, 120, "sbatch to stall")
+    wait_for(mark.exists, WAIT_S, "sbatch to stall")
     os.killpg(submitting.pid, signal.SIGKILL)
     submitting.wait(timeout=30)
     (record_file,) = (tmp_path / "results" / "sw" / ".sweeps").glob("*.json")
@@ -180,20 +180,20 @@ def test_a_submit_killed_in_sbatch_leaves_its_array_adopted_or_its_runs_failed(s
         # no task ever made these runs: resume makes each folder as submit left it, and submits them again
         runs = runs_of(tmp_path)
         assert not any((run / "run.json").exists() for run in runs)
-        resumed = cli(tmp_path, "resume", named, env=slurm_cluster.env(), timeout=180)
+        resumed = cli(tmp_path, "resume", named, env=slurm_cluster.env())
         assert resumed.returncode == 0 and f"resuming 6 run(s) of {named} (slurm)" in resumed.stdout, resumed.stderr
         infos = [json.loads((run / "run.json").read_text()) for run in runs]
         assert [(i["restarts"], i["params"]["params.i"]) for i in infos] == [(1, k) for k in range(6)]
         assert {i["status"] for i in infos} <= {"pending", "running"}, infos
         assert [yaml.safe_load((run / "spec.yaml").read_text())["params"]["i"] for run in runs] == list(range(6))
-        assert cli(tmp_path, "cancel", named, env=slurm_cluster.env(), timeout=180).returncode == 0
-        wait_for(lambda: not queued_named(slurm_cluster, named), 120, "the resumed array to leave the queue")
+        assert cli(tmp_path, "cancel", named, env=slurm_cluster.env()).returncode == 0
+        wait_for(lambda: not queued_named(slurm_cluster, named), WAIT_S, "the resumed array to leave the queue")
         return
     array = (tmp_path / "sbatch.out").read_text().split(";")[0].strip()
     assert [row[-1] for row in rows] == [f"{array}_{k}" for k in range(6)], shown.stdout
     assert {row[1] for row in rows} <= {"pending", "running"}, shown.stdout
-    assert cli(tmp_path, "cancel", named, env=slurm_cluster.env(), timeout=180).returncode == 0
-    wait_for(lambda: not queued_named(slurm_cluster, named), 120, "the adopted array to leave the queue")
+    assert cli(tmp_path, "cancel", named, env=slurm_cluster.env()).returncode == 0
+    wait_for(lambda: not queued_named(slurm_cluster, named), WAIT_S, "the adopted array to leave the queue")
 
 
 def test_a_sweep_past_a_qos_max_submit_jobs_is_refused_in_one_line(slurm_cluster, tmp_path):

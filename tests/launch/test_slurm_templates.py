@@ -260,7 +260,7 @@ def test_a_rank_killed_in_a_template_job_is_named_in_status_within_seconds(slurm
         rank1 = json.loads((run_dir / "logs" / "rank1.proc.json").read_text())["pid"]  # one PID namespace
         os.kill(rank1, 9)
         killed = time.monotonic()
-        while job_state(slurm_cluster, job) not in DONE and time.monotonic() - killed < 60:
+        while job_state(slurm_cluster, job) not in DONE and time.monotonic() - killed < WAIT_S:
             time.sleep(0.2)
         took = time.monotonic() - killed
         state = job_state(slurm_cluster, job)
@@ -269,7 +269,7 @@ def test_a_rank_killed_in_a_template_job_is_named_in_status_within_seconds(slurm
             slurm_cluster.run("scancel", job, check=False)
     shown = cli(tmp_path, "status", str(tmp_path / "results"), env=job_env(slurm_cluster), timeout=60)
     info = json.loads((run_dir / "run.json").read_text())
-    assert state == "FAILED" and took < 30, (state, took, logs(workdir))
+    assert state == "FAILED" and took < 180, (state, took, logs(workdir))  # not at dist.timeout_s (600 s)
     said = {"srun": r"task 1 on node1: Killed \(ended by a signal, no traceback\)",
             "torchrun": r"rank 1 on \S+ was killed by SIGKILL \(no traceback\)"}[style]
     assert info["status"] == "failed" and info["error"]["rank"] == 1, (info, logs(workdir))

@@ -11,12 +11,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from clirun import cli, start
+from clirun import WAIT_S, cli, start, wait_for
 
 NOBODY = 65534
 SCRIPT = "import clusterjob\nclusterjob.log(step=1, version=1.0)\n"
@@ -187,19 +186,37 @@ def test_a_full_disk_during_the_snapshot_leaves_no_run(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+# A sitecustomize for the submit's interpreter: the snapshot's copy of held.py says so in
+# the file $HELD_AT and waits there until a signal ends the wait, so the signal lands while
+# the snapshot copies (some files copied, others not) however loaded the machine is.
+HOLD_THE_COPY = """
+import os, shutil, time
+_copy2 = shutil.copy2
+def copy2(src, dst, *args, **kwargs):
+    if os.path.basename(src) == "held.py":
+        open(os.environ["HELD_AT"], "w").close()
+        time.sleep(3600)
+    return _copy2(src, dst, *args, **kwargs)
+shutil.copy2 = copy2
+"""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stop_signal_while_the_snapshot_copies_leaves_no_run(tmp_path, sig):
+def test_a_stop_signal_while_the_snapshot_copies_leaves_no_run(tmp_path, tmp_path_factory, sig):
     write(tmp_path / "train.py", SCRIPT)
-    for index in range(10_000):  # about a second of copying: the signal lands in it
+    for index in range(200):
         write(tmp_path / f"pkg{index // 100}" / f"m{index % 100}.py", "x = 1\n")
+    write(tmp_path / "pkg1" / "held.py", "x = 1\n")
     write_spec(tmp_path, tmp_path / "results")
-    proc = start(tmp_path, "submit", "snap.yaml", "--executor", "local", env=env())
-    deadline = time.monotonic() + 60
-    while not list((tmp_path / "results").glob("snap/*/code")) and proc.poll() is None:
-        assert time.monotonic() < deadline, "the snapshot never started"
-        time.sleep(0.005)
+    hook = tmp_path_factory.mktemp("hook")  # outside the folder the snapshot copies
+    (hook / "sitecustomize.py").write_text(HOLD_THE_COPY)
+    held = hook / "held"
+    proc = start(tmp_path, "submit", "snap.yaml", "--executor", "local",
+                 env={**env(), "PYTHONPATH": str(hook), "HELD_AT": str(held)})
+    wait_for(lambda: held.exists() or proc.poll() is not None, "the snapshot to copy held.py")
+    assert held.exists(), proc.communicate()
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 128 + sig, out + err
     assert "snapshot:" not in out  # stopped before the copy was done
     assert err.splitlines() == [f"clusterjob: stopped by {sig.name}{' (Ctrl-C)' if sig == signal.SIGINT else ''} "

@@ -81,7 +81,7 @@ def test_a_local_sweep_is_submitted_shown_cancelled_and_resumed_as_one(tmp_path)
     assert "sw/" not in shown and f"{POINTS} runs: `clusterjob status {parent} --runs` lists them" in shown
     assert len([row for row in summary("--runs").splitlines() if row.startswith("sw/")]) == POINTS
     # cancel the sweep by its id: every run that had not ended, in one command
-    cancelled = cli(tmp_path, "cancel", named, timeout=180)
+    cancelled = cli(tmp_path, "cancel", named)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     wait_for(lambda: counts(summary().splitlines()[0]) == {"cancelled": POINTS - 1, "completed": 1}, 120,
              "every other run cancelled")
@@ -94,14 +94,14 @@ def test_a_local_sweep_is_submitted_shown_cancelled_and_resumed_as_one(tmp_path)
     nothing = cli(tmp_path, "resume", named, "--only", "failed")
     assert nothing.returncode == 2 and "nothing to resume" in nothing.stderr, nothing.stderr
     assert statuses(runs)[1:] == [("cancelled", 0)] * (POINTS - 1)
-    resumed = cli(tmp_path, "resume", named, timeout=180)
+    resumed = cli(tmp_path, "resume", named)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resuming {POINTS - 1} run(s) of {named} (local)" in resumed.stdout
     after = statuses(runs)
     assert after[0] == ("completed", 0) and {restarts for _, restarts in after[1:]} == {1}
     # and the folder as a whole cancels them again
     time.sleep(0.5)
-    assert cli(tmp_path, "cancel", str(parent), timeout=180).returncode == 0
+    assert cli(tmp_path, "cancel", str(parent)).returncode == 0
     wait_for(lambda: counts(summary().splitlines()[0]) == {"cancelled": POINTS - 1, "completed": 1}, 120,
              "the resumed runs cancelled")
 
@@ -168,6 +168,6 @@ def test_a_local_submit_killed_at_any_moment_leaves_no_run_pending_without_a_pro
     if not supervised:  # nothing has them: each says why
         assert "its submission ended before it handed the run over" in shown.stdout or len(runs) > LISTED
         return
-    assert cli(tmp_path, "cancel", str(parent), timeout=180).returncode == 0  # the (detached) supervisor goes on
+    assert cli(tmp_path, "cancel", str(parent)).returncode == 0  # the (detached) supervisor goes on
     wait_for(lambda: not {"pending", "running"} & set(counts(cli(tmp_path, "status", str(parent)).stdout
                                                                 .splitlines()[0])), 120, "every run ended")

@@ -15,9 +15,9 @@ from clusterjob.report import build as report
 from clusterjob.report.build import ReportOptions
 from clusterjob.report.results import ResultsWarning
 
-GROUP_CSV = ["train.lr", "n", "val_acc_mean", "val_acc_std", "best_val_acc_mean", "best_val_acc_std",
+GROUP_CSV = ["train.lr", "n", "val_acc_pct_mean", "val_acc_pct_std", "best_val_acc_pct_mean", "best_val_acc_pct_std",
              "val_loss_mean", "val_loss_std", "wall_time_s_mean", "wall_time_s_std", "completed", "counted"]
-RUNS_CSV = ["run_id", "status", "train.lr", "train.seed", "epochs", "val_acc", "best_val_acc",
+RUNS_CSV = ["run_id", "status", "train.lr", "train.seed", "epochs", "val_acc_pct", "best_val_acc_pct",
             "val_loss", "wall_time_s", "samples_per_s", "planned_epochs", "error"]
 
 
@@ -84,11 +84,11 @@ def test_markdown_fits_narrow_terminals(tmp_path):
 def test_csv_columns_exact_and_values(exp):
     frame = pd.read_csv(io.StringIO(quiet(exp, fmt="csv")))
     assert list(frame.columns) == GROUP_CSV
-    assert frame["val_acc_mean"].tolist() == pytest.approx([0.82, 0.74])
+    assert frame["val_acc_pct_mean"].tolist() == [82.0, 74.0]  # in %, as the md table shows it
     runs = pd.read_csv(io.StringIO(quiet(exp, fmt="csv", runs=True)))
     assert list(runs.columns) == RUNS_CSV
-    assert runs["val_acc"].tolist() == pytest.approx(sorted(FINAL[0.05]) + FINAL[0.1])  # ordered by lr, seed
-    assert runs["best_val_acc"].tolist() == pytest.approx([a + 0.01 for a in FINAL[0.05] + FINAL[0.1]])
+    assert runs["val_acc_pct"].tolist() == pytest.approx([100 * a for a in sorted(FINAL[0.05]) + FINAL[0.1]])
+    assert runs["best_val_acc_pct"].tolist() == pytest.approx([100 * a + 1 for a in FINAL[0.05] + FINAL[0.1]])
     assert runs["status"].tolist() == ["completed"] * 6 and runs["epochs"].tolist() == [3] * 6
     assert runs["planned_epochs"].tolist() == [3] * 6 and runs["error"].isna().all()
 
@@ -97,7 +97,8 @@ def test_json_parses(exp):
     data = json.loads(quiet(exp, fmt="json"))
     assert data["best"] == {"train.lr": 0.1} and data["group_by"] == ["train.lr"]
     assert data["status_counts"] == {"completed": 6} and data["warnings"] == []
-    assert data["groups"][0]["val_acc_std"] == pytest.approx(0.02)
+    assert data["groups"][0]["val_acc_pct_std"] == pytest.approx(2.0)
+    assert data["units"]["val_acc_pct_mean"] == "%" and data["units"]["wall_time_s_mean"] == "s"
     assert set(data["groups"][0]) == set(GROUP_CSV)
     runs = json.loads(quiet(exp, fmt="json", runs=True))["runs"]
     assert len(runs) == 6 and set(runs[0]) == set(RUNS_CSV)

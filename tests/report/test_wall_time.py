@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 import pytest
-from clirun import cli
+from clirun import WAIT_S, cli
 from owncode import Project
 from test_failed_runs import Page
 from test_results import epoch_line, write_run
@@ -64,7 +64,7 @@ def test_without_a_known_end_a_running_run_shows_its_epochs_time(tmp_path):
 SLEEPS = "import time, clusterjob\nfor step in range(1, 13):\n    time.sleep(0.25)\n    clusterjob.log(step=step, score=step)\n"
 
 
-def wait_for(predicate, timeout: float = 120) -> None:
+def wait_for(predicate, timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"

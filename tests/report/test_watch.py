@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import cli, start
+from clirun import WAIT_S, cli, start, wait_for
+
+HEAD = "clusterjob report --watch results/exp"  # the first line of each frame
 
 
 def a_run(exp: Path, run_id: str, status: str) -> Path:
@@ -31,9 +33,9 @@ def test_it_draws_once_and_ends_when_every_run_has_ended_writing_nothing(tmp_pat
     a_run(tmp_path / "results" / "exp", "r1", "completed")
     a_run(tmp_path / "results" / "exp", "r2", "failed")
     before = tree(tmp_path)
-    done = cli(tmp_path, "report", "--watch", "results/exp", timeout=120)
+    done = cli(tmp_path, "report", "--watch", "results/exp")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("clusterjob report --watch results/exp") == 1 and "(every run has ended)" in done.stdout
+    assert done.stdout.count(HEAD) == 1 and "(every run has ended)" in done.stdout
     assert "2 runs: 1 completed, 1 failed" in done.stdout and "\x1b[" not in done.stdout  # no screen codes in a pipe
     assert tree(tmp_path) == before  # no cache, no lock, nothing
 
@@ -41,21 +43,24 @@ def test_it_draws_once_and_ends_when_every_run_has_ended_writing_nothing(tmp_pat
 def test_it_redraws_a_running_run_and_ctrl_c_leaves_at_once(tmp_path):
     run = a_run(tmp_path / "results" / "exp", "r1", "running")
     before = tree(tmp_path)
-    proc = start(tmp_path, "report", "--watch", "results/exp", "--interval", "0.2")
+    drawn = tmp_path.parent / f"{tmp_path.name}.out"  # outside the tree it must leave as it was
+    with drawn.open("w") as out:
+        proc = start(tmp_path, "report", "--watch", "results/exp", "--interval", "0.2", stdout=out)
     try:
-        time.sleep(3)  # a few frames
+        wait_for(lambda: drawn.read_text().count(HEAD) >= 3, "a few frames")
         with (run / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"epoch": 3, "val_acc": 0.3}) + "\n")
-        time.sleep(1.5)
+        wait_for(lambda: any("30.00" in shown for shown in drawn.read_text().split(HEAD)[1:-1]),
+                 "a whole frame with the new epoch")
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
-        out, err = proc.communicate(timeout=10)
-        assert time.monotonic() - sent < 5  # at once: well before the next frame's work ends, even on a loaded machine
+        _, err = proc.communicate(timeout=WAIT_S)
+        assert time.monotonic() - sent < 30  # at once: not a frame's wait, nor the next frame's work, later
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    frames = out.split("clusterjob report --watch results/exp")
+    frames = drawn.read_text().split(HEAD)
     assert len(frames) > 3 and "every 0.2 s; Ctrl-C leaves" in frames[1]
     assert "30.00" in frames[-1] and "30.00" not in frames[1]  # the later frames show the new epoch
     (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "val_acc": e / 10}) + "\n" for e in (1, 2)))
@@ -69,5 +74,5 @@ def test_it_redraws_a_running_run_and_ctrl_c_leaves_at_once(tmp_path):
 ])
 def test_what_makes_no_sense_while_watching_is_bad_input(tmp_path, argv, error):
     a_run(tmp_path / "results" / "exp", "r1", "running")
-    done = cli(tmp_path, "report", "--watch", "results/exp", *argv, timeout=120)
+    done = cli(tmp_path, "report", "--watch", "results/exp", *argv)
     assert done.returncode == 2 and error in done.stderr and not (tmp_path / "r.md").exists()

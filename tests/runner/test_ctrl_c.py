@@ -19,7 +19,7 @@ from pathlib import Path
 import clirun
 import pytest
 import yaml
-from clirun import REPO, base_env
+from clirun import REPO, WAIT_S, base_env
 from slurmcluster import wait_for
 
 pytestmark = pytest.mark.slow
@@ -53,15 +53,15 @@ def only_run(folder: Path, name: str) -> Path:
 def test_ctrl_c_reaches_a_plain_script_as_keyboard_interrupt(tmp_path, mode, sig):
     # the grace is what the ignoring script is killed after; the others stop by themselves,
     # for which a loaded machine may need more than 3 s (a rank killed at 3 s never prints)
-    spec = spec_file(tmp_path, "wlm", mode, grace_s=3 if mode == "ignore" else 30)
+    spec = spec_file(tmp_path, "wlm", mode, grace_s=3 if mode == "ignore" else 120)
     # its own session, as a shell runs a foreground job: the test signals its group as a terminal would
     proc = clirun.start(tmp_path, "submit", str(spec), "--executor", "local", "--wait", env=base_env(),
                         start_new_session=True)
     try:
-        wait_for(lambda: epochs_logged(only_run(tmp_path, "wlm")) >= 2, 120, "two epochs")
+        wait_for(lambda: epochs_logged(only_run(tmp_path, "wlm")) >= 2, WAIT_S, "two epochs")
         os.killpg(proc.pid, sig)
         sent = time.time()
-        out, err = proc.communicate(timeout=90)
+        out, err = proc.communicate(timeout=WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -82,11 +82,11 @@ def test_ctrl_c_reaches_a_plain_script_as_keyboard_interrupt(tmp_path, mode, sig
     if mode == "ignore":
         assert all("ignoring Ctrl-C" in log for log in logs.values()) and tested == []
         assert "did not stop within entrypoint.stop_grace_s=3 s" in (run / "logs" / "rank0.err").read_text()
-        assert 2.5 < took < 30, took
+        assert 2.5 < took < 60, took  # the grace, then the kill
         return
     errs = {rank: (run / "logs" / f"rank{rank}.err").read_text()[-3000:] for rank in (0, 1)}
     assert all("Exiting from training early" in log for log in logs.values()), (logs, errs, took)
-    assert not list((run / "logs").glob("rank*.error.json")) and took < 20
+    assert not list((run / "logs").glob("rank*.error.json")) and took < 90  # by itself, before the kill at 120 s
     if mode == "exit0":
         assert tested == [] and "End of training" not in logs[0]
         return

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import base_env, cli, start
+from clirun import WAIT_S, base_env, cli, start
 from trainutil import free_port, write_spec
 
 from clusterjob.core import procs, sweep
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 LONG = dict(train={"epochs": 40, "batch_size": 8, "log_every": 2}, data={"limit_train": 1024, "limit_val": 64})
 
 
-def wait_for(predicate, timeout: float = 120, what: str = "") -> None:
+def wait_for(predicate, timeout: float = WAIT_S, what: str = "") -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
@@ -67,7 +67,7 @@ def test_a_signal_to_submit_wait_stops_the_ranks_and_ends_the_run(tmp_path, sig,
     refs = rank_refs(run)
     assert len(refs) == 2 and not any(procs.check(r) for r in refs)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == code, out + err
     assert info(run)["status"] == "cancelled"  # the user's stop, after every rank checkpointed
     assert any((run / "checkpoints").glob("epoch-*.pt"))
@@ -78,7 +78,7 @@ def test_a_signal_to_submit_wait_stops_the_ranks_and_ends_the_run(tmp_path, sig,
 def test_a_killed_detached_supervisor_takes_its_ranks_with_it(tmp_path):
     spec = write_spec(tmp_path, "orphan", resources={"tasks_per_node": 2, "cpus_per_task": 1}, **LONG)
     done = submit(tmp_path, spec)
-    out, err = done.communicate(timeout=60)
+    out, err = done.communicate(timeout=WAIT_S)
     assert done.returncode == 0, err
     run = only_run(tmp_path, "orphan")
     launcher = sweep.resolved(run, sweep.read_record(run)[0]).launcher  # the supervisor, as status finds it
@@ -86,7 +86,7 @@ def test_a_killed_detached_supervisor_takes_its_ranks_with_it(tmp_path):
     wait_for(lambda: progressed(tmp_path / "results" / "orphan"), what="a progress line")
     refs = rank_refs(run)
     os.kill(launcher.pid, signal.SIGKILL)
-    wait_for(lambda: all_gone(refs), timeout=60, what="the ranks to stop")
+    wait_for(lambda: all_gone(refs), what="the ranks to stop")
     assert info(run)["status"] == "preempted"  # they got SIGTERM, checkpointed, and said so
 
 
@@ -97,7 +97,7 @@ def test_a_rank_killed_by_a_signal_is_named_as_the_cause(tmp_path):
     run = only_run(tmp_path, "kill")
     refs = rank_refs(run)
     os.kill(refs[1].pid, signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 1
     error = info(run)["error"]
     assert info(run)["status"] == "failed" and error["rank"] == 1
@@ -110,16 +110,18 @@ def test_a_second_ctrl_c_does_not_wait_for_the_checkpoint(tmp_path):
     spec = write_spec(tmp_path, "twice", resources={"tasks_per_node": 2, "cpus_per_task": 1},
                       model={"arch": "convnet"}, train={"epochs": 40, "batch_size": 8, "log_every": 10_000},
                       data={"limit_train": 8192})
-    proc = submit(tmp_path, spec, "--wait")
+    said = tmp_path.parent / f"{tmp_path.name}.err"  # submit's stderr, read while it runs
+    with said.open("w") as err:
+        proc = submit(tmp_path, spec, "--wait", stderr=err)
     wait_for(lambda: any(only_run(tmp_path, "twice").glob("logs/rank1.proc.json"))
              if (tmp_path / "results" / "twice").exists() else False, what="the ranks")
-    time.sleep(2)
+    wait_for(lambda: info(only_run(tmp_path, "twice")).get("status") == "running", what="the ranks to train")
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    wait_for(lambda: "Ctrl-C again to kill them now" in said.read_text(), what="the first Ctrl-C to be taken")
     proc.send_signal(signal.SIGINT)
     started = time.time()
-    proc.communicate(timeout=60)
-    assert time.time() - started < 20 and proc.returncode == 130
+    proc.communicate(timeout=WAIT_S)
+    assert time.time() - started < 30 and proc.returncode == 130  # the ranks killed, not left to end their epoch
     run = only_run(tmp_path, "twice")
     assert info(run)["status"] == "cancelled" and all_gone(rank_refs(run))
 
@@ -134,9 +136,9 @@ def test_cancel_stops_a_run_started_by_hand(tmp_path):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: (run / "logs" / "rank0.proc.json").exists() and info(run)["status"] == "running",
              what="the run to start")
-    done = cli(tmp_path, "cancel", str(run), timeout=60)
+    done = cli(tmp_path, "cancel", str(run))
     assert done.returncode == 0 and "rank 0: sent SIGTERM" in done.stdout, done.stdout + done.stderr
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 0, out
     assert info(run)["status"] == "cancelled"
 
@@ -152,7 +154,7 @@ def test_rank_zero_stops_when_run_json_says_cancelled(tmp_path):
     from clusterjob.core.rundir import RunDir
 
     RunDir(run).update(status="cancelled")  # as `clusterjob cancel` on another host would
-    assert proc.wait(timeout=120) == 0, log.read_text()
+    assert proc.wait(timeout=WAIT_S) == 0, log.read_text()
     assert "stopped (cancelled)" in log.read_text()
     assert info(run)["status"] == "cancelled" and any((run / "checkpoints").glob("epoch-*.pt"))
 
@@ -160,7 +162,7 @@ def test_rank_zero_stops_when_run_json_says_cancelled(tmp_path):
 def _hand_run(tmp_path: Path, spec: Path, run: Path) -> subprocess.CompletedProcess:
     env = {**base_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     return subprocess.run([sys.executable, "-m", "clusterjob.run", str(spec), "--run-dir", str(run)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=WAIT_S)
 
 
 def test_a_run_whose_every_checkpoint_is_corrupt_logs_each_epoch_once(tmp_path):

@@ -84,7 +84,7 @@ def stopped(folder, script: str) -> tuple:
     """The run of ``script`` (stall_s 5, on_stall stop) once ``submit --wait`` returned:
     its folder and its error's message; nothing of it is left running."""
     project(folder, script, health={"stall_s": 5, "on_stall": "stop"})
-    done = cli(folder, "submit", "h.yaml", "--executor", "local", "--wait", timeout=120)
+    done = cli(folder, "submit", "h.yaml", "--executor", "local", "--wait")
     run = the_run(folder)
     got = info(run)
     assert done.returncode == 1 and got["status"] == "failed", done.stdout + done.stderr

@@ -3,12 +3,14 @@ a second, the sampler's view of a collective, the NCCL flight recorder's variabl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-import time
+from typing import Iterator
 
 import pytest
+from clirun import wait_for
 
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import health
@@ -41,28 +43,36 @@ def test_a_beat_outside_a_run_does_nothing(monkeypatch):
     clusterjob.heartbeat()
 
 
-def _sleeping_in(path: str, seconds: float) -> threading.Thread:
-    """A started thread asleep for ``seconds`` in a function whose code says it is in
-    ``path`` (a file of torch's, as the sampler reads frames)."""
+@contextlib.contextmanager
+def _sleeping_in(path: str) -> Iterator[threading.Thread]:
+    """A started thread asleep (blocked reading a pipe, in C) in a function whose code says
+    it is in ``path`` (a file of torch's, as the sampler reads frames), until the block ends."""
     space: dict = {}
-    exec(compile(f"import time\ndef wait(started):\n    started.set()\n    time.sleep({seconds})\n", path, "exec"),
-         space)
-    started = threading.Event()
-    thread = threading.Thread(target=space["wait"], args=(started,))
+    exec(compile("import os\ndef wait(fd):\n    os.read(fd, 1)\n", path, "exec"), space)
+    wake, woken = os.pipe()
+    thread = threading.Thread(target=space["wait"], args=(wake,))
     thread.start()
-    started.wait()
-    return thread
+    try:
+        wait_for(lambda: health._asleep(thread.native_id) and _innermost(thread).f_code.co_filename == path,
+                 "the thread asleep in its wait")
+        yield thread
+    finally:
+        os.write(woken, b"x")
+        thread.join()
+        os.close(wake)
+        os.close(woken)
+
+
+def _innermost(thread: threading.Thread):
+    return sys._current_frames()[thread.ident]
 
 
 def test_the_sampler_counts_a_main_thread_inside_torch_distributed_only():
-    thread = _sleeping_in(f"/env/torch{os.sep}distributed{os.sep}c10d.py", 0.5)
-    frames = sys._current_frames()
-    try:
+    with _sleeping_in(f"/env/torch{os.sep}distributed{os.sep}c10d.py") as thread:
+        frames = sys._current_frames()
         assert health._in_collective(frames[thread.ident]) is True
         assert health._in_collective(frames[threading.get_ident()]) is False
         assert health._in_collective(None) is False
-    finally:
-        thread.join()
 
 
 def test_the_nccl_flight_recorder_goes_to_the_run_unless_set(tmp_path):
@@ -108,17 +118,11 @@ def test_a_wait_clock_adds_what_is_still_on_a_device_when_read():
 
 
 def test_the_sampler_counts_a_backward_only_while_its_thread_sleeps():
-    thread = _sleeping_in(f"/env/torch{os.sep}autograd{os.sep}graph.py", 1.5)
-    try:
-        frame = sys._current_frames()[thread.ident]
-        deadline = time.monotonic() + 5
-        while not health._asleep(thread.native_id) and time.monotonic() < deadline:
-            time.sleep(0.01)  # into its wait
+    with _sleeping_in(f"/env/torch{os.sep}autograd{os.sep}graph.py") as thread:
+        frame = _innermost(thread)
         assert health._waiting(frame, thread.native_id) is True  # DDP's wait for its all-reduce, in C++
         assert health._waiting(frame, threading.get_native_id()) is False  # running: computing its gradients
         assert health._waiting(sys._current_frames()[threading.get_ident()], thread.native_id) is False
-    finally:
-        thread.join()
 
 
 def test_only_an_error_out_of_torch_distributed_is_blamed_on_a_rank_that_ended_first():

@@ -8,13 +8,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from clirun import REPO, base_env, cli, start
+from clirun import REPO, WAIT_S, base_env, cli, start, wait_for
 from datafiles import write_mnist
 
 pytestmark = pytest.mark.slow
@@ -75,11 +74,10 @@ def test_the_api_example_stops_resumes_and_ends_with_the_uninterrupted_weights(m
     parts = own_spec(mnist_dir, "parts", entry, params={"epochs": 3, "lr": 0.05})
     assert submit(mnist_dir, whole).returncode == 0
     proc = start(mnist_dir, "submit", str(parts), "--executor", "local", "--wait")
-    deadline = time.time() + 120
-    while not list((mnist_dir / "results" / "parts").glob("*/metrics.jsonl")) and time.time() < deadline:
-        time.sleep(0.05)  # an epoch is logged: the stop comes in epoch 2
+    # an epoch is logged: the stop comes in epoch 2
+    wait_for(lambda: list((mnist_dir / "results" / "parts").glob("*/metrics.jsonl")), "an epoch's metrics")
     proc.send_signal(signal.SIGINT)  # the supervisor sends its ranks SIGTERM: should_stop() says so
-    proc.communicate(timeout=120)
+    proc.communicate(timeout=WAIT_S)
     (run,) = runs_of(mnist_dir, "parts")
     assert json.loads((run / "run.json").read_text())["status"] == "cancelled"  # the user's stop; resumable
     assert any((run / "checkpoints").glob("step-*.pt"))
@@ -155,13 +153,11 @@ def test_snapshot_runs_the_code_as_submitted(tmp_path):
     subprocess.run(["git", "add", "train.py"], cwd=tmp_path, check=True)
     spec = own_spec(tmp_path, "snap", {"script": "train.py", "snapshot": True},
                     resources={"tasks_per_node": 1, "cpus_per_task": 1})
-    done = cli(tmp_path, "submit", str(spec), "--executor", "local", timeout=60)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local")
     assert done.returncode == 0, done.stderr
     (tmp_path / "train.py").write_text("import clusterjob\nclusterjob.log(step=1, version=2.0)\n")  # edited after
     (run,) = runs_of(tmp_path, "snap")
-    deadline = time.time() + 60
-    while json.loads((run / "run.json").read_text())["status"] in ("pending", "running") and time.time() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: json.loads((run / "run.json").read_text())["status"] not in ("pending", "running"), "the run to end")
     assert lines(run) == [{"step": 1, "version": 1.0}]
     assert yaml.safe_load((run / "spec.yaml").read_text())["entrypoint"]["script"] == str(run / "code" / "train.py")
 
@@ -191,7 +187,7 @@ def test_bad_entrypoint_specs_exit_2_with_one_line_and_write_nothing(tmp_path, e
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"name": "bad", "entrypoint": entrypoint, **extra}))
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    done = cli(tmp_path, "submit", str(spec), "--executor", "local", timeout=60)
+    done = cli(tmp_path, "submit", str(spec), "--executor", "local")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -70,7 +70,7 @@ def test_a_regex_with_a_step_group_and_one_line_of_several_metrics(tmp_path):
 
 WAIT_FOR_STEP = """
 import json, os, pathlib, time
-def logged(name, step, wait=20):
+def logged(name, step, wait=300):
     path = pathlib.Path(os.environ["CLUSTERJOB_RUN_DIR"]) / "metrics.jsonl"
     deadline = time.time() + wait
     while True:

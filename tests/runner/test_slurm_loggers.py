@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clirun import WAIT_S
 from loggerread import as_float32, jsonl_series, mlflow_series, tensorboard_series, wandb_series
 from slurmcluster import rank0_log, submit, wait_for
 from trainutil import run_info, write_spec
@@ -31,9 +32,9 @@ def diagnosis(run: Path) -> str:
 
 
 def usr2_then_finish(cluster, run: Path, started: str) -> None:
-    wait_for(lambda: started in rank0_log(run), 180, "training to start")
+    wait_for(lambda: started in rank0_log(run), WAIT_S, "training to start")
     subprocess.run(["scancel", "--signal=USR2", run_info(run)["slurm_job_id"]], check=True, env=cluster.env())
-    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), 300, "the run to end")
+    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), WAIT_S, "the run to end")
     info = run_info(run)
     assert info["status"] == "completed" and info["requeues"] == 1, diagnosis(run)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from clirun import REPO, cli
+from clirun import REPO, WAIT_S, cli
 from datafiles import write_mnist
 from slurmcluster import job_of, rank0_log, submit, wait_for
 
@@ -82,11 +82,11 @@ def test_usr2_preempts_the_api_example_requeues_its_task_only_and_loses_nothing(
     spec = _api_spec(mnist_dir, "preempt", sweep={"params.seed": [0, 1]})
     first, second = submit(slurm_cluster, spec)
     job = job_of(first)
-    wait_for(lambda: (first / "metrics.jsonl").exists(), 180, "the first epoch")
+    wait_for(lambda: (first / "metrics.jsonl").exists(), WAIT_S, "the first epoch")
     subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm_cluster.env())
-    wait_for(lambda: info(first).get("status") == "preempted", 60, "the preempted record")
+    wait_for(lambda: info(first).get("status") == "preempted", WAIT_S, "the preempted record")
     for run in (first, second):
-        wait_for(lambda run=run: info(run).get("status") in ("completed", "failed", "cancelled"), 300, "the tasks to end")
+        wait_for(lambda run=run: info(run).get("status") in ("completed", "failed", "cancelled"), WAIT_S, "the tasks to end")
         assert info(run)["status"] == "completed", diagnosis(run)
     assert info(first)["requeues"] == 1 and info(second)["requeues"] == 0  # the task, not the array
     steps = [r["step"] for r in lines(first)]
@@ -105,10 +105,10 @@ def test_usr2_requeues_a_plain_script_which_restarts_from_its_own_checkpoint(slu
                                                                          "--ckpt", "{run_dir}/ckpt.pt"]})
     (run,) = submit(slurm_cluster, spec)
     job = job_of(run)
-    wait_for(lambda: "iter 10:" in rank0_log(run), 180, "ten steps")
+    wait_for(lambda: "iter 10:" in rank0_log(run), WAIT_S, "ten steps")
     subprocess.run(["scancel", "--signal=USR2", job], check=True, env=slurm_cluster.env())
-    wait_for(lambda: info(run).get("requeues") == 1, 60, "the requeue")
-    wait_for(lambda: info(run).get("status") in ("completed", "failed", "cancelled"), 300, "the run to end")
+    wait_for(lambda: info(run).get("requeues") == 1, WAIT_S, "the requeue")
+    wait_for(lambda: info(run).get("status") in ("completed", "failed", "cancelled"), WAIT_S, "the run to end")
     assert info(run)["status"] == "completed", diagnosis(run)
     starts = [int(x.split("at step ")[1].split()[0]) for x in rank0_log(run).splitlines() if x.startswith("starting at")]
     assert starts[-1] >= 10, diagnosis(run)  # the second start went on from the script's own checkpoint
@@ -118,7 +118,7 @@ def test_cancel_marks_a_plain_script_cancelled_once_its_job_left_the_queue(slurm
     spec = own_spec(mnist_dir, "plain-cancel", {"script": PLAIN, "args": ["--ckpt", "{run_dir}/ckpt.pt"]})
     (run,) = submit(slurm_cluster, spec)
     job = job_of(run)
-    wait_for(lambda: "iter 3:" in rank0_log(run), 180, "training")
+    wait_for(lambda: "iter 3:" in rank0_log(run), WAIT_S, "training")
     done = cli(mnist_dir, "cancel", str(run), timeout=120, env=slurm_cluster.env())
     assert done.returncode == 0 and f"cancelled Slurm job {job}" in done.stdout, done.stdout + done.stderr
     assert not squeue(slurm_cluster, job)  # the job is gone before the run says cancelled
@@ -141,7 +141,7 @@ def test_a_params_sweep_is_one_array_and_the_report_groups_by_lr(slurm_cluster, 
     report = cli(tmp_path, "report", str(tmp_path / "results" / "sweep"), "--format", "csv", env=slurm_cluster.env())
     assert report.returncode == 0, report.stderr
     header, *rows = [line.split(",") for line in report.stdout.strip().splitlines()]
-    assert header[:3] == ["params.lr", "n", "val_acc_mean"] and "params.seed" not in header
+    assert header[:3] == ["params.lr", "n", "val_acc_pct_mean"] and "params.seed" not in header  # in %
     table = {float(r[0]): (int(r[1]), float(r[2]), float(r[3])) for r in rows}
-    assert table[0.2][:2] == (3, pytest.approx(0.71)) and table[0.1][:2] == (3, pytest.approx(0.61))
-    assert table[0.1][2] == pytest.approx(0.01)  # std over the seeds
+    assert table[0.2][:2] == (3, pytest.approx(71.0)) and table[0.1][:2] == (3, pytest.approx(61.0))
+    assert table[0.1][2] == pytest.approx(1.0)  # std over the seeds

@@ -10,7 +10,7 @@ import json
 import re
 
 import pytest
-from clirun import cli
+from clirun import WAIT_S, cli
 from healthutil import assert_nothing_left, processes_of
 from slurmcluster import submit, wait_for
 from trainutil import run_info
@@ -75,8 +75,8 @@ def test_a_stalled_job_is_retried_off_the_culprits_node_and_completes(slurm_clus
     assert " in all_reduce" in (folder / "rank0.txt").read_text()
 
     wait_for(lambda: "starts at step 2" in (run / "logs" / "rank0.out").read_text(errors="replace")
-             and len(run_info(run).get("sessions", [])) == 2, 180, "the retry from the checkpoint")
-    wait_for(lambda: json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]).get("step") == 3, 60, "step 3")
+             and len(run_info(run).get("sessions", [])) == 2, WAIT_S, "the retry from the checkpoint")
+    wait_for(lambda: json.loads((run / "metrics.jsonl").read_text().splitlines()[-1]).get("step") == 3, WAIT_S, "step 3")
     stacks = cli(tmp_path, "stack", str(run), env=slurm_cluster.env())  # on other nodes than this one: through srun
     assert stacks.returncode == 0, stacks.stdout + stacks.stderr
     rank0, rank1 = stacks.stdout.split("==> rank 1 on ")
@@ -85,7 +85,7 @@ def test_a_stalled_job_is_retried_off_the_culprits_node_and_completes(slurm_clus
     assert waiting.search(rank1) and not rank1.startswith(node), rank1
     (run / "go").touch()
 
-    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), 120, "the run's end")
+    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled"), WAIT_S, "the run's end")
     info = run_info(run)
     assert (info["status"], info["retries"], info["slurm_job_id"]) == ("completed", 1, job)
     (attempt,) = info["attempts"]
@@ -93,5 +93,5 @@ def test_a_stalled_job_is_retried_off_the_culprits_node_and_completes(slurm_clus
     assert node not in info["hosts"]  # the retry never ran on the excluded node
     steps = [json.loads(text)["step"] for text in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]  # from the checkpoint of step 2, each step once
-    wait_for(lambda: not processes_of(run), 60, "the job's processes to end")
+    wait_for(lambda: not processes_of(run), WAIT_S, "the job's processes to end")
     assert_nothing_left(run)

@@ -1,11 +1,13 @@
-"""Reading a stall's stacks (clusterjob.runner.stacks): faulthandler's dumps parsed, where
-each main thread is, and the culprit named in one line."""
+"""Reading a stall's stacks (clusterjob.runner.stacks): faulthandler's dumps (and py-spy's,
+written as faulthandler writes them) parsed, where each main thread is, the culprit named
+in one line (a stopped rank first, its state named), and a dump shown main thread first."""
 
 from __future__ import annotations
 
+import json
 import os
 
-from clusterjob.core import stackdump
+from clusterjob.core import pyspy, stackdump
 from clusterjob.runner import stacks
 from clusterjob.runner.stacks import RankDump
 
@@ -142,3 +144,61 @@ def test_a_ranks_place_comes_from_its_own_dump_not_its_childrens(tmp_path):
     worker = f"{stackdump.CHILD_MARK}4243 of rank 1 (a DataLoader worker, say)\n" + dump(("/p/train.py", 13, "__getitem__"))
     found = RankDump(1, "n2", dump(("/p/train.py", 19, "<module>")) + worker)
     assert found.where().frame == stacks.Frame("/p/train.py", 19, "<module>")
+
+
+def stopped(text: str = "") -> str:
+    """A rank's stacks as the watcher writes them when py-spy read them from its stopped process."""
+    return (f"# rank 1 on n2, pid 7, main thread 0x{MAIN:016x}; its last progress 30 s before this dump\n"
+            f"{stackdump.STATE_MARK}stopped (T)\n# read from outside by py-spy dump --nonblocking: rank 1 (pid 7) is "
+            f"stopped (T)\n{text}")
+
+
+def test_a_stopped_rank_is_the_culprit_wherever_it_stopped_and_its_state_is_named(tmp_path):
+    script = str(tmp_path / "train.py")
+    (tmp_path / "train.py").write_text("\n" * 39 + "time.sleep(3600)\n")
+    waiting = RankDump(0, "n1", all_reduce_at(script, 41), age_s=5)
+    outside = RankDump(2, "n3", dump((script, 40, "<module>")), age_s=50)
+    in_collective = RankDump(1, "n2", stopped(all_reduce_at(script, 41)), age_s=1)
+    assert stacks.culprit([waiting, in_collective, outside]).line == (
+        "rank 1 on n2: stopped (T), in all_reduce; rank 0 in all_reduce; rank 2 time.sleep at train.py:40")
+    asleep = RankDump(1, "n2", stopped(dump((script, 40, "<module>"))), age_s=1)
+    assert stacks.culprit([waiting, asleep]).line == "rank 1 on n2: stopped (T), time.sleep at train.py:40; " \
+                                                     "rank 0 in all_reduce"
+    no_py_spy = RankDump(1, "n2", stopped("# no stacks: py-spy is not installed\n"))
+    assert stacks.culprit([waiting, no_py_spy]).line == "rank 1 on n2: stopped (T), no stacks; rank 0 in all_reduce"
+    assert stacks.culprit([outside, no_py_spy]).line == (
+        "rank 1 on n2: stopped (T), no stacks; rank 2 time.sleep at train.py:40")
+    assert stacks.culprit([asleep, RankDump(0, "n1", stopped(all_reduce_at(script, 41)))]).line == (
+        "rank 1 on n2: stopped (T), time.sleep at train.py:40; rank 0 stopped (T), in all_reduce")
+
+
+def test_a_childs_state_is_not_its_ranks():
+    child = f"{stackdump.CHILD_MARK}4243 of rank 1 (a DataLoader worker, say)\n{stackdump.STATE_MARK}stopped (T)\n"
+    assert RankDump(1, "n2", dump(("/p/train.py", 19, "<module>")) + child).state == ""
+    assert RankDump(1, "n2", stopped(dump(("/p/train.py", 19, "<module>"))) + child).state == "stopped (T)"
+
+
+def test_stack_shows_the_main_thread_first():
+    helper = "Thread 0x00007f8edeffd6c0 (most recent call first):\n  File \"/p/t.py\", line 1 in wait\n"
+    main = f"Thread 0x{MAIN:016x} (most recent call first):\n  File \"/p/t.py\", line 9 in <module>\n"
+    current = "Current thread 0x00007f8edeffd6c1 (most recent call first):\n  File \"/p/t.py\", line 5 in run\n"
+    text = f"# read from outside\n{helper}\n{current}\n{main}"
+    assert stackdump.main_first(text, MAIN) == f"# read from outside\n{main}\n{helper}\n{current}"
+    assert stackdump.main_first(text, None) == f"# read from outside\n{current}\n{helper}\n{main}"  # the signalled one
+    assert stackdump.main_first(f"{helper}\n{main}", 1) == f"{helper}\n{main}"  # unknown: as it was
+    assert stackdump.main_first(main, MAIN) == main and stackdump.main_first("", MAIN) == ""
+
+
+def test_py_spys_threads_read_as_faulthandler_writes_them():
+    raw = json.dumps([{"thread_id": 11, "thread_name": "worker", "frames": [
+        {"name": "Thread.run", "filename": "/usr/lib/python3.11/threading.py", "line": 982}]},
+        {"thread_id": MAIN, "thread_name": "MainThread", "frames": [
+            {"name": "<module>", "filename": "/p/train.py", "line": 40}]}])
+    text = pyspy.render(raw)
+    assert text == ('Thread 0x000000000000000b (most recent call first):\n'
+                    '  File "/usr/lib/python3.11/threading.py", line 982 in run\n\n'
+                    f'Thread 0x{MAIN:016x} (most recent call first):\n  File "/p/train.py", line 40 in <module>\n')
+    (worker, main) = stacks.parse(text)
+    assert stacks.main_thread([worker, main], MAIN).frames == (stacks.Frame("/p/train.py", 40, "<module>"),)
+    for bad in ("", "not json", "[]", '[{"thread_id": "x", "frames": []}]', '{"a": 1}', "[1]"):
+        assert pyspy.render(bad) is None, bad

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from clirun import REPO, base_env
+from clirun import REPO, WAIT_S, base_env
 
 PRELUDE = """
 import os, signal, sys, time
@@ -19,14 +19,19 @@ s = StopSignal().install()
 s.is_plain_script = lambda: True
 s.grace_s = 1.5
 s.before_kill = lambda: print("recording the stop", flush=True)
+print("ready at", time.monotonic(), flush=True)
 """
 
 
-def run(body: str, timeout: float = 30) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.time()
+def run(body: str) -> tuple[subprocess.CompletedProcess, float]:
+    """The script's outcome, and the seconds from its stop being armed (after the
+    interpreter's start and the imports, which a loaded machine slows) to its end."""
     done = subprocess.run([sys.executable, "-c", PRELUDE + body], cwd=REPO, env=base_env(), capture_output=True,
-                          text=True, timeout=timeout)
-    return done, time.time() - started
+                          text=True, timeout=WAIT_S)
+    ended = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
+    ready = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("ready at ")]
+    assert ready, (done.stdout, done.stderr)
+    return done, ended - ready[0]
 
 
 def test_sigterm_raises_stop_requested_in_the_main_thread():
@@ -38,7 +43,7 @@ def test_sigterm_raises_stop_requested_in_the_main_thread():
 def test_a_script_that_swallows_the_stop_is_killed_after_the_grace_period():
     done, took = run("sent = False\nwhile True:\n    try:\n        sent = sent or not os.kill(os.getpid(), signal.SIGTERM)\n"
                      "        time.sleep(0.1)\n    except BaseException:\n        pass\n")
-    assert done.returncode == -9 and 1.4 < took < 10
+    assert done.returncode == -9 and 1.4 < took < 60  # the grace period, then the kill (not the loop's end: none)
     assert "recording the stop" in done.stdout and "stop_grace_s=1.5 s" in done.stderr
 
 
@@ -46,8 +51,8 @@ def test_the_kill_comes_while_the_main_thread_is_stuck_in_c_code():
     # the main thread blocks the signal and sleeps in C: another thread takes it, and the
     # Python handler (main thread only) cannot run before the sleep returns
     done, took = run("import threading\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
-                     "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()\ntime.sleep(30)\n")
-    assert done.returncode == -9 and took < 10 and "recording the stop" in done.stdout
+                     "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()\ntime.sleep(300)\n")
+    assert done.returncode == -9 and took < 60 and "recording the stop" in done.stdout  # not at the sleep's end
 
 
 def test_a_forked_childs_sigterm_is_not_this_process_stop():
@@ -80,5 +85,5 @@ def test_a_stop_raised_inside_a_finalizer_is_raised_again_in_the_script(sig, cau
     # train on to the kill. The stop comes again at the script's next line.
     done, took = run(SWALLOWED.format(sig=sig, caught=caught))
     assert done.returncode == 0 and f"stopped by {caught}" in done.stdout, (done.stdout, done.stderr)
-    assert done.stdout.count(f"received {sig}") == 1 and took < 10
+    assert done.stdout.count(f"received {sig}") == 1 and took < 60
     assert "the stop was raised inside a finalizer, where Python drops it; raising it again" in done.stderr

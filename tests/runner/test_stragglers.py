@@ -11,6 +11,7 @@ import re
 import socket
 
 import pytest
+from clirun import WAIT_S
 from healthutil import assert_nothing_left, cli, info, log, project, start, the_run, wait_for
 from trainutil import write_spec
 
@@ -76,7 +77,7 @@ def rank_1_named_in_status(folder, script: str, steps: int):
     shown, truth = status_and_truth(folder, run)
     assert shown is not None and shown[:2] == (1, HOST), (shown, truth)
     assert abs(shown[2] / 100 - truth) <= 0.2 * truth, (shown, truth)
-    out, err = waiting.communicate(timeout=120)
+    out, err = waiting.communicate(timeout=WAIT_S)
     assert waiting.returncode == 0, out + err
     return run
 
@@ -133,10 +134,10 @@ def test_the_built_in_trainer_times_its_own_wait_for_the_slow_rank(tmp_path):
     waiting = start(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
     run = the_run(tmp_path, "t")
     wait_for(lambda: (run / "logs" / "rank0.health.json").exists()
-             and json.loads((run / "logs" / "rank0.health.json").read_text())["waits"]["total_s"] > 4, 120, "waits")
+             and json.loads((run / "logs" / "rank0.health.json").read_text())["waits"]["total_s"] > 4, WAIT_S, "waits")
     shown = slowest_in_status(tmp_path, run)
     assert shown is not None and shown[:2] == (1, HOST) and shown[2] >= 50
-    out, err = waiting.communicate(timeout=180)
+    out, err = waiting.communicate(timeout=WAIT_S)
     assert waiting.returncode == 0, out + err
     waits = json.loads((run / "logs" / "rank0.health.json").read_text())["waits"]
     steps = 6 * 256 // (16 * 2)  # epochs x batches per rank: rank 0 waits about 200 ms in each

@@ -61,15 +61,16 @@ def test_bare_numbers_and_booleans_become_their_yaml_text_and_quotes_keep_what_w
 
 @pytest.mark.parametrize("value, says", [
     (None, "null is no value; write '' for an empty variable"), ([1], "is a list"), ({"a": 1}, "is a mapping"),
-    (float("inf"), "not a finite number"), ("a\nb", "control character '\\n'"), ("x" * 10_001, "characters long"),
+    (float("inf"), "not a finite number"), ("a\x1bb", "control character '\\x1b'"), ("a\rb", "control character '\\r'"),
+    ("x" * 10_001, "characters long"),
 ])
-def test_a_value_that_is_not_one_line_of_text_is_one_line(value, says):
+def test_a_value_that_is_not_text_is_one_line(value, says):
     with pytest.raises(SpecError) as caught:
         spec_from_dict({"name": "x", "env": {"MY_VAR": value}})
     assert caught.value.key == "env.MY_VAR" and says in str(caught.value) and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("value", [SECRET + "\n", [SECRET], {"k": SECRET}, SECRET * 1000])
+@pytest.mark.parametrize("value", [SECRET + "\x1b", [SECRET], {"k": SECRET}, SECRET * 1000])
 def test_an_error_about_a_secrets_value_never_quotes_it(value):
     with pytest.raises(SpecError) as caught:
         spec_from_dict({"name": "x", "env": {"HF_TOKEN": value}})
@@ -153,3 +154,8 @@ def test_a_section_written_key_by_key_is_the_same_text_as_written_whole(value):
                           default_flow_style=False)
         assert composed in (None, whole), (composed, whole)
         assert schema._composed("train", data) == composed  # from the keys' texts kept the first time
+
+
+def test_a_value_may_span_lines_and_hold_tabs():
+    assert spec_from_dict({"name": "x", "env": {"KEY_PEM": "-----BEGIN-----\nabc\n-----END-----", "T": "a\tb"}}).env == \
+        {"KEY_PEM": "-----BEGIN-----\nabc\n-----END-----", "T": "a\tb"}

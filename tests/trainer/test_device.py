@@ -3,12 +3,12 @@
 
 import pytest
 
+from clusterjob.core import precision
 from clusterjob.core.env import cuda_index
 from clusterjob.core.errors import BadInput
 from clusterjob.spec.schema import spec_from_dict
 from clusterjob.trainer.device import (
     RankFacts,
-    amp_mode,
     check_unique_gpus,
     job_plan,
     plan_device,
@@ -26,9 +26,18 @@ def gpu_spec(gpus: int = 1, **sections):
 
 
 def test_cpu_plan_is_gloo_bf16_no_pinning_no_syncbn():
-    plan = plan_device(spec(), local_rank=1, local_world_size=2, world_size=4, cuda_count=0)
+    plan = plan_device(spec(), local_rank=1, local_world_size=2, world_size=4, cuda_count=0, cpu_bf16=True)
     assert (plan.device, plan.backend, plan.amp_dtype, plan.pin_memory, plan.sync_bn) == ("cpu", "gloo", "bfloat16", False, False)
     assert not plan.use_scaler and plan.amp_name == "bf16"
+    assert plan.amp_line == "amp auto -> bf16 (this CPU runs bf16 natively)"
+
+
+def test_amp_auto_on_a_cpu_without_native_bf16_is_off_and_says_why():
+    plan = plan_device(spec(), local_rank=0, local_world_size=2, world_size=2, cuda_count=0, cpu_bf16=False)
+    assert (plan.amp_dtype, plan.amp_name, plan.use_scaler) == (None, "off", False)
+    assert plan.amp_line == "amp auto -> off (this CPU has no native bf16)"
+    named = plan_device(spec(train={"amp": "bf16"}), 0, 1, 1, cuda_count=0, cpu_bf16=False)
+    assert (named.amp_name, named.amp_line) == ("bf16", "amp bf16")  # a named mode is kept, emulated or not
 
 
 def test_gpu_plan_before_ampere_is_nccl_fp16_with_scaler_on_local_rank():
@@ -41,14 +50,54 @@ def test_gpu_plan_before_ampere_is_nccl_fp16_with_scaler_on_local_rank():
 @pytest.mark.parametrize("capability, expected", [(70, "fp16"), (75, "fp16"), (80, "bf16"), (86, "bf16"),
                                                   (90, "bf16"), (None, "fp16")])
 def test_amp_auto_is_bf16_without_scaler_from_ampere_on(capability, expected):
-    assert amp_mode("auto", True, capability) == expected
+    assert precision.choose("auto", True, capability, cpu_bf16=False).mode == expected
     plan = plan_device(gpu_spec(), 0, 1, 1, cuda_count=1, capability=capability)
     assert plan.amp_name == expected and plan.use_scaler == (expected == "fp16")
 
 
 def test_amp_auto_on_cpu_and_explicit_modes():
-    assert amp_mode("auto", False, None) == "bf16"
-    assert [amp_mode(m, True, 90) for m in ("fp16", "bf16", "off")] == ["fp16", "bf16", "off"]
+    assert precision.choose("auto", False, None, cpu_bf16=True) == precision.AmpChoice("bf16", "this CPU runs bf16 natively")
+    assert precision.choose("auto", False, None, cpu_bf16=False) == precision.AmpChoice("off", "this CPU has no native bf16")
+    assert precision.choose("auto", True, 75, cpu_bf16=True).line() == \
+        "amp auto -> fp16 (compute capability 7.5 has no native bf16: fp16 with loss scaling)"
+    assert precision.choose("auto", True, 90, cpu_bf16=False).line() == \
+        "amp auto -> bf16 (GPUs of compute capability 9.0 run bf16 natively)"
+    assert [precision.choose(m, True, 90, False).mode for m in ("fp16", "bf16", "off")] == ["fp16", "bf16", "off"]
+    assert [precision.choose(m, False, None, False).mode for m in ("fp16", "bf16", "off")] == ["fp16", "bf16", "off"]
+
+
+X86_FLAGS = "fpu vme de pse tsc msr pae mce avx2 avx512f avx512bw"
+CPUINFO_CASES = [
+    (f"processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: {X86_FLAGS}\n", False),               # EPYC Zen 2/3
+    (f"processor\t: 0\nflags\t\t: {X86_FLAGS} avx512_bf16 avx512_vnni\n", True),                      # Zen 4, Cooper Lake
+    (f"processor\t: 0\nflags\t\t: {X86_FLAGS} amx_bf16 amx_tile amx_int8\n", True),                   # Sapphire Rapids
+    ("processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes sve bf16 i8mm\n", True),  # Graviton 3
+    ("processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1\n", False),                          # Graviton 2
+    ("processor\t: 0\nmodel name\t: avx512_bf16 in a name is no flag\n", False),
+    ("", False),
+]
+
+
+@pytest.mark.parametrize("text, native", CPUINFO_CASES)
+def test_native_cpu_bf16_is_read_from_the_cpu_flags(tmp_path, text, native):
+    info = tmp_path / "cpuinfo"
+    info.write_text(text)
+    assert precision.cpu_native_bf16(str(info)) is native
+
+
+def test_no_cpuinfo_means_no_native_bf16(tmp_path):
+    assert precision.cpu_native_bf16(str(tmp_path / "missing")) is False
+
+
+def test_amp_auto_on_a_cpu_job_is_off_when_one_node_lacks_native_bf16():
+    plan = plan_device(spec(), 0, 1, 2, cuda_count=0, cpu_bf16=True)
+    facts = [RankFacts("n1", "", 0, "gloo", True), RankFacts("n2", "", 0, "gloo", False)]
+    mixed = job_plan(plan, spec(), facts)
+    assert (mixed.amp_name, mixed.amp_line) == ("off", "amp auto -> off (the CPU of n2 has no native bf16)")
+    same = job_plan(plan, spec(), [RankFacts("n1", "", 0, "gloo", True), RankFacts("n2", "", 0, "gloo", True)])
+    assert same.amp_name == "bf16"
+    named = plan_device(spec(train={"amp": "bf16"}), 0, 1, 2, cuda_count=0, cpu_bf16=True)
+    assert job_plan(named, spec(train={"amp": "bf16"}), facts).amp_name == "bf16"
 
 
 @pytest.mark.parametrize("local_rank, local_world, count, expected", [
@@ -100,7 +149,8 @@ def test_nccl_without_cuda_is_bad_input():
 
 @pytest.mark.parametrize("cuda_count", [1, 8])
 def test_gpus_per_node_0_plans_cpu_and_gloo_even_where_cuda_shows_gpus(cuda_count):
-    plan = plan_device(spec(), local_rank=1, local_world_size=2, world_size=2, cuda_count=cuda_count, capability=90)
+    plan = plan_device(spec(), local_rank=1, local_world_size=2, world_size=2, cuda_count=cuda_count, capability=90,
+                       cpu_bf16=True)
     assert (plan.device, plan.backend, plan.pin_memory, plan.sync_bn, plan.amp_name) == ("cpu", "gloo", False, False,
                                                                                          "bf16")
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
-from clirun import cli
+from clirun import WAIT_S, cli, wait_for
 from trainutil import (
     base_env,
     epochs_of,
@@ -161,10 +161,9 @@ def test_launch_styles_agree(tmp_path):
     legacy = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}",
               "-m", "clusterjob.run", str(spec), "--run-dir", str(tmp_path / "legacy")]
     done = subprocess.run(legacy, env={**base_env(), "PYTHONWARNINGS": "ignore"}, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=WAIT_S)
     assert done.returncode == 0, done.stderr
-    local = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", "--set", "resources.tasks_per_node=2",
-                timeout=240)
+    local = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait", "--set", "resources.tasks_per_node=2")
     assert local.returncode == 0, local.stdout + local.stderr
     (local_run,) = [p for p in (tmp_path / "results" / "styles").iterdir() if not p.name.startswith(".")]
     losses = {name: epochs_of(tmp_path / name)[-1]["val_loss"] for name in ("env", "file", "tcp", "torchrun", "legacy")}
@@ -177,7 +176,6 @@ def test_launch_styles_agree(tmp_path):
 def test_stop_signal_mid_epoch_checkpoints_and_resumes_exactly(tmp_path):
     import os
     import signal
-    import time
 
     sections = dict(model={"arch": "convnet"}, data={"augment": True, "limit_train": 512, "limit_val": 32},
                     train={"epochs": 2, "batch_size": 8, "amp": "bf16", "log_every": 2})
@@ -190,11 +188,9 @@ def test_stop_signal_mid_epoch_checkpoints_and_resumes_exactly(tmp_path):
         out = open(tmp_path / f"rank{rank}.out", "w")
         procs.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(parts), "--run-dir",
                                        str(tmp_path / "parts")], env=env, stdout=out, stderr=subprocess.STDOUT))
-    deadline = time.time() + 120
-    while "[progress] epoch 1/2 step 6/" not in (tmp_path / "rank0.out").read_text() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: "[progress] epoch 1/2 step 6/" in (tmp_path / "rank0.out").read_text(), "step 6")
     os.kill(procs[1].pid, signal.SIGUSR2)  # one rank is told; all must stop at the same step
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert [p.wait(timeout=WAIT_S) for p in procs] == [0, 0]
     info = run_info(tmp_path / "parts")
     assert info["status"] == "preempted"
     (ckpt,) = checkpoint.list_checkpoints(tmp_path / "parts" / "checkpoints")

@@ -39,7 +39,7 @@ from clusterjob.launch.executor import (
     register,
     unhanded,
 )
-from clusterjob.launch.progress import ProgressTail
+from clusterjob.launch.progress import Line, ProgressTail, started_line
 from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import gpus_here, visible_gpus  # noqa: F401  (the GPU facts, where check reads them)
 from clusterjob.spec.schema import Spec
@@ -53,6 +53,7 @@ class LocalExecutor(Executor):
     """Processes on this machine, under a supervisor."""
 
     name = "local"
+    ranks_here = True
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -107,19 +108,25 @@ class LocalExecutor(Executor):
         """A supervisor in this process runs ``runs`` (and a search's trials from ``feed``)
         in ``slots``, showing their progress; with several slots each line starts with its
         run's id."""
-        tail = ProgressTail(runs, own_code=spec.entrypoint is not None)
+        stall_s = spec.health.stall_s if spec.health is not None else None
+        tail = ProgressTail(runs, own_code=spec.entrypoint is not None, stall_s=stall_s)
+        several = len(slots) > 1 or len(runs) > 1 or feed is not None  # whose line it is needs saying
 
         def progress(run: RunDir) -> None:
             lines = tail.new_lines(run)
             watch.progress([replace(line, text=f"{run.run_id}  {line.text}") for line in lines]
-                           if len(slots) > 1 else lines)
+                           if several else lines)
 
         def ended(run: RunDir, record: RunRecord) -> None:
             progress(run)  # what rank 0 wrote after the last tick
             watch.ended(run, record)
 
+        def started(run: RunDir) -> None:
+            if len(runs) > 1 and run in runs:  # a sweep's runs; a search's trials say their own
+                watch.progress([Line(started_line(run, runs.index(run) + 1, len(runs)), kept=True)])
+
         supervisor = sup.Supervisor(spec.resources.tasks_per_node, on_tick=progress, on_end=ended,
-                                    slots=slots).install()
+                                    slots=slots, on_start=started).install()
         return supervisor, supervisor.run_all(runs, feed)
 
     def check_search(self, spec: Spec, preflight: bool = True) -> None:
@@ -199,9 +206,11 @@ class LocalExecutor(Executor):
         refs = _rank_refs(run, info.launcher)
         if not refs:
             return cancel_unstarted(run, info)
-        lines = [_stop_rank(rank, ref) for rank, ref in refs]
         here = [(rank, ref) for rank, ref in refs if _on_this_host(ref)]
-        lines += _await_ranks(here, wait_s)
+        started = _Started()
+        started.look(here)  # before the ranks end: their groups are theirs only while they live
+        lines = [_stop_rank(rank, ref) for rank, ref in refs]
+        lines += _await_ranks(here, wait_s, started)
         if info.launcher is not None and procs.check(info.launcher) is None:
             return lines + _await_supervisor(run, info.launcher)
         if len(here) == len(refs) and not _alive(here):
@@ -328,23 +337,44 @@ def _alive(ranks: list) -> list:
     return [(rank, ref) for rank, ref in ranks if procs.check(ref) is None]
 
 
-def _await_ranks(ranks: list, wait_s: float) -> list[str]:
-    """Wait until the ranks of this host ended; SIGKILL (verified) those alive after ``wait_s``."""
-    started = time.monotonic()
-    while _alive(ranks) and time.monotonic() - started < wait_s:
+class _Started:
+    """The processes the ranks of this host started (each rank's process group), looked
+    up while each rank lives and so is verified; ended once the ranks ended."""
+
+    def __init__(self) -> None:
+        self.found: dict = {}  # pid -> ProcessRef
+
+    def look(self, ranks: list) -> None:
+        for _, ref in ranks:
+            self.found.update((member.pid, member) for member in procs.group(ref))
+
+    def end(self) -> int:
+        """SIGKILL to each that still lives (verified); how many got it."""
+        return sum(procs.terminate(ref, signal.SIGKILL) is None for ref in self.found.values())
+
+
+def _await_ranks(ranks: list, wait_s: float, started: _Started) -> list[str]:
+    """Wait until the ranks of this host ended; SIGKILL (verified) those alive after
+    ``wait_s``; then what they started (``started``) that lives on."""
+    begun = time.monotonic()
+    while _alive(ranks) and time.monotonic() - begun < wait_s:
+        started.look(ranks)
         time.sleep(CANCEL_POLL_S / 4)
     lines = []
     for rank, ref in _alive(ranks):
-        if procs.terminate(ref, signal.SIGKILL) is None:
+        started.look([(rank, ref)])
+        if procs.terminate_group(ref, signal.SIGKILL) is None:
             lines.append(f"rank {rank}: still running after {wait_s:g} s: sent SIGKILL to pid {ref.pid}")
     kill_deadline = time.monotonic() + 10
     while _alive(ranks) and time.monotonic() < kill_deadline:
         time.sleep(0.05)
+    if killed := started.end():
+        lines.append(f"{killed} process(es) the ranks started outlived them: sent SIGKILL")
     left = _alive(ranks)
     if left:
         lines.append(f"{len(left)} rank(s) still alive; the run is not marked cancelled yet")
     elif ranks:
-        lines.append(f"all {len(ranks)} rank(s) here ended after {time.monotonic() - started:.1f} s")
+        lines.append(f"all {len(ranks)} rank(s) here ended after {time.monotonic() - begun:.1f} s")
     return lines
 
 

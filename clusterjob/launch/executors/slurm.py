@@ -34,7 +34,7 @@ from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, rank_errors, tail_lines
+from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
     WAITING,
@@ -587,7 +587,7 @@ def _record_end(run: RunDir, info: RunRecord, srun_status: str, log: str) -> Opt
     named = None
     if end is not None and end.by_signal and not run.error_file(end.rank).exists():
         run.update(status="failed", finished_at=now_iso(), error=RunError(
-            end.rank, end.message, "\n".join(tail_lines(run.logs / f"rank{end.rank}.err", 20))))
+            end.rank, end.message, last_words(run, end.rank)))
         named = None if end.memory else end.said
     elif info.status != "failed":
         run.update(status="failed", finished_at=now_iso(), error=first_error(run) or _exited(run, end, srun_status))
@@ -599,7 +599,7 @@ def _record_end(run: RunDir, info: RunRecord, srun_status: str, log: str) -> Opt
 def _exited(run: RunDir, end: Optional[RankEnd], srun_status: str) -> RunError:
     """With no traceback anywhere: the rank reported as exited non-zero, else srun's own status."""
     if end is not None and not end.by_signal:
-        return RunError(end.rank, end.message, "\n".join(tail_lines(run.logs / f"rank{end.rank}.err", 20)))
+        return RunError(end.rank, end.message, last_words(run, end.rank))
     return RunError(None, f"srun exited with status {srun_status}: a task was killed or failed "
                           f"(see `clusterjob logs {run.path}`)")
 
