@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 from clirun import cli
+from slurmcluster import slurm_cluster  # noqa: F401  (session fixture: the local Slurm cluster)
 from trainutil import write_spec
 
 from clusterjob.launch.progress import QUIET_S, Quiet, _position
@@ -27,19 +28,32 @@ def test_the_status_line_says_where_the_run_is_how_long_and_when_it_stalls():
     assert _position("val_acc 0.93 (step 20)") == ""
 
 
-@pytest.mark.slow
-def test_a_run_without_progress_for_a_minute_gets_a_status_line(tmp_path):
-    # your own code that says nothing it counts as progress for 70 s, then its metric
-    (tmp_path / "quiet.py").write_text("import time\ntime.sleep(70)\nprint('acc 0.5', flush=True)\n")
+def quiet_spec(tmp_path, quiet_s: int = 70, **resources) -> str:
+    """Your own code that says nothing it counts as progress for ``quiet_s``, then its metric."""
+    (tmp_path / "quiet.py").write_text(f"import time\ntime.sleep({quiet_s})\nprint('acc 0.5', flush=True)\n")
     spec = tmp_path / "quiet.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "quiet", "output": {"root": str(tmp_path / "results")},
-        "resources": {"tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1}, "health": {"stall_s": 600},
-        "entrypoint": {"script": "quiet.py", "metrics": {"acc": "acc ([0-9.]+)"}}}))
-    done = cli(tmp_path, "submit", str(spec), "--executor", "local", "--wait")
+        "resources": {"tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 1, **resources},
+        "health": {"stall_s": 600}, "entrypoint": {"script": "quiet.py", "metrics": {"acc": "acc ([0-9.]+)"}}}))
+    return str(spec)
+
+
+@pytest.mark.slow
+def test_a_run_without_progress_for_a_minute_gets_a_status_line(tmp_path):
+    done = cli(tmp_path, "submit", quiet_spec(tmp_path), "--executor", "local", "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     still = [line for line in done.stdout.splitlines() if line.startswith("still ")]
     assert still and still[0] == "still running, no progress for 1 min; stall after 10 min", done.stdout
+
+
+@pytest.mark.slurm
+def test_a_slurm_run_without_progress_for_a_minute_gets_a_status_line_too(slurm_cluster, tmp_path):  # noqa: F811
+    done = cli(tmp_path, "submit", quiet_spec(tmp_path, 90, mem_gb=1, time_min=10), "--executor", "slurm", "--wait",
+               env=slurm_cluster.env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    still = [line for line in done.stdout.splitlines() if line.startswith("still ")]
+    assert still and still[0].startswith("still running, no progress for 1 min; stall after 10 min"), done.stdout
 
 
 @pytest.mark.slow

@@ -49,6 +49,7 @@ from clusterjob.launch.executor import (
     unhanded,
     views,
 )
+from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
 from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
@@ -134,16 +135,24 @@ class SlurmExecutor(Executor):
 
     def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
         """Poll until every run is final (run.json, reconciled with squeue/sacct and
-        written back), waiting longer between polls as time goes on. Ctrl-C stops
-        waiting, not the jobs."""
+        written back), waiting longer between polls as time goes on; a running run with
+        no progress for a minute gets a status line a minute. Ctrl-C stops waiting, not
+        the jobs."""
         pause = POLL_FIRST_S
+        tail = ProgressTail(runs, own_code=spec.entrypoint is not None,
+                            stall_s=spec.health.stall_s if spec.health is not None else None)
         try:
             while True:
                 records = [view.record for view in views(runs, write_back=True)]
                 if all(r.status in FINAL_STATUSES for r in records):
                     break
+                for run, record in zip(runs, records):
+                    quiet = tail.quiet_lines(run) if record.status == "running" else []
+                    watch.progress([replace(line, text=f"{run.run_id}  {line.text}") for line in quiet]
+                                   if len(runs) > 1 else quiet)
                 time.sleep(pause)
-                pause = min(POLL_MAX_S, pause * 1.5)
+                running = any(record.status == "running" for record in records)
+                pause = min(POLL_MAX_S if not running else QUIET_S / 4, pause * 1.5)  # a quiet run is said in time
         except KeyboardInterrupt:
             print(f"\nstopped waiting; the jobs go on: clusterjob status {runs[0].path.parent}", file=sys.stderr)
             raise
