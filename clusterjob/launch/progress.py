@@ -27,7 +27,6 @@ STEP_MARK = "[progress] "  # the trainer's step lines (trainer/worker.py); its e
 MAX_READ = 1 << 20  # bytes of new log read per look: a flood is skipped to its end, not buffered
 PIPE_EVERY_S = 10.0  # in a pipe, your code's latest metric at most this often
 QUIET_S = 60.0  # a run with no progress line this long gets a status line, and one more each QUIET_S
-QUIET_MARK = "still "  # how every such status line starts
 
 
 @dataclass(frozen=True)
@@ -60,20 +59,24 @@ class ProgressTail:
         line (``still at epoch 2 step 15, no progress for 3 min; stall after 30 min``) and
         another every QUIET_S, so that a hang is never silent until the stall."""
         lines = self._progress(run)
-        quiet = self.quiet.setdefault(run.path, Quiet(self.clock()))
-        if lines:
-            self.quiet[run.path] = Quiet(self.clock(), _position(lines[-1].text) or quiet.at)
-            return lines
-        said = quiet.due(self.clock(), self.stall_s)
-        if said is not None:
-            self.quiet[run.path] = replace(quiet, said=self.clock())
-            return [Line(said, kept=True)]
-        return []
+        return lines + self._status(run, lines)  # none when there were lines: they reset the clock
 
     def quiet_lines(self, run: RunDir) -> list[Line]:
         """Only the status lines of ``new_lines`` (the progress it reads is taken in
         silence): a wait that shows no progress (Slurm's) still says when there is none."""
-        return [line for line in self.new_lines(run) if line.text.startswith(QUIET_MARK)]
+        return self._status(run, self._progress(run))
+
+    def _status(self, run: RunDir, lines: list[Line]) -> list[Line]:
+        """The status line due after ``lines`` (the run's progress just read), if any."""
+        quiet = self.quiet.setdefault(run.path, Quiet(self.clock()))
+        if lines:
+            self.quiet[run.path] = Quiet(self.clock(), _position(lines[-1].text) or quiet.at)
+            return []
+        said = quiet.due(self.clock(), self.stall_s)
+        if said is None:
+            return []
+        self.quiet[run.path] = replace(quiet, said=self.clock())
+        return [Line(said, kept=True)]
 
     def _progress(self, run: RunDir) -> list[Line]:
         if not self.own_code:
@@ -122,7 +125,7 @@ class Quiet:
         last status line; else None."""
         if now - self.since < QUIET_S or (self.said is not None and now - self.said < QUIET_S):
             return None
-        where = f"{QUIET_MARK}at {self.at}" if self.at else f"{QUIET_MARK}running"
+        where = f"still at {self.at}" if self.at else "still running"
         watch = f"stall after {_minutes(stall_s)}" if stall_s is not None else "no stall watch"
         return f"{where}, no progress for {_minutes(now - self.since)}; {watch}"
 

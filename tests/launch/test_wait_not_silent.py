@@ -70,3 +70,27 @@ def test_a_sequential_local_sweep_says_which_run_starts_and_whose_lines_they_are
     assert progress and all(line.split("  ")[0] in runs for line in progress), progress
     assert lines.index(starts[1]) > max(i for i, line in enumerate(lines) if line.startswith(runs[0] + "  epoch"))
     assert sys.executable  # the runs ran here, one after the other
+
+
+def test_a_progress_line_resets_the_clock_and_the_slurm_wait_sees_only_status_lines(tmp_path):
+    from clusterjob.core.rundir import RunDir
+    from clusterjob.launch.progress import ProgressTail
+
+    (tmp_path / "logs").mkdir()
+    run, now = RunDir(tmp_path), [0.0]
+    tail = ProgressTail([run], own_code=False, stall_s=1800.0)
+    tail.clock = lambda: now[0]
+    (tmp_path / "logs" / "rank0.out").write_text("[progress] epoch 2/4 step 15/32 loss 1\n")
+    assert [line.text for line in tail.new_lines(run)] == ["epoch 2/4 step 15/32 loss 1"]
+    now[0] = QUIET_S - 1
+    assert tail.new_lines(run) == []
+    now[0] = QUIET_S + 1
+    assert [line.text for line in tail.new_lines(run)] == [
+        "still at epoch 2 step 15, no progress for 1 min; stall after 30 min"]
+    with open(tmp_path / "logs" / "rank0.out", "a") as log:
+        log.write("[progress] epoch 2/4 step 20/32 loss 1\n")
+    now[0] = 2 * QUIET_S
+    assert tail.quiet_lines(run) == []  # the line is read in silence, and resets the clock
+    now[0] = 3 * QUIET_S + 1
+    assert [line.text for line in tail.quiet_lines(run)] == [
+        "still at epoch 2 step 20, no progress for 1 min; stall after 30 min"]

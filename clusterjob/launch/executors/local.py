@@ -121,9 +121,11 @@ class LocalExecutor(Executor):
             progress(run)  # what rank 0 wrote after the last tick
             watch.ended(run, record)
 
+        numbers = {run.path: number for number, run in enumerate(runs, 1)} if len(runs) > 1 else {}
+
         def started(run: RunDir) -> None:
-            if len(runs) > 1 and run in runs:  # a sweep's runs; a search's trials say their own
-                watch.progress([Line(started_line(run, runs.index(run) + 1, len(runs)), kept=True)])
+            if run.path in numbers:  # a sweep's runs; a search's trials say their own
+                watch.progress([Line(started_line(run, numbers[run.path], len(runs)), kept=True)])
 
         supervisor = sup.Supervisor(spec.resources.tasks_per_node, on_tick=progress, on_end=ended,
                                     slots=slots, on_start=started).install()
