@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from clusterjob.core.files import read_text
+
 # Compute capability (major * 10 + minor) from which bf16 runs natively (Ampere, 8.0).
 BF16_CAPABILITY = 80
 # /proc/cpuinfo flags of CPUs whose bf16 arithmetic is native: x86's AVX512-BF16 and
@@ -23,6 +25,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # Where the flags are read; CLUSTERJOB_CPUINFO names another file of the same format (a
 # container that hides /proc/cpuinfo, and the tests that play both kinds of CPU).
 CPUINFO = "/proc/cpuinfo"
+CPUINFO_LIMIT = 4 << 20  # a machine of 1,000 cores writes about 1.5 MiB
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,8 @@ def cpu_native_bf16(cpuinfo: Optional[str] = None) -> bool:
     """Whether this machine's CPU computes bf16 natively, from its flags. No /proc (macOS)
     or no flag: False, so auto stays with fp32, which is never the slow choice."""
     path = cpuinfo or os.environ.get("CLUSTERJOB_CPUINFO") or CPUINFO
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)  # one CPU's lines hold the flags; a bounded read
-    except OSError:
-        return False
-    for line in text.splitlines():
+    text, _ = read_text(path, limit=CPUINFO_LIMIT)  # never blocks (a FIFO) nor reads without end
+    for line in (text or "").splitlines():
         key, _, value = line.partition(":")
         if key.strip().lower() in ("flags", "features"):
             return any(flag in value.split() for flag in NATIVE_BF16_FLAGS)

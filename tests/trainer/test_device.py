@@ -232,3 +232,13 @@ def test_a_cpu_job_plan_is_unchanged():
 
     plan = DevicePlan("cpu", "gloo", "bfloat16", False, False)
     assert job_plan(plan, spec(), [RankFacts("n1", "", 0, "gloo")] * 2) is plan
+
+
+def test_a_cpuinfo_that_is_a_fifo_or_endless_is_no_native_bf16_and_never_blocks(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")  # open() of a FIFO with no writer would wait for ever
+    assert precision.cpu_native_bf16(str(tmp_path / "fifo")) is False
+    big = tmp_path / "big"
+    big.write_text("flags\t\t: avx512_bf16\n" + "x" * (precision.CPUINFO_LIMIT + 1))
+    assert precision.cpu_native_bf16(str(big)) is False  # over the bound: not read, fp32 is never the slow choice
