@@ -27,9 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from clusterjob.core import asha  # noqa: E402
-from clusterjob.core import search as searchmod  # noqa: E402
-from clusterjob.launch import search  # noqa: E402
+from clusterjob.search import asha, trials  # noqa: E402
+from clusterjob.search import record as searchmod  # noqa: E402
+from clusterjob.search.study import open_study  # noqa: E402
 from clusterjob.spec.schema import load_spec  # noqa: E402
 
 SPEC = """\
@@ -49,7 +49,7 @@ search:
 
 def one_take(folder: Path, number: int) -> tuple[float, float]:
     """(seconds for the slot's take of trial ``number``, seconds for a rung decision)."""
-    feed = search.Feed(folder, 1, executor="local")
+    feed = trials.Feed(folder, 1, executor="local")
     start = time.perf_counter()
     run = feed.take(0)
     took = time.perf_counter() - start
@@ -64,9 +64,9 @@ def one_take(folder: Path, number: int) -> tuple[float, float]:
 def study_size(root: Path) -> None:
     spec_file = root / "b.yaml"
     spec_file.write_text(SPEC.format(root=root / "results", trials=1002))
-    fresh = search.make(load_spec(spec_file), "local", "bench")
-    full = search.make(load_spec(spec_file), "local", "bench")
-    study = search.open_study(full)
+    fresh = trials.make(load_spec(spec_file), "local", "bench")
+    full = trials.make(load_spec(spec_file), "local", "bench")
+    study = open_study(full)
     rules = asha.Rules.of(searchmod.read(full)[0])
     assert rules is not None
     for number in range(1000):  # finished trials, as slots leave them (no run folders: the study is what is read)

@@ -113,7 +113,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 @_reads_run_folders
 def cmd_resume(args: argparse.Namespace) -> int:
-    from clusterjob.core.search import is_search
+    from clusterjob.search.record import is_search
 
     if is_search(args.run):
         from pathlib import Path
@@ -131,7 +131,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _validate_search(spec) -> int:
     """A search's resolved spec, its space and, for the random method, its first trials."""
-    from clusterjob.core import search as searchmod
+    from clusterjob.search import record as searchmod
     from clusterjob.spec.schema import dump_spec
 
     assert spec.search is not None  # only a search's spec
@@ -221,8 +221,8 @@ def _group_key(text: str) -> str:
 
 @_reads_run_folders
 def cmd_status(args: argparse.Namespace) -> int:
-    from clusterjob.core.search import is_search
     from clusterjob.launch import control
+    from clusterjob.search.record import is_search
 
     if is_search(args.dir):
         from pathlib import Path
@@ -249,7 +249,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 @_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from clusterjob.core.search import is_search
+    from clusterjob.search.record import is_search
 
     if is_search(args.run):  # a search's folder: every slot of it
         from pathlib import Path

@@ -73,7 +73,7 @@ def test_the_rule_checker_sees_each_way_to_reach_torch_distributed():
 
 # The login-node side: the CLI and everything it runs for validate, env, status, logs,
 # report, sbatch, cancel and submit (before a task starts).
-LOGIN_PACKAGES = ("clusterjob.core", "clusterjob.spec", "clusterjob.report", "clusterjob.launch")
+LOGIN_PACKAGES = ("clusterjob.core", "clusterjob.spec", "clusterjob.search", "clusterjob.report", "clusterjob.launch")
 NO_TORCH = tuple(sorted({"clusterjob", "clusterjob.cli", "clusterjob.runner.api",
                          *(name for name in modules() if name.startswith(LOGIN_PACKAGES))}))
 
@@ -178,16 +178,33 @@ def test_executors_do_not_reach_back_into_submit_control_or_report():
     assert {"clusterjob.launch.executors.local", "clusterjob.launch.executors.slurm"} <= set(modules())
 
 
+def test_a_search_is_a_client_of_its_executor():
+    """The executor protocol has no search method: no function or method of the
+    executors and their helpers is named for a search, and none of them imports the
+    search (its slots run through clusterjob.launch.searchslots)."""
+    from clusterjob.launch.executor import Executor
+
+    assert [name for name in dir(Executor) if "search" in name.lower()] == []
+    trees = {name: tree for name, tree in modules().items() if name.startswith(EXECUTORS)}
+    named = sorted(f"{name}.{node.name}" for name, tree in trees.items() for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                   and "search" in node.name.lower())
+    assert named == []
+    reached = {name: sorted(m for m in imported(tree) if m.startswith("clusterjob.search")) for name, tree in trees.items()}
+    assert {k: v for k, v in reached.items() if v} == {}
+
+
 # The layers of docs/design.md, "Architecture": what each part may import. The login
 # side (core, spec, report, launch, cli) never reaches the task side (runner, trainer,
 # run), and the runner knows no trainer: clusterjob.run picks one.
 LAYERS = {
     "core": {"core"},
     "spec": {"core", "spec"},
-    "report": {"core", "spec", "report"},
-    "launch": {"core", "spec", "report", "launch"},
-    "cli": {"core", "spec", "report", "launch", "cli"},
-    "runner": {"core", "spec", "runner"},
+    "search": {"core", "spec", "search"},  # what both sides read of a search: its record, study, pruner, trials
+    "report": {"core", "spec", "search", "report"},
+    "launch": {"core", "spec", "search", "report", "launch"},
+    "cli": {"core", "spec", "search", "report", "launch", "cli"},
+    "runner": {"core", "spec", "search", "runner"},
     "trainer": {"core", "spec", "runner", "trainer"},
     "run": {"core", "spec", "runner", "trainer"},
     "": {"core", "runner"},  # the package itself: its version and your code's API

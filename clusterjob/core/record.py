@@ -196,7 +196,7 @@ class RunRecord:
     # A trial of a search (docs/design.md, "Search"): {"id": the search, "trial": its number, "slot": the
     # slot that runs it}; its folder's parent is the search's folder
     search: Optional[dict] = None
-    # The search stopped the trial at a rung (clusterjob.core.asha.Verdict.to_dict): the request that stops
+    # The search stopped the trial at a rung (clusterjob.search.asha.Verdict.to_dict): the request that stops
     # its ranks, then the record of why it is pruned
     pruned: Optional[dict] = None
 

@@ -25,7 +25,6 @@ from clusterjob.core import claim, record, sweep, unmade
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import batched, lines_from_end, loads, now_iso, read_text, write_atomic, write_new
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
-from clusterjob.core.search import SEARCH_FILE
 
 SPEC_FILE = "spec.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -34,9 +33,10 @@ LOGS = "logs"
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
 TELEMETRY_FILE = "telemetry.jsonl"  # each rank's GPU samples (clusterjob.core.telemetry)
+SEARCH_FILE = "search.json"  # a search's record (clusterjob.search.record): its trials are the runs in its folder
 
 STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled", "pruned")
-# pruned: a trial of a search that its search stopped early (clusterjob.core.asha): a result, never a failure
+# pruned: a trial of a search that its search stopped early (clusterjob.search.asha): a result, never a failure
 FINAL_STATUSES = ("completed", "failed", "cancelled", "pruned")
 UNKNOWN = "unknown"  # the state shown for a run whose run.json gives none
 

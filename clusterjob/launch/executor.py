@@ -33,7 +33,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
 from clusterjob.core import claim, plugins, procs, sweep
 from clusterjob.core.errors import BadInput
@@ -174,38 +174,6 @@ class Executor(abc.ABC):
     def reopened(self) -> dict:
         """run.json fields ``resume`` clears before starting a run again."""
         return {}
-
-    # A search (docs/design.md, "Search"): its slots take their trials from its folder.
-    # An executor that runs none says so at submit, before anything is written.
-
-    def check_search(self, spec: Spec, preflight: bool = True) -> None:
-        """Bad input for a search this executor cannot run (its slots, ``spec.search.parallel``)."""
-        raise BadInput(f"--executor {self.name}: this executor runs no search (search: in the spec); submit it with "
-                       "--executor local or --executor slurm")
-
-    def preview_search(self, spec: Spec, folder: Path) -> list[str]:
-        """``--dry-run`` of a search: what would be started for its slots."""
-        raise NotImplementedError
-
-    def start_search(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        """Start the slots of the search in ``folder`` (claimed by this process), recording
-        in search.json what runs them; with ``follow`` they may stay with this process for
-        ``wait_search``. The lines to print."""
-        raise NotImplementedError
-
-    def wait_search(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
-        """Follow a search started with ``follow`` until every trial is taken and ended."""
-        raise NotImplementedError
-
-    def search_live(self, folder: Path, record: Any) -> Optional[str]:
-        """Why the search's slots may still run (``resume`` refuses it), in words; None
-        when none does. Reads only."""
-        return None
-
-    def cancel_search(self, folder: Path, record: Any, wait_s: float) -> list[str]:
-        """Stop every slot of the search (its cancel request is written already) and mark
-        its unfinished trials cancelled once none of their ranks is alive."""
-        raise NotImplementedError
 
 
 _REGISTRY: dict[str, type[Executor]] = {}  # the built-in executors imported so far

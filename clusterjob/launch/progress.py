@@ -177,8 +177,8 @@ def prune_line(run: RunDir, alive: int) -> str:
     """``<trial> pruned at rung 0 (epoch 1): val_acc 16.83% < cut 82.18%; stopping 1 rank``:
     what ``submit --wait`` says as a trial's search prunes it (the metric from the
     search's search.json; epochs for the trainer, steps for your code)."""
-    from clusterjob.core import asha
-    from clusterjob.core import search as searchmod
+    from clusterjob.search import asha
+    from clusterjob.search import record as searchmod
 
     info = run.read()
     metric = searchmod.read(run.path.parent)[0].metric or "value"  # never raises: a damaged file says "value"

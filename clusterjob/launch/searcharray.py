@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import search as searchmod
 from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso, write_atomic
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir
 from clusterjob.launch.resources import SESSION_MARK, sbatch_options, signal_delay_s
+from clusterjob.search import record as searchmod
 from clusterjob.spec.schema import Spec
 
 SLOTS = "slots"  # the slots' own logs, in the search's folder

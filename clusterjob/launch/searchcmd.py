@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import claim, units
-from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import now_iso
 from clusterjob.core.rundir import STATUSES, UNKNOWN
-from clusterjob.launch import executor, search
+from clusterjob.launch import executor
+from clusterjob.search import record as searchmod
+from clusterjob.search import trials as trialmod
 from clusterjob.spec.schema import check_paths, load_spec
 from clusterjob.spec.yamlfile import override_value
 
@@ -26,7 +27,7 @@ def summary(folder: Path) -> list[str]:
     """``search 2026...: 12 of 12 trials taken: 5 completed, 7 pruned`` and the best
     trial so far with its values; reads only."""
     record, _ = searchmod.read(folder)
-    runs = search.trial_runs(folder)
+    runs = trialmod.trial_runs(folder)
     infos = [view.record for view in executor.views(runs)]  # as the table below shows them
     statuses = [str(info.status or UNKNOWN) for info in infos]
     order = [*COUNTED, *(s for s in (*STATUSES, UNKNOWN) if s not in COUNTED), *sorted(set(statuses))]
@@ -53,7 +54,7 @@ def best_trial(folder: Path) -> Optional[tuple]:
     trial is never the best."""
     record, _ = searchmod.read(folder)
     scored = []
-    for run in search.trial_runs(folder):
+    for run in trialmod.trial_runs(folder):
         info = run.read()
         value = (info.final or {}).get(record.metric or "")
         if info.status == "completed" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -67,15 +68,18 @@ def best_trial(folder: Path) -> Optional[tuple]:
 def cancel(folder: Path) -> int:
     """``clusterjob cancel SEARCH``: the request in search.json (no slot takes a trial
     after it), then every unfinished trial cancelled through the search's executor."""
+    from clusterjob.launch import searchslots
+
     record, _ = searchmod.read(folder)
     owner = executor.get(record.executor) if record.executor else None
     if owner is None:
         raise BadInput(f"{folder}: its search.json names no executor this clusterjob has; stop its processes by hand")
-    if all(run.read().status in ("completed", "pruned", "failed", "cancelled") for run in search.trial_runs(folder)) \
-            and owner.search_live(folder, record) is None:
+    slots = searchslots.of(owner)
+    if all(run.read().status in ("completed", "pruned", "failed", "cancelled") for run in trialmod.trial_runs(folder)) \
+            and slots.live(folder, record) is None:
         raise BadInput(f"{folder}: the search runs no trial; there is nothing to cancel")
     searchmod.update(folder, cancel_requested_at=now_iso())
-    for line in owner.cancel_search(folder, record, wait_s=30.0):
+    for line in slots.cancel(folder, record, wait_s=30.0):
         print(line)
     print(f"{folder}: cancelled; `clusterjob resume {folder}` continues it")
     return 0
@@ -84,28 +88,30 @@ def cancel(folder: Path) -> int:
 def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
     """``clusterjob resume SEARCH [--set search.trials=N]``: refused while a slot of it
     runs; else its stopped trials reopened and its slots started again."""
+    from clusterjob.launch import searchslots
+
     trials = _trials_override(overrides)
     record, _ = searchmod.read(folder)
-    owner = executor.choose(record.executor or "local")
-    spec = load_spec(folder / search.SPEC_FILE)
+    slots = searchslots.of(executor.choose(record.executor or "local"))
+    spec = load_spec(folder / trialmod.SPEC_FILE)
     check_paths(spec)
     with claim.claimed(folder, "clusterjob resume"):
-        live = owner.search_live(folder, record)
+        live = slots.live(folder, record)
         if live:
             raise BadInput(f"{folder} still runs ({live}); `clusterjob cancel {folder}` first")
         _check_unfinished(folder, trials)
-        reopened = search.reopen(folder, trials)
-        spec = load_spec(folder / search.SPEC_FILE)
-        owner.check_search(spec, preflight=False)
+        reopened = trialmod.reopen(folder, trials)
+        spec = load_spec(folder / trialmod.SPEC_FILE)
+        slots.check(spec, preflight=False)
         print(f"resuming search {folder}: {len(reopened)} trial(s) go on from their checkpoints")
-        lines = owner.start_search(spec, folder, follow=wait)
+        lines = slots.start(spec, folder, follow=wait)
         for line in lines:
             print(line)
         if not wait:
             return 0
         from clusterjob.launch.submit import wait_search
 
-        return wait_search(spec, folder, owner)
+        return wait_search(spec, folder, slots)
 
 
 def _check_unfinished(folder: Path, trials: Optional[int]) -> None:
@@ -114,7 +120,7 @@ def _check_unfinished(folder: Path, trials: Optional[int]) -> None:
     record, _ = searchmod.read(folder)
     if trials is not None and trials != record.trials:
         return  # a new count: reopen raises it, or refuses to lower it
-    runs = search.trial_runs(folder)
+    runs = trialmod.trial_runs(folder)
     states = [run.read().status for run in runs]
     if all(state in ("completed", "pruned", "failed") for state in states) and len(runs) >= (record.trials or 0):
         said = ", ".join(f"{states.count(state)} {state}" for state in COUNTED if state in states)

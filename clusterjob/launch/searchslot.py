@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import search as searchmod
 from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir
-from clusterjob.launch import search
 from clusterjob.launch.executors import slurm
 from clusterjob.launch.resources import SESSION_MARK
 from clusterjob.launch.searcharray import escaped
-from clusterjob.launch.study import ENDS
+from clusterjob.search import record as searchmod
+from clusterjob.search.study import ENDS
+from clusterjob.search.trials import Feed
 from clusterjob.spec.schema import Spec
 
 PRUNE_GRACE_S = 5.0  # after a prune, how long the ranks may take to stop by themselves before srun passes SIGTERM
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         return 2
     slot = int(job.array_task_id or 0)
     record, _ = searchmod.read(folder)
-    feed = search.Feed(folder, record.parallel or 1, executor=SLURM)
+    feed = Feed(folder, record.parallel or 1, executor=SLURM)
     print(f"clusterjob: slot {slot} of search {folder} (job {job.run_key}, start {job.restart_count + 1})",
           file=sys.stderr, flush=True)
     while (run := feed.take(slot)) is not None:

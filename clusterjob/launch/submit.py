@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from clusterjob.core import claim, metrics, precision, sweep, units
 from clusterjob.core import env as envmod
@@ -27,6 +27,9 @@ from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
 from clusterjob.launch.progress import LiveLine
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, expand_sweep, load_spec, spec_parts
+
+if TYPE_CHECKING:  # a search's slots: their module (and every executor's) is imported for a search only
+    from clusterjob.launch.searchslots import Slots
 
 
 def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
@@ -70,36 +73,39 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
 
 def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, preflight: bool,
                    after: Sequence[str]) -> int:
-    """A search (docs/design.md, "Search"): its folder, study and slots; its trials are
-    made as the slots take them (clusterjob.launch.search)."""
-    from clusterjob.launch import search
+    """A search (docs/design.md, "Search"): its folder, study and slots, which its
+    executor runs (clusterjob.launch.searchslots); its trials are made as the slots take
+    them (clusterjob.search.trials)."""
+    from clusterjob.launch import searchslots
+    from clusterjob.search import trials
 
     if after:
         raise BadInput("--after: a search cannot wait for other runs yet; submit it once they completed")
     check_paths(spec)
     chosen = _dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
-    chosen.check_search(spec, preflight=preflight and not dry_run)
+    slots = searchslots.of(chosen)
+    slots.check(spec, preflight=preflight and not dry_run)
     if dry_run:
-        for line in chosen.preview_search(spec, Path(spec.output.root) / spec.name / "<search-id>"):
+        for line in slots.preview(spec, Path(spec.output.root) / spec.name / "<search-id>"):
             print(line)
         return 0
     envmod.hand_down_secrets(spec.env)
-    folder = search.make(spec, chosen.name, claim_as="clusterjob submit")
+    folder = trials.make(spec, chosen.name, claim_as="clusterjob submit")
     try:
-        lines = chosen.start_search(spec, folder, follow=wait)
+        lines = slots.start(spec, folder, follow=wait)
     except BaseException:  # nothing started (sbatch refused the array, Ctrl-C): nothing left behind
         claim.release(folder)
-        search.remove(folder)
+        trials.remove(folder)
         raise
-    for line in [*lines, *search.started_lines(folder)]:
+    for line in [*lines, *trials.started_lines(folder)]:
         print(line, flush=True)
-    return wait_search(spec, folder, chosen) if wait else 0
+    return wait_search(spec, folder, slots) if wait else 0
 
 
-def wait_search(spec: Spec, folder: Path, chosen: Executor) -> int:
+def wait_search(spec: Spec, folder: Path, slots: Slots) -> int:
     """Follow a search in this process: each trial's summary as it ends, then the report
     of its trials; 0 when every trial completed or was pruned."""
-    from clusterjob.launch import search
+    from clusterjob.search import trials
 
     live = LiveLine(sys.stdout)
 
@@ -108,10 +114,10 @@ def wait_search(spec: Spec, folder: Path, chosen: Executor) -> int:
         print(summary_line(info, run))
 
     try:
-        waited = chosen.wait_search(spec, folder, Watch(progress=live.show, ended=ended))
+        waited = slots.wait(spec, folder, Watch(progress=live.show, ended=ended))
     finally:
         claim.release(folder)
-    runs = search.trial_runs(folder)
+    runs = trials.trial_runs(folder)
     if runs:
         print_report(runs)
     if waited.stop_signal:

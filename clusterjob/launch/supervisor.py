@@ -57,7 +57,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from clusterjob.core import claim, procs, retry, stalls
 from clusterjob.core import env as envmod
@@ -65,9 +65,8 @@ from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError, RunRecord
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, last_words, mark_failed, rank_errors
 from clusterjob.launch import chain, progress, slots
-from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import WHOLE, Slot
-from clusterjob.spec.schema import ResourcesSpec, Spec, load_spec
+from clusterjob.spec.schema import ResourcesSpec, load_spec
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
@@ -134,16 +133,17 @@ def slots_for(resources: ResourcesSpec, runs: int, parallel: Optional[int] = Non
                       parallel or resources.array_parallelism, os.environ)
 
 
-def search_slots(spec: Spec) -> list[Slot]:
-    """The slots of a search's trials on this machine: ``search.parallel`` where they fit."""
-    assert spec.search is not None  # only a search's spec
-    return slots_for(spec.resources, spec.search.parallel, spec.search.parallel)
+class Feed(Protocol):
+    """Runs that the free slots take one at a time, made as they are taken (a search's
+    trials: clusterjob.search.trials.Feed). ``take`` the next run of slot ``slot`` (None:
+    none is left); ``ended`` is told each such run's final record; ``stopping`` is set
+    once the supervisor was asked to stop."""
 
+    stopping: bool
 
-def search_feed(folder: Path, slots: list[Slot]) -> Feed:
-    """The trials of the search in ``folder`` for this supervisor's ``slots``: each made
-    (and claimed) by this process, which is their supervisor."""
-    return Feed(folder, len(slots), claim_as=claim.SUPERVISOR, executor="local", launcher=procs.current())
+    def take(self, slot: int) -> Optional[RunDir]: ...
+
+    def ended(self, run: RunDir, info: RunRecord) -> None: ...
 
 
 class Supervisor:
@@ -174,8 +174,8 @@ class Supervisor:
     def run_all(self, runs: list[RunDir], feed: Optional[Feed] = None) -> list[RunRecord]:
         """Each run's final run.json, in the order of ``runs``. They start in that order,
         each once a slot is free and the runs it waits for completed; after a stop
-        request the runs not started yet are cancelled. With ``feed`` (a search), each
-        free slot takes its next trial from it, until every trial is taken."""
+        request the runs not started yet are cancelled. With ``feed`` (a search's trials),
+        each free slot takes its next run from it, until none is left."""
         supervised = self.runs = [SupervisedRun(self, run) for run in runs]
         procs.become_subreaper()  # what a rank started in a session of its own comes back to us
         for one in supervised:
@@ -446,8 +446,8 @@ def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunReco
 
 
 def _fed(boss: Supervisor, feed: Feed, free: list[Slot]) -> list[SupervisedRun]:
-    """Each free slot's next trial of a search, started in that slot (a trial is taken by
-    the slot of its number: a slot started again takes back the trial it holds)."""
+    """Each free slot's next run of the feed, started in that slot (a search's trial is
+    taken by the slot of its number: a slot started again takes back the trial it holds)."""
     started = []
     for slot in list(free):
         run = feed.take(slot.index)
@@ -556,10 +556,7 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
 def main(argv: list[str]) -> int:
     """``python -m clusterjob.launch.supervisor WORLD CLAIM_FDS RUN...``: CLAIM_FDS are the
     descriptors of the runs' claims that the local executor handed over (-1: none), in
-    run order. The runs (one submission's) share their first run's resources.
-    ``... --search CLAIM_FD SEARCH``: the trials of a search, its claim handed over."""
-    if argv[0] == "--search":
-        return _main_search(int(argv[1]), Path(argv[2]))
+    run order. The runs (one submission's) share their first run's resources."""
     world, fds, paths = int(argv[0]), [int(fd) for fd in argv[1].split(",")], argv[2:]
     for fd, path in zip(fds, paths):
         if fd >= 0:
@@ -568,19 +565,6 @@ def main(argv: list[str]) -> int:
     supervisor = Supervisor(world, on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True),
                             slots=slots_for(load_spec(runs[0].spec_file).resources, len(runs))).install()
     supervisor.run_all(runs)
-    return 0
-
-
-def _main_search(fd: int, folder: Path) -> int:
-    """The detached supervisor of a search: it holds the search's claim while it runs,
-    and ends once every trial is taken and ended (or it was stopped)."""
-    if fd >= 0:
-        claim.adopt(fd, folder, claim.SUPERVISOR)
-    spec = load_spec(folder / "spec.yaml")
-    slots = search_slots(spec)
-    supervisor = Supervisor(spec.resources.tasks_per_node, slots=slots,
-                            on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True)).install()
-    supervisor.run_all([], search_feed(folder, slots))
     return 0
 
 

@@ -10,12 +10,13 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from clusterjob.core import asha, units
+from clusterjob.core import units
 from clusterjob.core.errors import escape
 from clusterjob.report.searchcost import search_record
 from clusterjob.report.stats import COMPLETE, PARTIAL, TRIAL, UNFINISHED, Experiment, json_value, run_metrics
 from clusterjob.report.tables import RESOLVED
 from clusterjob.report.termtable import Column
+from clusterjob.search import asha
 
 
 def group_value(value: Any) -> str:

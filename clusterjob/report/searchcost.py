@@ -34,11 +34,11 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from clusterjob.core import search as searchmod
 from clusterjob.core import slurmctl, units
 from clusterjob.report import cost
 from clusterjob.report.reading import Results
 from clusterjob.report.tables import last_logged, segment_mean
+from clusterjob.search import record as searchmod
 
 NAN = math.nan
 

@@ -7,7 +7,7 @@ supervisor stopping its ranks (``clusterjob cancel``, SIGTERM or SIGHUP to it, i
 death): the run checkpoints if it can before the SIGKILL that follows, and leaves the
 requeue to Slurm. SIGINT is Ctrl-C, which the local supervisor passes on to its ranks as
 SIGINT, as torchrun does: the user's stop, never requeued (the run ends cancelled). A
-trial of a search that its search prunes (clusterjob.core.asha) stops as on a cancel:
+trial of a search that its search prunes (clusterjob.search.asha) stops as on a cancel:
 rank 0 asks ``prune()``, the other ranks learn it as they learn any stop.
 
 Code that cooperates (the built-in trainer; your code once it asked

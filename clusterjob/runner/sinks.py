@@ -26,11 +26,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from clusterjob.core import asha, metrics, units
-from clusterjob.core import search as searchmod
+from clusterjob.core import metrics, units
 from clusterjob.core.files import is_number, shown
 from clusterjob.core.record import parse_time
 from clusterjob.core.rundir import RunDir
@@ -38,6 +36,8 @@ from clusterjob.core.telemetry import Sample
 from clusterjob.runner import gpusampler, health
 from clusterjob.runner import loggers as loggermod
 from clusterjob.runner.preempt import StopSignal
+from clusterjob.search import pruner as prunermod
+from clusterjob.search import record as searchmod
 from clusterjob.spec.schema import Spec
 
 CLOSE_BUDGET_S = 30.0  # at the end: how long each logger may still send; the rest goes at the next start
@@ -177,8 +177,9 @@ def for_own_code(spec: Spec, run: RunDir, stop: Optional[StopSignal] = None) -> 
 
 
 def pruning(run: RunDir, axis: str, stop: Optional[StopSignal]) -> list:
-    """The prune sink of a trial of a search that prunes (last in line: a plain script's
-    stop may be raised in the thread that logs), else none."""
+    """The prune sink of a trial of a search (last in line: a plain script's stop may be
+    raised in the thread that logs), else none. A search that prunes nothing gives its
+    trials the pruner that never prunes (clusterjob.search.pruner.NoPruning)."""
     info = run.read()
     found = info.search or {}
     trial = found.get("trial")
@@ -186,34 +187,31 @@ def pruning(run: RunDir, axis: str, stop: Optional[StopSignal]) -> list:
         return []
     folder = run.path.parent  # a trial's folder is in its search's
     record, _ = searchmod.read(folder)
-    rules = asha.Rules.of(record) if record.id == found.get("id") else None
-    return [PruneSink(run, folder, trial, rules, stop, Axis(axis))] if rules is not None else []
+    pruner = prunermod.of(folder, record) if record.id == found.get("id") else prunermod.NoPruning()
+    return [PruneSink(run, trial, record.metric or "", pruner, stop, Axis(axis))]
 
 
 class PruneSink:
-    """Each record's value of the search's metric goes to the prune decision
-    (clusterjob.core.asha) when it reaches a rung the trial has no decision for; a
-    verdict below the cut is recorded in run.json (``pruned``) and the run is asked to
-    stop as on a cancel (``StopSignal.prune``): it checkpoints and ends pruned."""
+    """Each record's value of the search's metric goes to the search's pruner
+    (clusterjob.search.pruner); a verdict that stops the trial is recorded in run.json
+    (``pruned``) and the run is asked to stop as on a cancel (``StopSignal.prune``): it
+    checkpoints and ends pruned."""
 
-    def __init__(self, run: RunDir, folder: Path, trial: int, rules: asha.Rules, stop: StopSignal, axis: Axis):
-        self.run, self.folder, self.trial, self.rules, self.stop, self.axis = run, folder, trial, rules, stop, axis
-        self.decided = {v.rung for v in asha.verdicts(folder) if v.trial == trial and v.go}
+    def __init__(self, run: RunDir, trial: int, metric: str, pruner: prunermod.Pruner, stop: StopSignal, axis: Axis):
+        self.run, self.trial, self.metric, self.pruner, self.stop, self.axis = run, trial, metric, pruner, stop, axis
         self.pruned = False
 
     def send(self, record: dict) -> None:
         point = self.axis.point(record)
-        value = point.values.get(self.rules.metric) if point is not None else None
-        if self.pruned or point is None or value is None or not asha.pending_rung(self.rules, self.decided,
-                                                                                  point.step):
+        value = point.values.get(self.metric) if point is not None else None
+        if self.pruned or point is None or value is None:
             return
-        verdict = asha.report(self.folder, self.trial, point.step, value, self.rules)
-        self.decided.update(self.rules.reached(point.step))
+        verdict = self.pruner.prune(self.trial, point.step, value)
         if verdict is None:
             return
         self.pruned = True
         self.run.update(pruned=verdict.to_dict())
-        print(f"clusterjob: pruned at {verdict.line(self.rules.metric)}", flush=True)
+        print(f"clusterjob: pruned at {verdict.line(self.metric)}", flush=True)
         self.stop.prune()
 
     def close(self, status: str) -> None:

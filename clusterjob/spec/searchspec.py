@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from clusterjob.core.errors import SpecError, brief, key_text, with_type
-from clusterjob.core.search import DISTRIBUTIONS
 from clusterjob.spec.fields import Section, check_kind, did_you_mean, opt
 
 MAX_TRIALS = 10_000
+# the distributions a searched key may have: name -> how many numbers its list holds (None: a list of choices)
+DISTRIBUTIONS = {"uniform": 2, "log_uniform": 2, "int_uniform": 2, "choice": None}
 OPTUNA_EXTRA = 'pip install "clusterjob[search]"'
 _EXAMPLE = "{log_uniform: [1.0e-4, 0.3]}"
 

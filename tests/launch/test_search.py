@@ -288,8 +288,8 @@ def tpe_proposal(number: int) -> dict:
     first 10 trials at random whatever the others gave, so these are trial ``number``'s
     values whichever slot took it."""
     optuna = pytest.importorskip("optuna")
-    from clusterjob.core.search import space_of, trial_seed
-    from clusterjob.launch.study import distributions
+    from clusterjob.search.record import space_of, trial_seed
+    from clusterjob.search.study import distributions
 
     sampler = optuna.samplers.TPESampler(seed=trial_seed(TPE["seed"], number))
     return optuna.create_study(sampler=sampler).ask(distributions(space_of(TPE["space"]))).params

@@ -18,11 +18,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from clusterjob.core import claim, procs, sweep
-from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunRecord
@@ -40,7 +38,6 @@ from clusterjob.launch.executor import (
     unhanded,
 )
 from clusterjob.launch.progress import Line, ProgressTail, started_line
-from clusterjob.launch.search import Feed
 from clusterjob.launch.slots import gpus_here, visible_gpus  # noqa: F401  (the GPU facts, where check reads them)
 from clusterjob.spec.schema import Spec
 
@@ -100,14 +97,14 @@ class LocalExecutor(Executor):
         """Run the runs here, side by side as the machine allows; each one's summary as
         it ends; a stop signal cancels them (see clusterjob.launch.supervisor). With
         several runs at once, each progress line starts with its run's id."""
-        supervisor, records = self._supervise(spec, runs, watch, sup.slots_for(spec.resources, len(runs)))
+        supervisor, records = self.supervise(spec, runs, watch, sup.slots_for(spec.resources, len(runs)))
         return Waited(records, supervisor.stop_signal)
 
-    def _supervise(self, spec: Spec, runs: list[RunDir], watch: Watch, slots: list,
-                   feed: Optional[Feed] = None) -> tuple[sup.Supervisor, list[RunRecord]]:
-        """A supervisor in this process runs ``runs`` (and a search's trials from ``feed``)
-        in ``slots``, showing their progress; with several slots each line starts with its
-        run's id."""
+    def supervise(self, spec: Spec, runs: list[RunDir], watch: Watch, slots: list,
+                  feed: Optional[sup.Feed] = None) -> tuple[sup.Supervisor, list[RunRecord]]:
+        """A supervisor in this process runs ``runs`` (and the runs ``feed`` gives its free
+        slots: a search's trials, clusterjob.launch.searchslots) in ``slots``, showing their
+        progress; with several slots each line starts with its run's id."""
         stall_s = spec.health.stall_s if spec.health is not None else None
         tail = ProgressTail(runs, own_code=spec.entrypoint is not None, stall_s=stall_s)
         several = len(slots) > 1 or len(runs) > 1 or feed is not None  # whose line it is needs saying
@@ -130,60 +127,6 @@ class LocalExecutor(Executor):
         supervisor = sup.Supervisor(spec.resources.tasks_per_node, on_tick=progress, on_end=ended,
                                     slots=slots, on_start=started).install()
         return supervisor, supervisor.run_all(runs, feed)
-
-    def check_search(self, spec: Spec, preflight: bool = True) -> None:
-        self.check(spec, 1, preflight)
-
-    def preview_search(self, spec: Spec, folder: Path) -> list[str]:
-        assert spec.search is not None  # only a search is previewed here
-        slots = sup.search_slots(spec)
-        return [f"would run a search of {spec.search.trials} trial(s), {len(slots)} at once (search.parallel "
-                f"{spec.search.parallel}), each {spec.resources.tasks_per_node} local process(es): python -m "
-                f"clusterjob.run <trial>/spec.yaml, the trials in {folder}/<id>-NNN"]
-
-    def start_search(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        """A detached supervisor takes the search and its claim; with ``follow`` this
-        process runs it (``wait_search``)."""
-        if follow:
-            searchmod.update(folder, executor="local", launcher=_ref_dict(procs.current()))
-            return []
-        held = claim.held(folder)
-        fd = held.fd if held is not None else -1
-        with open(folder / "supervisor.log", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", sup.__name__, "--search", str(fd), str(folder)],
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, pass_fds=[fd] if fd >= 0 else [])
-        searchmod.update(folder, executor="local", launcher=_ref_dict(procs.current(proc.pid)))
-        claim.release(folder)  # the supervisor holds it now
-        return [f"{folder}  (local search, supervisor pid {proc.pid})"]
-
-    def wait_search(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
-        """Run the search's trials here, its slots side by side; each trial's summary as it ends."""
-        slots = sup.search_slots(spec)
-        claim.take(folder, claim.SUPERVISOR)
-        supervisor, records = self._supervise(spec, [], watch, slots, sup.search_feed(folder, slots))
-        return Waited(records, supervisor.stop_signal)
-
-    def search_live(self, folder: Path, record: Any) -> Optional[str]:
-        ref = procs.ProcessRef.from_dict(record.launcher) if record.launcher else None
-        why = procs.check(ref) if ref is not None else None
-        if ref is not None and why is None:
-            return f"its supervisor (pid {ref.pid}) is alive"
-        if ref is not None and why is not None and why.kind == "elsewhere":
-            return f"its supervisor ran on {ref.host}; this host cannot tell whether it still runs"
-        return None
-
-    def cancel_search(self, folder: Path, record: Any, wait_s: float) -> list[str]:
-        """Each unfinished trial cancelled as a run is (its supervisor stops its ranks; one
-        not started yet never starts: the supervisor takes no trial after the request)."""
-        from clusterjob.launch.search import trial_runs
-
-        lines = []
-        for run in trial_runs(folder):
-            info = run.read()
-            if info.status not in FINAL_STATUSES:
-                lines += [f"{run.run_id}: {line}" for line in self.cancel(run, info, wait_s)]
-        return lines
 
     def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
         return [_reconcile(run, view, write_back) for run, view in found]
@@ -218,10 +161,6 @@ class LocalExecutor(Executor):
         if len(here) == len(refs) and not _alive(here):
             run.update(status="cancelled", finished_at=now_iso())
         return lines
-
-
-def _ref_dict(ref: Optional[procs.ProcessRef]) -> Optional[dict]:
-    return ref.to_dict() if ref is not None else None
 
 
 def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:

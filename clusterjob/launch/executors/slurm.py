@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from clusterjob.core import claim, procs, retry, slurmctl, stalls, sweep
 from clusterjob.core import env as envmod
@@ -197,54 +197,6 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"job": None}
-
-    # A search: one array of search.parallel slots (clusterjob.launch.searcharray)
-
-    def check_search(self, spec: Spec, preflight: bool = True) -> None:
-        assert spec.search is not None  # only a search is checked here
-        self.check(spec, spec.search.parallel, preflight)  # an array of its slots: the partition, the limits...
-        if preflight:  # one array, never split as a sweep is
-            most = slurmctl.max_array_size()
-            if spec.search.parallel > most:
-                raise BadInput(f"search.parallel: {spec.search.parallel} slots is more than this cluster's "
-                               f"MaxArraySize ({most}), the most tasks of one array; set parallel to at most {most}")
-
-    def preview_search(self, spec: Spec, folder: Path) -> list[str]:
-        from clusterjob.launch import searcharray
-
-        return searcharray.preview(spec, folder)
-
-    def start_search(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        from clusterjob.launch import searcharray
-
-        lines = searcharray.start(spec, folder)
-        claim.release(folder)  # handed over: the queue says whether it runs
-        return lines
-
-    def wait_search(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
-        """Until no slot is in the queue; each trial's summary then."""
-        from clusterjob.launch import search, searcharray
-
-        try:
-            searcharray.wait(folder)
-        except KeyboardInterrupt:
-            print(f"\nstopped waiting; the search goes on: clusterjob status {folder}", file=sys.stderr)
-            raise
-        runs = search.trial_runs(folder)
-        records = [view.record for view in views(runs, write_back=True)]
-        for run, record in zip(runs, records):
-            watch.ended(run, record)
-        return Waited(records)
-
-    def search_live(self, folder: Path, record: Any) -> Optional[str]:
-        from clusterjob.launch import searcharray
-
-        return searcharray.live(folder)
-
-    def cancel_search(self, folder: Path, record: Any, wait_s: float) -> list[str]:
-        from clusterjob.launch import search, searcharray
-
-        return searcharray.cancel(folder, search.trial_runs(folder), wait_s)
 
 
 def _slurm_job(dep: Dependency) -> Optional[str]:

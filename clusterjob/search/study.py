@@ -1,7 +1,7 @@
 """The study of a search (docs/design.md, "Search"): which trials exist, which slot runs
 each, how each ended. The one place trials are taken, so that none is run twice or lost.
 
-A slot takes a trial under the study's lock (clusterjob.core.search.study_lock) and the
+A slot takes a trial under the study's lock (clusterjob.search.record.study_lock) and the
 study records which slot holds it in the same step. Until the slot tells how the trial
 ended, the trial stays the slot's: a slot started again (a requeued array task, a resumed
 search) takes back the trial it holds and continues it from its checkpoint, never a new
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import asha
-from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso
+from clusterjob.search import asha
+from clusterjob.search import record as searchmod
 
 RUNNING = "running"
 ENDS = ("completed", "pruned", "failed", "cancelled")  # how a trial ended, as its run did

@@ -3,14 +3,14 @@ and the values the random method draws for a trial.
 
 A search lives in ``<output.root>/<name>/<id>/``: ``spec.yaml`` (the search's resolved
 spec), ``search.json`` (the search as it was resolved, and what runs it), the study
-(``study.jsonl``, or Optuna's journal ``study.optuna.log`` for tpe), the rung records of
-the prune decision (``rungs.jsonl``, clusterjob.core.asha) and one ordinary run folder per
-trial, ``<id>-NNN``: the ids a sweep's runs have, so loggers and the report see the trials
-of one search as one sweep.
+(``study.jsonl``, or Optuna's journal ``study.optuna.log`` for tpe), the records of its
+pruner (``rungs.jsonl``, clusterjob.search.asha) and one ordinary run folder per trial,
+``<id>-NNN``: the ids a sweep's runs have, so loggers and the report see the trials of one
+search as one sweep.
 
 search.json is read tolerantly (a damaged field is None, never an exception) and written
 by one atomic read-modify-write under its lock, as run.json is. Stdlib only: the runner
-(the prune decision), status and the report read it on both sides.
+(the pruner), status and the report read it on both sides.
 """
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from clusterjob.core.files import NO_LOCKS, loads, locked, open_lock, read_text, write_atomic
+from clusterjob.core.rundir import SEARCH_FILE
+from clusterjob.spec.searchspec import DISTRIBUTIONS
 
-SEARCH_FILE = "search.json"
 STUDY_FILE = "study.jsonl"  # the built-in study (method random)
 OPTUNA_FILE = "study.optuna.log"  # Optuna's JournalStorage file (method tpe)
-RUNGS_FILE = "rungs.jsonl"  # the prune decision's records (clusterjob.core.asha)
+RUNGS_FILE = "rungs.jsonl"  # the pruner's decisions (clusterjob.search.asha)
 STUDY_LOCK = "study.lock"  # taken by every change of the study and the rungs
 MAX_SEARCH_BYTES = 4 * 2**20
-
-# name: how many numbers its list holds (None: a list of choices)
-DISTRIBUTIONS = {"uniform": 2, "log_uniform": 2, "int_uniform": 2, "choice": None}
-CONTINUOUS = ("uniform", "log_uniform")
 
 
 def trial_id(search_id: str, number: int) -> str:
@@ -67,10 +64,6 @@ class Dimension:
     key: str
     kind: str
     args: tuple
-
-    @property
-    def continuous(self) -> bool:
-        return self.kind in CONTINUOUS
 
     def draw(self, rng: random.Random) -> Any:
         low, high = (self.args + (None, None))[:2]

@@ -1,13 +1,13 @@
-"""The one prune decision (clusterjob.core.asha) and the random method's draws
-(clusterjob.core.search): rungs, the cut, one verdict per trial and rung, and trial n's
+"""The one prune decision (clusterjob.search.asha) and the random method's draws
+(clusterjob.search.record): rungs, the cut, one verdict per trial and rung, and trial n's
 values fixed by (seed, n)."""
 
 from __future__ import annotations
 
 import json
 
-from clusterjob.core import asha
-from clusterjob.core import search as searchmod
+from clusterjob.search import asha
+from clusterjob.search import record as searchmod
 
 RULES = asha.Rules("val_acc", "max", 1, 3, last=10)
 

@@ -1,7 +1,8 @@
 """A search's folder and its trials as run folders (docs/design.md, "Search"): what
 ``submit`` makes, what its slots take (the local supervisor's and each Slurm slot's
 ``Feed``), and what ``resume`` reopens. The commands themselves (submit, resume, cancel,
-status) are clusterjob.launch.submit's and clusterjob.launch.control's.
+status) are clusterjob.launch.submit's and clusterjob.launch.searchcmd's; how each
+executor runs the slots is clusterjob.launch.searchslots'.
 
 A trial is an ordinary run: a folder ``<search>/<id>-NNN`` with its spec.yaml (the
 search's spec without its search, the trial's values applied), run.json (its params, and
@@ -18,21 +19,19 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import claim, procs
+from clusterjob.core import claim
 from clusterjob.core import env as envmod
-from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, SpecError
 from clusterjob.core.files import is_number, now_iso, write_atomic
 from clusterjob.core.provenance import git_sha
 from clusterjob.core.record import RunError
 from clusterjob.core.rundir import RunDir, create_run_at, new_run_id
-from clusterjob.launch.study import ENDS, Study, Trial, create, open_study
+from clusterjob.search import record as searchmod
+from clusterjob.search.study import ENDS, Study, Trial, create, open_study
 from clusterjob.spec.schema import Spec, dump_spec, load_spec, trial_spec
 
 SPEC_FILE = "spec.yaml"
 MADE_FILE = ".made"  # the folders above a search's that its submit made (removed with it when nothing started)
-# How a trial that ended leaves the study: its run's end (cancelled: a trial cancelled on its own)
-TOLD = ("completed", "pruned", "failed")
 
 
 def search_record(spec: Spec, executor: str) -> dict:
@@ -234,8 +233,3 @@ def _raise_trials(folder: Path, record: searchmod.SearchRecord, trials: int) -> 
     write_atomic(folder / SPEC_FILE, dump_spec(spec))
     searchmod.update(folder, trials=trials)
 
-
-def live_launcher(record: searchmod.SearchRecord) -> Optional[procs.ProcessRef]:
-    """The search's local supervisor, when it is alive."""
-    ref = procs.ProcessRef.from_dict(record.launcher) if record.launcher else None
-    return ref if ref is not None and procs.check(ref) is None else None

@@ -1,5 +1,6 @@
-"""The one prune decision of a search (docs/design.md, "Search"): asynchronous successive
-halving (ASHA, Li et al. 2020), as Optuna's SuccessiveHalvingPruner decides it.
+"""ASHA, the pruner a spec names with ``search.prune`` (docs/design.md, "Search";
+clusterjob.search.pruner): asynchronous successive halving (Li et al. 2020), as Optuna's
+SuccessiveHalvingPruner decides it.
 
 Rungs stand at ``min_epochs * reduction**k`` (k = 0, 1, ...): epochs of the built-in
 trainer, the metric's own steps for your own code. The first time a trial's metric is
@@ -13,8 +14,8 @@ No rung stands at or past the trainer's last epoch: a trial that got there compl
 The decisions are ``rungs.jsonl`` in the search folder, one line per trial and rung, with
 the values compared and the cut: written under the study's lock, so decisions take turns,
 and once per trial and rung, so a resumed trial that logs a rung again gets the decision
-it had. Rank 0 of each trial decides (runner.sinks); status and the report read the
-lines. Stdlib only.
+it had. Rank 0 of each trial decides (runner.sinks, through ``Asha.prune``); status and
+the report read the lines. Stdlib only.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-from clusterjob.core import search as searchmod
 from clusterjob.core import units
 from clusterjob.core.files import now_iso
+from clusterjob.search import record as searchmod
 
 
 @dataclass(frozen=True)
@@ -163,3 +164,24 @@ def report(folder: "str | Path", trial: int, position: float, value: float, rule
 def pending_rung(rules: Rules, decided: set, position: float) -> bool:
     """Whether ``position`` reaches a rung not in ``decided`` (cheap: no file read)."""
     return any(k not in decided for k in rules.reached(position))
+
+
+class Asha:
+    """ASHA as a pruner (clusterjob.search.pruner.Pruner) of the search in ``folder``:
+    ``prune`` decides each rung the value reaches that the trial has no decision for
+    (``report``). The rungs a trial went on at are remembered, so that the values it logs
+    between two rungs read no file."""
+
+    def __init__(self, folder: "str | Path", rules: Rules):
+        self.folder, self.rules = Path(folder), rules
+        self._passed: dict[int, set] = {}  # trial -> the rungs it went on at
+
+    def prune(self, trial: int, position: float, value: float) -> Optional[Verdict]:
+        passed = self._passed.get(trial)
+        if passed is None:  # a resumed trial keeps the rungs it passed before
+            passed = self._passed[trial] = {v.rung for v in verdicts(self.folder) if v.trial == trial and v.go}
+        if not pending_rung(self.rules, passed, position):
+            return None
+        verdict = report(self.folder, trial, position, value, self.rules)
+        passed.update(self.rules.reached(position))
+        return verdict

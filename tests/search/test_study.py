@@ -1,4 +1,4 @@
-"""The study of a tpe search (clusterjob.launch.study.OptunaStudy, docs/design.md
+"""The study of a tpe search (clusterjob.search.study.OptunaStudy, docs/design.md
 "Search"), without training: each slot's process opens the study on its own, so two
 openings of one folder stand for two slots (or a slot and the resumed search). Trial n's
 values come from Optuna's TPESampler seeded by (seed, n): never the same in two
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterjob.core import asha
-from clusterjob.core import search as searchmod
-from clusterjob.launch import study as studymod
+from clusterjob.search import asha
+from clusterjob.search import record as searchmod
+from clusterjob.search import study as studymod
 
 optuna = pytest.importorskip("optuna", reason="Optuna is not installed here (scripts/setup-venv installs it)")
 
