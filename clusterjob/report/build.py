@@ -46,14 +46,15 @@ import pandas as pd
 from clusterjob.core import units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import atomic_open
-from clusterjob.report import cost, efficiency, htmlpage, plots, termtable
+from clusterjob.report import htmlpage, plots, termtable
+from clusterjob.report.assemble import build_report
 from clusterjob.report.cells import (
     error_lines,
-    gpu_warning_lines,
     group_display,
     group_legend,
     id_prefix,
     lead_text,
+    note_lines,
     runs_display,
     runs_legend,
 )
@@ -64,7 +65,6 @@ from clusterjob.report.stats import (
     RUN_METRICS,
     Experiment,
     Report,
-    build_report,
     check_mode,
     json_value,
     run_metrics,
@@ -91,8 +91,8 @@ def _markdown(report: Report, runs: bool, width: int) -> str:
     for experiment in report.experiments:
         if several:
             lines += [f"### {experiment.name}", "", *termtable.wrap(status_line(experiment), width), ""]
-        if experiment.search_hours is not None:
-            lines += [*termtable.wrap(experiment.search_hours.line(), width), ""]
+        for summary in filter(None, experiment.summaries.values()):
+            lines += [*termtable.wrap(summary.line(), width), ""]
         lines += [*_experiment_lines(experiment, runs, width), ""]
     return "\n".join(lines[:-1]) + "\n"
 
@@ -104,34 +104,41 @@ def _experiment_lines(experiment: Experiment, runs: bool, width: int) -> list:
         prefix = id_prefix([str(r) for r in experiment.runs["run_id"]])
         legend = runs_legend(experiment, prefix)
         columns, heading = runs_display(experiment, prefix), 2 + len(experiment.swept)
-        errors = error_lines(experiment, prefix, width) + gpu_warning_lines(experiment, prefix, width)
+        errors = error_lines(experiment, prefix, width) + note_lines(experiment, prefix, width)
     else:
         legend, columns, heading = group_legend(experiment), group_display(experiment), 1 + len(experiment.keys)
     lines = [*termtable.wrap(legend, width), "", *termtable.fit(columns, heading, width)]
     return lines + (["", *errors] if errors else [])
 
 
+def _family_columns(experiment: Experiment, grouped: bool) -> list:
+    """A part per provider of the report: its columns of the per-run (``grouped``: the
+    grouped) data where the experiment's tables show it, else none; so that the parts of
+    several experiments line up."""
+    shown = experiment.families
+    return [list(p.group_columns if grouped else p.run_columns) if p in shown else [] for p in experiment.providers]
+
+
 def _runs_columns(experiment: Experiment) -> list:
     """Columns of the per-run table, in parts: run_id and status, key columns, the run
     metrics, then (last, so that the columns before keep their places) the epochs the
-    spec asked for, the error, when some run ran on Slurm its cost, when some run sampled
-    its GPUs their use, and when some run recorded one, the rank its others waited for."""
+    spec asked for, the error, each family's columns (the cost when some run ran on Slurm,
+    the GPUs' use when some run sampled them), and when some run recorded one, the rank
+    its others waited for."""
     metrics = run_metrics(experiment)
     planned = ["planned_epochs"] if "epochs" in metrics else []
-    costs = list(cost.COLUMNS) if experiment.shows_cost else []
-    gpus = [*efficiency.COLUMNS, efficiency.WARNING] if experiment.shows_gpu else []
     stragglers = ["straggler"] if experiment.runs["straggler"].notna().any() else []
-    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], costs, gpus, stragglers]
+    return [["run_id", "status"], experiment.swept, metrics, [*planned, "error"], *_family_columns(experiment, False),
+            stragglers]
 
 
 def _group_columns(experiment: Experiment) -> list:
     """Columns of the grouped table, in parts: keys, n, metric mean/std, then completed
-    and counted (last, so that the columns before keep their places), the summed cost
-    when some run ran on Slurm, and the GPUs' use when some run sampled them."""
+    and counted (last, so that the columns before keep their places), and each family's
+    columns (the summed cost when some run ran on Slurm, the GPUs' use when some run
+    sampled them)."""
     stats = [f"{m}_{s}" for m in experiment.metrics for s in ("mean", "std")]
-    costs = [f"{c}_sum" for c in cost.COLUMNS] if experiment.shows_cost else []
-    gpus = list(efficiency.COLUMNS) if experiment.shows_gpu else []
-    return [experiment.keys, ["n"], stats, ["completed", "counted"], costs, gpus]
+    return [experiment.keys, ["n"], stats, ["completed", "counted"], *_family_columns(experiment, True)]
 
 
 def _data_frame(report: Report, runs: bool) -> pd.DataFrame:
@@ -197,17 +204,17 @@ def _records(frame: pd.DataFrame) -> list:
 
 def _described(experiment: Experiment) -> dict:
     """What an experiment's rows mean: its metric, mode, group keys, best group, why its
-    best is not clear (null when it is), and a search's hours (null for a grid sweep)."""
-    hours = experiment.search_hours
+    best is not clear (null when it is), and each provider's line (a search's hours, under
+    ``search_hours``; null for a grid sweep)."""
     return {"name": experiment.name, "metric": experiment.primary.name, "mode": experiment.primary.mode,
             "group_by": experiment.keys, "best": experiment.best, "best_note": lead_text(experiment).strip() or None,
-            "search_hours": hours.as_json() if hours is not None else None}
+            **{key: None if line is None else line.as_json() for key, line in experiment.summaries.items()}}
 
 
 def _json(report: Report, runs: bool) -> str:
     """The report as one JSON object; NaN becomes null. ``metric``, ``mode``, ``group_by``,
-    ``best`` and ``search_hours`` are those of its only experiment (null with several: see
-    ``experiments``)."""
+    ``best`` and the providers' lines (``search_hours``) are those of its only experiment
+    (null with several: see ``experiments``)."""
     described = [_described(e) for e in report.experiments]
     only = described[0] if len(described) == 1 else dict.fromkeys(described[0])
     frame = _data_frame(report, runs)
@@ -221,7 +228,7 @@ def _json(report: Report, runs: bool) -> str:
         "mode": only["mode"],
         "std": "sample standard deviation (ddof=1)",
         "best": only["best"],
-        "search_hours": only["search_hours"],
+        **{key: only[key] for key in report.experiments[0].summaries},
         "experiments": described,
         "runs" if runs else "groups": _records(frame),
         "units": _units(list(frame.columns)),

@@ -12,9 +12,9 @@ import pandas as pd
 
 from clusterjob.core import units
 from clusterjob.core.errors import escape
-from clusterjob.report.searchcost import search_record
+from clusterjob.report.provider import number_cell
 from clusterjob.report.stats import COMPLETE, PARTIAL, TRIAL, UNFINISHED, Experiment, json_value, run_metrics
-from clusterjob.report.tables import RESOLVED
+from clusterjob.report.tables import RESOLVED, search_record
 from clusterjob.report.termtable import Column
 from clusterjob.search import asha
 
@@ -38,11 +38,6 @@ def _mean_std(metric: str, mean: float, std: float, spaced: bool) -> str:
         return units.number(metric, mean)
     sep = " ± " if spaced else "±"
     return f"{units.number(metric, mean)}{sep}{units.number(metric, std)}"
-
-
-def _value(metric: str, value: Any) -> str:
-    """One run's value in the metric's unit; "-" when missing."""
-    return "-" if pd.isna(value) else units.number(metric, value)
 
 
 _HEADERS = {  # metric: (header, compact header); never cut to a word another metric could claim
@@ -105,7 +100,8 @@ def _marks(experiment: Experiment) -> list:
 
 def group_display(experiment: Experiment) -> list:
     """Display columns of the grouped table: the best-group marker, keys, n, the metrics,
-    and which runs did not complete (when some did not)."""
+    the columns of each family its runs have (``Experiment.families``), and which runs did
+    not complete (when some did not)."""
     groups = experiment.groups
     marks = _marks(experiment)
     columns = [Column("", "", marks, marks, right=False, tight=True), *_key_columns(groups, experiment.keys)]
@@ -121,10 +117,8 @@ def group_display(experiment: Experiment) -> list:
         full = [_mean_std(metric, m, s, True) for m, s in pairs]
         compact = [_mean_std(metric, m, s, False) for m, s in pairs]
         columns.append(Column(header, short, full, compact))
-    if experiment.shows_cost:
-        columns += cost_columns(groups, "_sum")
-    if experiment.shows_gpu:
-        columns += gpu_columns(groups)
+    for family in experiment.families:
+        columns += family.cells(groups, True)
     others = [escape(text) for text in groups["not_completed"]]
     if experiment.trials:
         ends = trial_ends(experiment)
@@ -161,45 +155,8 @@ def _trial_end(experiment: Experiment, at: int, metric: str) -> str:
     if status in ("completed", "failed"):
         return status
     if pd.notna(epoch) and epoch > 0:
-        return f"{status} at epoch {_value('epochs', epoch)}" + (f" of {planned}" if pd.notna(planned) else "")
-    return f"{status} at step {_value('step', step)}" if pd.notna(step) and step > 0 else status
-
-
-def cost_columns(frame: pd.DataFrame, suffix: str = "") -> list:
-    """Display columns of what runs (``suffix`` "_sum": groups) cost on Slurm: compute in
-    GPU-hours (CPU-hours without a GPU), time queued, work lost to stops."""
-    compute = [units.compute_hours(g, c) for g, c in zip(frame[f"gpu_hours{suffix}"], frame[f"cpu_hours{suffix}"])]
-    columns = [Column("compute", "compute", compute, compute)]
-    for name, header in (("queue_wait_s", "queued"), ("lost_s", "lost")):
-        cells = [_value(name, v) for v in frame[f"{name}{suffix}"]]
-        columns.append(Column(header, header, cells, cells))
-    return columns
-
-
-def gpu_columns(frame: pd.DataFrame) -> list:
-    """Display columns of how runs (or groups) used their GPUs: the mean utilisation, the
-    peak memory, the idle GPU-hours."""
-    cells = [[units.gpu_cell(name, value) for value in frame[name]] for name in
-             ("gpu_util_pct", "gpu_mem_peak_gib", "idle_gpu_hours")]
-    return [Column(header, header, column, column) for header, column in
-            zip(("gpu_util", "gpu_mem_peak", "idle GPU-h"), cells)]
-
-
-def gpu_warnings(experiment: Experiment) -> list:
-    """Each run's low-utilisation warning ("" when none), in the runs table's order."""
-    if not experiment.shows_gpu:
-        return [""] * len(experiment.runs)
-    return ["" if not isinstance(w, str) else escape(w) for w in experiment.runs["gpu_warning"]]
-
-
-def gpu_warning_lines(experiment: Experiment, prefix: str, width: int) -> list:
-    """"GPU warnings:" and one wrapped item per run whose GPUs stayed idle (none: [])."""
-    lines = []
-    for run_id, warning in zip(experiment.runs["run_id"], gpu_warnings(experiment)):
-        if warning:
-            item = f"- {escape(str(run_id)[len(prefix):])}: {warning}"
-            lines += textwrap.wrap(item, width=width, subsequent_indent="  ", break_on_hyphens=False)
-    return ["GPU warnings:", *lines] if lines else []
+        return f"{status} at epoch {number_cell('epochs', epoch)}" + (f" of {planned}" if pd.notna(planned) else "")
+    return f"{status} at step {number_cell('step', step)}" if pd.notna(step) and step > 0 else status
 
 
 def id_prefix(ids: list) -> str:
@@ -218,7 +175,7 @@ def id_prefix(ids: list) -> str:
 def _epoch_cells(runs: pd.DataFrame) -> list:
     """"1/3": the last epoch logged of the epochs the spec asked for ("7" when unknown)."""
     planned = runs["planned_epochs"] if "planned_epochs" in runs.columns else [pd.NA] * len(runs)
-    return [_value("epochs", last) if pd.isna(total) else f"{_value('epochs', last)}/{total}"
+    return [number_cell("epochs", last) if pd.isna(total) else f"{number_cell('epochs', last)}/{total}"
             for last, total in zip(runs["epochs"], planned)]
 
 
@@ -232,10 +189,10 @@ def runs_display(experiment: Experiment, prefix: str) -> list:
     columns += _key_columns(runs, experiment.swept)
     for metric in run_metrics(experiment):
         header, short = metric_text(metric)
-        cells = _epoch_cells(runs) if metric == "epochs" else [_value(metric, v) for v in runs[metric]]
+        cells = _epoch_cells(runs) if metric == "epochs" else [number_cell(metric, v) for v in runs[metric]]
         columns.append(Column(header, short, cells, cells))
-    columns += cost_columns(runs) if experiment.shows_cost else []
-    columns += gpu_columns(runs) if experiment.shows_gpu else []
+    for family in experiment.families:
+        columns += family.cells(runs, False)
     if runs["straggler"].notna().any():  # the rank the others waited for (health, several ranks)
         stragglers = ["-" if pd.isna(s) else escape(str(s)) for s in runs["straggler"]]
         columns.append(Column("straggler", "straggler", stragglers, stragglers, right=False))
@@ -250,15 +207,33 @@ def run_errors(experiment: Experiment) -> list:
             for e in experiment.runs["error"]]
 
 
+def _listed(heading: str, items: list, width: int) -> list:
+    """``heading`` and each item wrapped, its lines after the first indented (none: [])."""
+    lines = [line for item in items
+             for line in textwrap.wrap(item, width=width, subsequent_indent="  ", break_on_hyphens=False)]
+    return [heading, *lines] if lines else []
+
+
 def error_lines(experiment: Experiment, prefix: str, width: int) -> list:
     """"Errors:" and one wrapped item per run that recorded one (none: [])."""
     runs = experiment.runs
-    lines = []
-    for run_id, status, error in zip(runs["run_id"], runs["status"], run_errors(experiment)):
-        if error:
-            item = f"- {escape(str(run_id)[len(prefix):])} ({escape(str(status))}): {error}"
-            lines += textwrap.wrap(item, width=width, subsequent_indent="  ", break_on_hyphens=False)
-    return ["Errors:", *lines] if lines else []
+    return _listed("Errors:", [f"- {escape(str(run_id)[len(prefix):])} ({escape(str(status))}): {error}"
+                               for run_id, status, error in zip(runs["run_id"], runs["status"], run_errors(experiment))
+                               if error], width)
+
+
+def note_lines(experiment: Experiment, prefix: str, width: int) -> list:
+    """Per family its tables show, its heading ("GPU warnings:") and one wrapped item per
+    run that has a note (none: [])."""
+    ids = [escape(str(run_id)[len(prefix):]) for run_id in experiment.runs["run_id"]]
+    return [line for family in experiment.families for line in _listed(
+        family.notes_heading, [f"- {i}: {note}" for i, note in zip(ids, family.notes(experiment.runs)) if note], width)]
+
+
+def run_notes(experiment: Experiment) -> tuple:
+    """Per run, its error and the notes of every family its tables show, joined by " / "."""
+    notes = [run_errors(experiment), *(family.notes(experiment.runs) for family in experiment.families)]
+    return tuple(" / ".join(filter(None, row)) for row in zip(*notes))
 
 
 def ranking_text(experiment: Experiment) -> str:
@@ -284,7 +259,7 @@ def _counting_text(experiment: Experiment) -> str:
         text += (" A group with no completed run (0/3) shows its unfinished runs at their latest"
                  " epoch, below the others.")
     if (groups["counted"] < groups["n"]).any():
-        never = "Failed trials" if experiment.search_hours is not None else "Failed and cancelled runs"  # a search's
+        never = "Failed trials" if experiment.search is not None else "Failed and cancelled runs"  # a search's
         text += f" {never} never count; the per-run table (--runs) gives their errors."  # cancelled ones do
     if experiment.best is None and states & {COMPLETE, PARTIAL}:
         text += f" No completed run logged {escape(experiment.primary.name)}, so none is best."
@@ -373,20 +348,14 @@ def group_legend(experiment: Experiment, marker: str = "* = best") -> str:
                 f"{ranking_text(experiment)}")
         text += f" ({marker})." if experiment.best is not None else "."
         text += lead_text(experiment) + _counting_text(experiment)
-    text += f" {COST_TEXT} Groups sum every run's." if experiment.shows_cost else ""
-    return text + (f" {GPU_TEXT} Groups: the mean over their runs' GPU-hours, the highest peak, the idle GPU-hours "
-                   "summed." if experiment.shows_gpu else "")
+    return text + _families_text(experiment, True)
 
 
-COST_TEXT = ("compute: GPU-hours (CPU-hours where a run held no GPU) of every Slurm session of a run, requeues and "
-             "retries included; queued: time from each (re)submission to its start; lost: run time redone after "
-             "a stop, from the last checkpoint to the stop; -: not known (no Slurm job, no accounting, or your "
-             "code keeps its checkpoints elsewhere). From sacct.")
-
-
-GPU_TEXT = ("gpu_util: the GPUs' utilisation over the run, weighted by time, over all its GPUs; gpu_mem_peak: the "
-            "most memory any of its GPUs used; idle GPU-h: the GPU-hours sampled times (1 - utilisation); -: no "
-            "sample. From the run's telemetry.jsonl.")
+def _families_text(experiment: Experiment, grouped: bool) -> str:
+    """What the cells of each family its tables show mean, and (``grouped``) how a group's
+    come from its runs': " <legend> <group_legend>" each ("" for none)."""
+    texts = [" ".join(filter(None, (f.legend, f.group_legend if grouped else ""))) for f in experiment.families]
+    return "".join(f" {text}" for text in texts if text)
 
 
 def runs_legend(experiment: Experiment, prefix: str) -> str:
@@ -397,6 +366,5 @@ def runs_legend(experiment: Experiment, prefix: str) -> str:
     else:
         legend = f"One row per run; {escape(experiment.primary.name)} at the last value logged;"
     legend = (legend + _best_text(run_metrics(experiment))).rstrip(";") + "."
-    legend += f" {COST_TEXT}" if experiment.shows_cost else ""
-    legend += f" {GPU_TEXT}" if experiment.shows_gpu else ""
+    legend += _families_text(experiment, False)
     return legend + (f" Run ids: {escape(prefix)}<run>." if prefix else "")

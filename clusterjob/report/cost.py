@@ -18,7 +18,8 @@ A run with no Slurm job (local), a job sacct does not know or whose answer canno
 read (slurmctl.segments), or a cluster without accounting has no number: NaN, which
 the tables show as ``-``. So has the compute of a session that ran but whose AllocTRES
 is empty, and the work lost of your own code that keeps its checkpoints elsewhere: an
-unknown is never counted as 0. Nothing here writes.
+unknown is never counted as 0. Nothing here writes. ``PROVIDER`` gives the columns to the
+report (``provider.Provider``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
-from clusterjob.core import slurmctl, sweep
+from clusterjob.core import slurmctl, sweep, units
 from clusterjob.core.record import SLURM, is_job_id
 from clusterjob.core.slurmctl import Segment
+from clusterjob.report.provider import Provider, Runs, number_cell
 from clusterjob.report.tables import timestamp
+from clusterjob.report.termtable import Column
 
 COLUMNS = ("gpu_hours", "cpu_hours", "queue_wait_s", "lost_s")
 NAN = math.nan
@@ -84,21 +88,6 @@ def columns(infos: Sequence[dict], ask: Callable = slurmctl.segments, now: Optio
     now = time.time() if now is None else now
     costs = [cost_of(info, listed, answer, now) for info, listed in zip(infos, jobs)]
     return {name: np.array([getattr(cost, name) for cost in costs], dtype=float) for name in COLUMNS}
-
-
-class Answers:
-    """sacct's answers, each list of jobs asked once: the cost columns and a search's
-    hours (``shared_compute``) of one report share one query."""
-
-    def __init__(self, ask: Callable = slurmctl.segments):
-        self._ask = ask
-        self._answers: dict = {}
-
-    def __call__(self, jobs: list) -> Optional[dict]:
-        key = tuple(jobs)
-        if key not in self._answers:
-            self._answers[key] = self._ask(jobs)
-        return self._answers[key]
 
 
 def shared_compute(infos: Sequence[dict], ask: Callable = slurmctl.segments) -> Optional[tuple]:
@@ -232,3 +221,46 @@ def _seconds(text: Optional[str]) -> Optional[float]:
     ``record.parse_time`` reads every time of a run folder); None when absent or unreadable."""
     stamp = timestamp(text) if isinstance(text, str) else None
     return stamp.timestamp() if stamp is not None else None
+
+
+# ---------------------------------------------------------------- the report's columns
+
+
+TEXT = ("compute: GPU-hours (CPU-hours where a run held no GPU) of every Slurm session of a run, requeues and "
+        "retries included; queued: time from each (re)submission to its start; lost: run time redone after a "
+        "stop, from the last checkpoint to the stop; -: not known (no Slurm job, no accounting, or your code "
+        "keeps its checkpoints elsewhere). From sacct.")
+
+
+class CostColumns(Provider):
+    """compute, queued and lost of each run (and summed over a group's runs), when some run
+    of the report ran in a Slurm job."""
+
+    run_columns = COLUMNS
+    group_columns = tuple(f"{column}_sum" for column in COLUMNS)
+    reserved = COLUMNS  # a metric named gpu_hours is not the cost
+    legend = TEXT
+    group_legend = "Groups sum every run's."
+
+    def columns(self, runs: Runs) -> pd.DataFrame:
+        """COLUMNS of every run, from one sacct query (none for local runs only)."""
+        return pd.DataFrame(columns(runs.results.infos, runs.ask), index=pd.RangeIndex(len(runs.results.infos)))
+
+    def group(self, runs: pd.DataFrame, grouped) -> dict:
+        """<column>_sum of every run of a group, counted or not; unknown when one run's is."""
+        n = grouped.size()
+        return {f"{column}_sum": grouped[column].sum().where(grouped[column].count() == n)
+                for column in COLUMNS if column in runs.columns}
+
+    def cells(self, frame: pd.DataFrame, grouped: bool) -> list:
+        """compute in GPU-hours (CPU-hours without a GPU), time queued, work lost to stops."""
+        suffix = "_sum" if grouped else ""
+        compute = [units.compute_hours(g, c) for g, c in zip(frame[f"gpu_hours{suffix}"], frame[f"cpu_hours{suffix}"])]
+        shown = [Column("compute", "compute", compute, compute)]
+        for name, header in (("queue_wait_s", "queued"), ("lost_s", "lost")):
+            cells = [number_cell(name, v) for v in frame[f"{name}{suffix}"]]
+            shown.append(Column(header, header, cells, cells))
+        return shown
+
+
+PROVIDER = CostColumns()

@@ -15,13 +15,12 @@ from __future__ import annotations
 import base64
 import html
 
-from clusterjob.report import loggerlinks, plots, searchplots
+from clusterjob.report import efficiency, loggerlinks, plots, searchplots
 from clusterjob.report.cells import (
-    gpu_warnings,
     group_display,
     group_legend,
     group_states,
-    run_errors,
+    run_notes,
     runs_display,
     runs_legend,
 )
@@ -203,15 +202,16 @@ def _search_figure(alt: str, attribute: str, name: str, svg: bytes) -> str:
             f'src="data:image/svg+xml;base64,{base64.b64encode(svg).decode("ascii")}"></figure>')
 
 
-def _gpu_curves(experiment: Experiment) -> str:
-    """Each run's GPU utilisation over time, one line per GPU (the first runs of the table)."""
+def _gpu_curves(experiment: Experiment, series: dict) -> str:
+    """Each run's GPU utilisation over time, one line per GPU (the first runs of the table;
+    ``series``: efficiency.series)."""
     if not plots.available():
         return '<p class="note">The GPU curves need matplotlib: <code>pip install \'clusterjob[plots]\'</code></p>'
-    paths = [p for p in experiment.runs["path"] if p in experiment.gpu_series][:plots.MAX_GPU_RUNS]
+    paths = [p for p in experiment.runs["path"] if p in series][:plots.MAX_GPU_RUNS]
     ids = dict(zip(experiment.runs["path"], experiment.runs["run_id"]))
     figures = "".join(_panel("gpu_util", f"{ids[path]}: GPU utilisation", plots.gpu_panel(
-        f"{ids[path]}: GPU utilisation", experiment.gpu_series[path]), "second") for path in paths)
-    more = len(experiment.gpu_series) - len(paths)
+        f"{ids[path]}: GPU utilisation", series[path]), "second") for path in paths)
+    more = len(series) - len(paths)
     note = f'<p class="legend">The first {len(paths)} runs are drawn; {more} more sampled their GPUs.</p>' if more \
         else ""
     return f'<div class="curvebox"><div class="panels">{figures}</div></div>{note}'
@@ -229,16 +229,15 @@ def _runs_section(experiment: Experiment, fold: str) -> str:
     """The per-run table with each run's error, failed runs marked."""
     prefix = ""  # the page has room for whole run ids, and people copy them from it
     rows = [f"st-{status}" for status in experiment.runs["status"].astype(str)]
-    notes = tuple(" / ".join(filter(None, pair)) for pair in zip(run_errors(experiment), gpu_warnings(experiment)))
-    table = _table(runs_display(experiment, prefix), rows, "runs", 25, notes, fold)
+    table = _table(runs_display(experiment, prefix), rows, "runs", 25, run_notes(experiment), fold)
     return f'<p class="legend">{html.escape(runs_legend(experiment, prefix))}</p>{table}'
 
 
 def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> str:
     """One experiment's grouped table, curves and per-run table (``runs``: that first),
     each under a ``heading`` (h2 or h3); ``fold`` tells its toggles from another's."""
-    hours = experiment.search_hours
-    said = f'<p class="status">{html.escape(hours.line())}</p>' if hours is not None else ""
+    said = "".join(f'<p class="status">{html.escape(summary.line())}</p>'
+                   for summary in experiment.summaries.values() if summary is not None)
     groups = _table(group_display(experiment)[1:], _group_rows(experiment), "groups", 12, (), fold)
     legend = group_legend(experiment, "best highlighted")
     sections = [
@@ -248,8 +247,9 @@ def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> 
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    if experiment.gpu_series:
-        sections.append(("GPU utilisation", _gpu_curves(experiment)))
+    series = efficiency.series(experiment.runs)
+    if series:
+        sections.append(("GPU utilisation", _gpu_curves(experiment, series)))
     return said + "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
 
 

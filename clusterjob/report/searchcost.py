@@ -21,14 +21,14 @@ GPU, else CPU-hours.
   ran, never as a saving; the line says how many. A search that pruned nothing says so
   ("no trial pruned") instead of a share saved.
 
-Nothing here writes; a trial that cannot be read is left out, never an error.
+Nothing here writes; a trial that cannot be read is left out, never an error. ``PROVIDER``
+gives the line to the report (``provider.Provider``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -36,9 +36,9 @@ import pandas as pd
 
 from clusterjob.core import slurmctl, units
 from clusterjob.report import cost
+from clusterjob.report.provider import Provider, Runs
 from clusterjob.report.reading import Results
-from clusterjob.report.tables import last_logged, segment_mean
-from clusterjob.search import record as searchmod
+from clusterjob.report.tables import last_logged, search_of, segment_mean
 
 NAN = math.nan
 
@@ -95,21 +95,6 @@ class SearchHours:
 SACCT, RUN_TIME = "sacct", "run time"
 _GPU_KEYS = ("resources.nodes", "resources.gpus_per_node")
 _CPU_KEYS = ("resources.nodes", "resources.tasks_per_node", "resources.cpus_per_task")
-
-
-def search_of(results: Results) -> Optional[str]:
-    """The id of the one search every run is a trial of; None otherwise (a grid sweep)."""
-    ids = {(info["search"] or {}).get("id") if isinstance(info["search"], dict) else None for info in results.infos}
-    (found,) = ids if len(ids) == 1 else (None,)
-    return found if isinstance(found, str) and found else None
-
-
-def search_record(results: Results) -> Optional[searchmod.SearchRecord]:
-    """The search.json of the search every run is a trial of (read tolerantly: a damaged
-    one gives empty fields); None for anything else."""
-    if search_of(results) is None:
-        return None
-    return searchmod.read(Path(results.infos[0]["path"]).parent)[0]
 
 
 def _held(spec: Optional[dict], keys: tuple) -> float:
@@ -174,3 +159,17 @@ def _accounted_rates(results: Results, held: dict, rates: np.ndarray, unit: str)
         if jobs and jobs[-1] in held:
             out[i] = held[jobs[-1]][0 if unit == "GPU" else 1]
     return out
+
+
+class SearchHoursLine(Provider):
+    """The line of a search's hours above its experiment's tables, and json's ``search_hours``."""
+
+    summary_key = "search_hours"
+
+    def summary(self, runs: Runs) -> Optional[SearchHours]:
+        """The search's hours, when the experiment's runs are the trials of one search."""
+        assert runs.table is not None  # a line on one experiment: its runs table is given
+        return search_hours(runs.results, runs.table, runs.ask)
+
+
+PROVIDER = SearchHoursLine()

@@ -35,8 +35,8 @@ import pandas as pd
 from clusterjob.core import units
 from clusterjob.core.files import is_number
 from clusterjob.report import plots
-from clusterjob.report.searchcost import search_of, search_record
 from clusterjob.report.stats import trial_numbers
+from clusterjob.report.tables import search_of, search_record
 
 if TYPE_CHECKING:
     from clusterjob.report.stats import Experiment

@@ -24,28 +24,31 @@ trial (``by_trial``: a ``trial`` key first, no "more seeds would tell" advice, t
 that tie for best said to tie), unless its space has a seed (its trials group by the
 other keys, as a sweep's runs do) or --group-by is given. Its cancelled trials count at
 their latest values (SEARCH_NEVER_COUNTED), as a cancelled search is read as far as it got.
+
+The columns of the report's families (``provider.Provider``: what runs cost, how they
+used their GPUs, ...) are grouped as each family says (``Provider.group``), over every
+run of a group, counted or not; nothing here names one of them.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from clusterjob.core import metrics as metricsfile
-from clusterjob.core import slurmctl, units
+from clusterjob.core import units
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import STATUSES, UNKNOWN, no_runs
+from clusterjob.core.rundir import STATUSES, UNKNOWN
 from clusterjob.core.units import default_mode
-from clusterjob.report import cost, efficiency
-from clusterjob.report.reading import Results, RunStates, collect, with_states
-from clusterjob.report.searchcost import SearchHours, search_hours
-from clusterjob.report.tables import RUN_FIELDS, own_code, planned_epochs, runs_frame, shown_keys, spec_keys
+from clusterjob.report.provider import Provider
+from clusterjob.report.reading import Results
+from clusterjob.report.tables import RUN_FIELDS, own_code
 
 # The standard columns of the grouped table (the built-in trainer logs all of them).
 GROUP_METRICS = ("val_acc", "best_val_acc", "val_loss", "wall_time_s")
@@ -53,7 +56,7 @@ RUN_METRICS = ("epochs", "val_acc", "best_val_acc", "val_loss", "wall_time_s", "
 SEED_KEYS = ("train.seed", "params.seed")  # what a sweep repeats, never a group key
 MODES = ("max", "min")
 # Runs-table columns that make sense as group keys besides the key columns.
-_EXTRA_KEYS = ("name", "status", "world_size", "backend", "amp", "git_sha")
+EXTRA_KEYS = ("name", "status", "world_size", "backend", "amp", "git_sha")
 # A group's state (the ``state`` column): every run completed, some did, none did but
 # some still may, none did nor will (every run failed or was cancelled).
 COMPLETE, PARTIAL, UNFINISHED, FAILED = "complete", "partial", "unfinished", "failed"
@@ -78,26 +81,23 @@ class Experiment:
 
     name: str
     results: Results  # its runs only
-    runs: pd.DataFrame  # load_runs' table, planned_epochs (and the primary metric when it is a user's own)
+    runs: pd.DataFrame  # load_runs' table, planned_epochs, the primary metric when it is a user's own, and
+    # every provider's columns
     swept: list  # the key columns (tables.shown_keys, and the --group-by keys of the spec)
     keys: list  # the group keys
-    groups: pd.DataFrame  # group_table(runs, keys, primary, metrics)
+    groups: pd.DataFrame  # group_table(runs, keys, primary, metrics, never, providers)
     primary: Primary
     metrics: list  # the metrics of the grouped table, the primary one first
-    search_hours: Optional[SearchHours] = None  # a search's hours spent and had it run to the end
-    gpu_series: dict = field(default_factory=dict)  # {run path: {GPU: (seconds, util %)}} (efficiency.curves)
+    providers: tuple = ()  # the report's column families (provider.Provider), in the order of their columns
+    summaries: dict = field(default_factory=dict)  # {a provider's summary_key: its line on these runs, or None}
+    search: Optional[str] = None  # the id of the search whose trials these runs are (None: anything else)
     trials: bool = False  # a search reported trial by trial (``by_trial``): a row per trial, a "trial" key first
     took: dict = field(default_factory=dict)  # {group key: the --group-by word that named it, when it differs}
 
     @property
-    def shows_cost(self) -> bool:
-        """Whether the tables have the cost columns: some run ran in a Slurm job."""
-        return cost.COLUMNS[0] in self.runs.columns
-
-    @property
-    def shows_gpu(self) -> bool:
-        """Whether the tables have the efficiency columns: some run sampled its GPUs."""
-        return efficiency.COLUMNS[0] in self.runs.columns and bool(self.runs[efficiency.COLUMNS[0]].notna().any())
+    def families(self) -> list:
+        """The providers whose columns its tables show (``Provider.shown``), in their order."""
+        return [provider for provider in self.providers if provider.shown(self.runs)]
 
     @property
     def best(self) -> Optional[dict]:
@@ -182,13 +182,14 @@ def json_value(value: Any) -> Any:
 # ---------------------------------------------------------------- the primary metric
 
 
-def rankable(results: Results) -> list:
+def rankable(results: Results, reserved: Sequence[str] = ()) -> list:
     """Metrics the runs logged (lines, or run.json's final) that can rank them, in the
-    order of the metrics table; best_val_acc when they logged val_acc."""
+    order of the metrics table; best_val_acc when they logged val_acc. ``reserved``: the
+    providers' run columns (``Provider.reserved``), which no metric may take."""
     logged = dict.fromkeys(results.columns)
     for info in results.infos:
         logged.update(dict.fromkeys(info["final"] or {}))
-    taken = set(RUN_FIELDS) | set(results.param_keys)
+    taken = set(RUN_FIELDS) | set(reserved) | set(results.param_keys)
     names = [n for n in logged if n not in taken or n == "samples_per_s"]
     return names + (["best_val_acc"] if "val_acc" in names else [])
 
@@ -199,11 +200,12 @@ def check_mode(mode: Optional[str]) -> None:
         raise BadInput(f"--mode: {mode!r} is not max or min; give --mode max (higher is better) or --mode min")
 
 
-def choose_primary(results: Results, metric: Optional[str] = None, mode: Optional[str] = None) -> Primary:
+def choose_primary(results: Results, metric: Optional[str] = None, mode: Optional[str] = None,
+                   reserved: Sequence[str] = ()) -> Primary:
     """The primary metric (see the module docstring); BadInput for a --metric no run
-    logged or a --mode other than max/min."""
+    logged or a --mode other than max/min (``reserved``: ``rankable``'s)."""
     check_mode(mode)
-    names = rankable(results)
+    names = rankable(results, reserved)
     named = spec_metric(results, names) if metric is None else None
     if named is not None:
         return named if mode is None else Primary(named.name, mode, "--mode")
@@ -249,25 +251,25 @@ def _named(metric: str, key: str) -> Primary:
     return Primary(metric, chosen, f"{why}; the metric the spec's {key} names")
 
 
-def _primaries(parts: list, metric: Optional[str], mode: Optional[str]) -> list:
+def primaries(parts: list, metric: Optional[str], mode: Optional[str], reserved: Sequence[str] = ()) -> list:
     """Each experiment's primary metric: ``--metric`` where its runs logged it, else its
     own default (the legend says so); BadInput when no experiment's runs logged it."""
     chosen: list[Optional[Primary]] = []
     errors = []
     for part in parts:
         try:
-            chosen.append(choose_primary(part, metric, mode))
+            chosen.append(choose_primary(part, metric, mode, reserved))
         except BadInput as err:
             errors.append(err)
             chosen.append(None)
     if len(errors) == len(parts):
         raise errors[0]
-    return [c or _unasked(part, metric) for c, part in zip(chosen, parts)]
+    return [c or _unasked(part, metric, reserved) for c, part in zip(chosen, parts)]
 
 
-def _unasked(results: Results, metric: Optional[str]) -> Primary:
+def _unasked(results: Results, metric: Optional[str], reserved: Sequence[str]) -> Primary:
     """The default primary metric of runs that did not log the --metric asked for."""
-    own = choose_primary(results)
+    own = choose_primary(results, reserved=reserved)
     return Primary(own.name, own.mode, f"these runs did not log --metric {metric}")
 
 
@@ -297,7 +299,7 @@ def run_metrics(experiment: Experiment) -> list:
     return [where, experiment.primary.name, *rest]
 
 
-def _extra_columns(results: Results, primary: Primary) -> list:
+def extra_columns(results: Results, primary: Primary) -> list:
     """Runs-table columns beyond the standard ones: the primary metric when it is a
     user's own, and the last step when the runs logged steps but no epochs."""
     extra = [primary.name] if primary.name not in RUN_METRICS else []
@@ -311,14 +313,14 @@ def _extra_columns(results: Results, primary: Primary) -> list:
 
 def _resolve_key(key: str, shown: list, spec: list) -> str:
     """A --group-by key as a runs-table column: a key column, any key of the runs'
-    spec.yaml or one of _EXTRA_KEYS; a unique suffix such as "lr" works. The spec's key
+    spec.yaml or one of EXTRA_KEYS; a unique suffix such as "lr" works. The spec's key
     comes before a run.json field of the same last word ("amp" is train.amp, whose column
     shows what each run resolved it to: ``tables.RESOLVED``)."""
-    allowed = list(dict.fromkeys(shown + list(_EXTRA_KEYS) + spec))
+    allowed = list(dict.fromkeys(shown + list(EXTRA_KEYS) + spec))
     if key in shown or key in spec:
         return key
     of_spec = [k for k in dict.fromkeys(shown + spec) if k.endswith("." + key)]
-    if key in _EXTRA_KEYS:
+    if key in EXTRA_KEYS:
         return of_spec[0] if len(of_spec) == 1 else key
     for among in (shown, allowed):
         by_suffix = [k for k in among if k.endswith("." + key)]
@@ -326,7 +328,7 @@ def _resolve_key(key: str, shown: list, spec: list) -> str:
             return by_suffix[0]
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    listed = ", ".join(map(escape, shown + list(_EXTRA_KEYS)))
+    listed = ", ".join(map(escape, shown + list(EXTRA_KEYS)))
     raise BadInput(f"--group-by: unknown key {key!r}{hint}; keys of these runs: {listed}, "
                    "or any key of their spec.yaml (e.g. train.lr)")
 
@@ -402,15 +404,13 @@ def _with_rungs(runs: pd.DataFrame) -> pd.Series:
 
 
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str],
-                never: Sequence[str] = NEVER_COUNTED) -> pd.DataFrame:
-    """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs,
-    <cost>_sum over all its runs (when ``runs`` has the cost columns), completed, counted,
-    not_completed ("1 failed") and state; ranked as the module docstring says (``never``:
-    ``counted_runs``')."""
+                never: Sequence[str] = NEVER_COUNTED, providers: Sequence[Provider] = ()) -> pd.DataFrame:
+    """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs, each
+    provider's columns (``Provider.group``: over all its runs, counted or not), completed,
+    counted, not_completed ("1 failed") and state; ranked as the module docstring says
+    (``never``: ``counted_runs``')."""
     counted = counted_runs(runs, keys, never)
     frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
-    if efficiency.WEIGHT in frame.columns:
-        frame["_gpu_busy_hours"] = efficiency.busy_hours(frame)
     for metric in metrics:  # a run that does not count has no value in its group
         frame[metric] = frame[metric].where(counted)
     grouped = frame.groupby(keys or ["_all"], dropna=False, sort=False, observed=True)
@@ -418,11 +418,8 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
     for metric in metrics:
         table[f"{metric}_mean"] = grouped[metric].mean()
         table[f"{metric}_std"] = grouped[metric].std(ddof=1)
-    for column in cost.COLUMNS:  # every run cost, counted or not; unknown when one run's is
-        if column in frame.columns:
-            table[f"{column}_sum"] = grouped[column].sum().where(grouped[column].count() == table["n"])
-    if efficiency.WEIGHT in frame.columns:  # every run's GPUs, counted or not
-        for column, values in efficiency.group_columns(grouped).items():
+    for provider in providers:
+        for column, values in provider.group(frame, grouped).items():
             table[column] = values
     table["completed"] = grouped["_completed"].sum().astype(np.int64)
     table["counted"] = grouped["_counted"].sum().astype(np.int64)
@@ -508,104 +505,6 @@ def tied_trials(experiment: Experiment) -> list:
     shown = [units.number(name, float(v)) for v in done[f"{name}_mean"]]
     tied = [i for i, text in zip(done.index, shown) if text == shown[0]]
     return tied if len(tied) > 1 else []
-
-
-# ---------------------------------------------------------------- the report
-
-
-def _sorted_runs(runs: pd.DataFrame, keys: list) -> pd.DataFrame:
-    """Runs ordered by their key columns (seeds of one config together), then folder order."""
-    try:
-        return runs.sort_values(keys, kind="stable", na_position="last") if keys else runs
-    except TypeError:  # a key mixing numbers and text cannot be ordered: keep folder order
-        return runs
-
-
-def _by_name(results: Results) -> list:
-    """[(name, run indices)] of each experiment, in the order its first run was found."""
-    parts: dict = {}
-    for i, info in enumerate(results.infos):
-        parts.setdefault(info["name"], []).append(i)
-    return list(parts.items())
-
-
-def _experiment_keys(parts: list, group_by: Optional[list]) -> list:
-    """Per experiment: (key columns, group keys); a --group-by key that no experiment
-    knows is BadInput, one that only some know groups those."""
-    wanted = wanted_keys(group_by)
-    found = []
-    for part in parts:
-        shown, spec = shown_keys(part), spec_keys(part)
-        keys, errors = [], []
-        for key in wanted if wanted is not None else [None]:
-            try:
-                keys += group_keys(shown, spec, None if key is None else [key])
-            except BadInput as err:
-                errors.append((key, err))
-        found.append((shown, list(dict.fromkeys(keys)), errors))
-    for key in wanted or []:
-        failed = [err for _, _, errors in found for k, err in errors if k == key]
-        if len(failed) == len(parts):
-            raise failed[0]
-    return [(shown, keys, _took(keys, wanted or [])) for shown, keys, _ in found]
-
-
-def _took(keys: list, wanted: list) -> dict:
-    """{group key: the --group-by word that named it}, for a spec key named by the word of
-    a run.json field ("amp": train.amp, not run.json's amp): the legend says which it took."""
-    took = {}
-    for word in (w for w in wanted if w in _EXTRA_KEYS):
-        for key in keys:
-            if key != word and key.endswith("." + word) and key not in took:
-                took[key] = word
-    return took
-
-
-def _experiment(name: str, results: Results, costs: dict, shown: list, keys: list, primary: Primary,
-                ask: Callable = slurmctl.segments, gpu_series: Optional[dict] = None) -> Experiment:
-    """The tables of one experiment's runs (``costs``: the cost and efficiency columns; a
-    search's hours, sacct asked through ``ask``; ``gpu_series``: efficiency.curves)."""
-    columns = shown + [key for key in keys if key not in shown and key not in _EXTRA_KEYS]
-    runs = runs_frame(results, _extra_columns(results, primary), columns).assign(**costs)
-    runs.insert(list(runs.columns).index("epochs") + 1, "planned_epochs", pd.Series(planned_epochs(results, runs)))
-    metrics = group_metrics(runs, primary, results)
-    hours = search_hours(results, runs, ask)
-    trials = hours is not None and by_trial(shown, keys)
-    if trials:
-        runs, keys = runs.assign(**{TRIAL: trial_numbers(results)}), [TRIAL, *keys]
-    never = SEARCH_NEVER_COUNTED if hours is not None else NEVER_COUNTED
-    groups = group_table(runs, keys, primary, metrics, never)
-    series = {info["path"]: (gpu_series or {})[info["path"]] for info in results.infos
-              if info["path"] in (gpu_series or {})}
-    return Experiment(name, results, _sorted_runs(runs, columns), columns, keys, groups, primary, metrics,
-                      hours, series, trials)
-
-
-def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
-                 metric: Optional[str] = None, mode: Optional[str] = None,
-                 states: Optional[RunStates] = None) -> Report:
-    """Read the runs under ``root`` (or a list of run folders) and group each experiment's, each run's
-    state as ``states`` derives it (``reading.with_states``); BadInput for a bad DIR,
-    key, metric or mode. Writes nothing: ``Report.save_cache`` does."""
-    try:
-        results = with_states(collect(root, cache=cache), states)
-    except FileNotFoundError:
-        raise no_runs(root) from None
-    if not results.infos:
-        raise no_runs(root)
-    gpus = efficiency.read(results.infos)  # telemetry.jsonl of every run
-    if any(gpus.problems):  # a copy: the cache keeps what the run folders' own files hold
-        results = replace(results, problems=[[*old, *new] for old, new in zip(results.problems, gpus.problems)])
-    asked = cost.Answers()  # one sacct call for every run, the cost columns and a search's hours
-    costs = {**cost.columns(results.infos, asked), **gpus.columns}
-    named = _by_name(results)
-    parts = [results.subset(indices) for _, indices in named]
-    primaries = _primaries(parts, metric, mode)
-    keys = _experiment_keys(parts, group_by)
-    experiments = [replace(_experiment(name, part, {c: v[indices] for c, v in costs.items()}, shown, group, primary,
-                                       asked, gpus.series), took=took)
-                   for (name, indices), part, (shown, group, took), primary in zip(named, parts, keys, primaries)]
-    return Report(results.root, results, experiments)
 
 
 # ---------------------------------------------------------------- status

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ from clusterjob.core.files import is_number
 from clusterjob.core.record import parse_time
 from clusterjob.core.rundir import STATUSES, UNKNOWN
 from clusterjob.report.reading import Results
+from clusterjob.search import record as searchmod
 
 # Metrics whose last value the runs table carries under the same name
 # (the first four always, the others when some run logged them).
@@ -265,6 +267,21 @@ def own_code(info: dict) -> bool:
     return any(spec.get(key) is not None for key in _ENTRYPOINT_KEYS)
 
 
+def search_of(results: Results) -> Optional[str]:
+    """The id of the one search every run is a trial of; None otherwise (a grid sweep)."""
+    ids = {(info["search"] or {}).get("id") if isinstance(info["search"], dict) else None for info in results.infos}
+    (found,) = ids if len(ids) == 1 else (None,)
+    return found if isinstance(found, str) and found else None
+
+
+def search_record(results: Results) -> Optional[searchmod.SearchRecord]:
+    """The search.json of the search every run is a trial of (read tolerantly: a damaged
+    one gives empty fields); None for anything else."""
+    if search_of(results) is None:
+        return None
+    return searchmod.read(Path(results.infos[0]["path"]).parent)[0]
+
+
 def _spec_epochs(info: dict) -> Optional[int]:
     """train.epochs of the run's spec.yaml; None for your own code (an entrypoint, which
     has no epochs of ours) or a spec that does not say."""
@@ -342,11 +359,11 @@ def straggler_text(straggler: Optional[dict]) -> Optional[str]:
     return f"rank {straggler['rank']} ({straggler.get('host') or '?'})" + (f" {pct:.0f}%" if pct is not None else "")
 
 
-# Columns of the runs table that are no metric: a metric of the same name cannot be shown.
+# Columns of the runs table that are no metric: a metric of the same name cannot be shown
+# (nor one named as a provider's ``reserved`` columns).
 RUN_FIELDS = ("run_id", "name", "status", "epochs", "planned_epochs", "best_val_acc", "best_epoch", "wall_time_s",
               "samples_per_s", "world_size", "slurm_job_id", "requeues", "started_at", "finished_at",
-              "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings", "gpu_hours", "cpu_hours",
-              "queue_wait_s", "lost_s", "straggler", "pruned_rung")
+              "backend", "amp", "git_sha", "error", "error_rank", "path", "warnings", "straggler", "pruned_rung")
 
 
 # ---------------------------------------------------------------- frames

@@ -18,9 +18,10 @@ from typing import Optional
 
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import FINAL_STATUSES
+from clusterjob.report.assemble import build_report
 from clusterjob.report.build import ReportOptions, render
 from clusterjob.report.reading import RunStates
-from clusterjob.report.stats import Report, build_report
+from clusterjob.report.stats import Report
 
 INTERVAL_S = 5.0  # between frames, unless --interval
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
