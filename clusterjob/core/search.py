@@ -38,7 +38,6 @@ MAX_SEARCH_BYTES = 4 * 2**20
 
 # name: how many numbers its list holds (None: a list of choices)
 DISTRIBUTIONS = {"uniform": 2, "log_uniform": 2, "int_uniform": 2, "choice": None}
-CONTINUOUS = ("uniform", "log_uniform")
 
 
 def trial_id(search_id: str, number: int) -> str:
@@ -67,10 +66,6 @@ class Dimension:
     key: str
     kind: str
     args: tuple
-
-    @property
-    def continuous(self) -> bool:
-        return self.kind in CONTINUOUS
 
     def draw(self, rng: random.Random) -> Any:
         low, high = (self.args + (None, None))[:2]

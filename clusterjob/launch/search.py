@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import claim, procs
+from clusterjob.core import claim
 from clusterjob.core import env as envmod
 from clusterjob.core import search as searchmod
 from clusterjob.core.errors import BadInput, SpecError
@@ -31,8 +31,6 @@ from clusterjob.spec.schema import Spec, dump_spec, load_spec, trial_spec
 
 SPEC_FILE = "spec.yaml"
 MADE_FILE = ".made"  # the folders above a search's that its submit made (removed with it when nothing started)
-# How a trial that ended leaves the study: its run's end (cancelled: a trial cancelled on its own)
-TOLD = ("completed", "pruned", "failed")
 
 
 def search_record(spec: Spec, executor: str) -> dict:
@@ -233,9 +231,3 @@ def _raise_trials(folder: Path, record: searchmod.SearchRecord, trials: int) -> 
     spec = load_spec(folder / SPEC_FILE, [f"search.trials={trials}"])
     write_atomic(folder / SPEC_FILE, dump_spec(spec))
     searchmod.update(folder, trials=trials)
-
-
-def live_launcher(record: searchmod.SearchRecord) -> Optional[procs.ProcessRef]:
-    """The search's local supervisor, when it is alive."""
-    ref = procs.ProcessRef.from_dict(record.launcher) if record.launcher else None
-    return ref if ref is not None and procs.check(ref) is None else None
