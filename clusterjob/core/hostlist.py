@@ -25,7 +25,6 @@ MAX_TASKS_PER_NODE = 64 * 1024
 # thousands of digits is slow or refused).
 MAX_DIGITS = 18
 
-_SEPARATORS = ",\t\n\r "
 _BOUND = re.compile(r"[0-9]+")
 _TASK_ENTRY = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
 # Text of a host name outside brackets: printable ASCII, no separators or brackets.

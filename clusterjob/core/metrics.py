@@ -534,7 +534,7 @@ class Latest:
     step: Optional[float] = None
 
     @property
-    def shown(self) -> str:
+    def text(self) -> str:
         """"train_loss 1.234", "val_acc 97.03%" (an accuracy in %, as the report shows it)."""
         if self.name in units.PERCENT:
             return f"{self.name} {units.quantity(self.name, self.value)}"
@@ -550,7 +550,7 @@ class Latest:
 
     def __str__(self) -> str:
         """"train_loss 1.234 (step 20)"."""
-        return self.shown + ("" if self.step is None else f" (step {self.at})")
+        return self.text + ("" if self.step is None else f" (step {self.at})")
 
 
 def latest(path: Path, name: Optional[str] = None) -> Optional[Latest]:

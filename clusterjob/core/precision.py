@@ -47,10 +47,10 @@ def choose(amp: str, on_gpu: bool, capability: Optional[int], cpu_bf16: bool) ->
     if on_gpu:
         if capability is None:  # not read yet: the choice that is right on every GPU
             return AmpChoice("fp16", "GPU compute capability unknown: fp16 with loss scaling")
-        shown = f"{capability // 10}.{capability % 10}"
+        version = f"{capability // 10}.{capability % 10}"
         if capability >= BF16_CAPABILITY:
-            return AmpChoice("bf16", f"GPUs of compute capability {shown} run bf16 natively")
-        return AmpChoice("fp16", f"compute capability {shown} has no native bf16: fp16 with loss scaling")
+            return AmpChoice("bf16", f"GPUs of compute capability {version} run bf16 natively")
+        return AmpChoice("fp16", f"compute capability {version} has no native bf16: fp16 with loss scaling")
     if cpu_bf16:
         return AmpChoice("bf16", "this CPU runs bf16 natively")
     return AmpChoice("off", "this CPU has no native bf16")

@@ -53,7 +53,7 @@ def culprit(line: Optional[str]) -> str:
     return (line or "").split("; ", 1)[0]
 
 
-def shown(stall: Stall, now: Optional[datetime] = None) -> str:
+def summary(stall: Stall, now: Optional[datetime] = None) -> str:
     """``stalled 12.0 min (rank 1 on node2: time.sleep at train.py:40)``: how long no
     rank made progress, and the culprit."""
     since = parse_time(stall.since) or parse_time(stall.at)

@@ -60,23 +60,23 @@ def still_running(run: RunDir, view: RunView) -> Optional[str]:
 # ----------------------------------------------------------------------------- status
 
 
-def _shown(text: object) -> str:
+def _escaped(text: object) -> str:
     """Text from a run folder, safe for a terminal (see errors.escape)."""
     return escape(str(text))
 
 
 def _state(view: RunView) -> str:
     status = view.record.status
-    state = _shown(status or "unknown")
+    state = _escaped(status or "unknown")
     if view.record.cancel_requested_at and status not in FINAL_STATUSES:
         return f"{state} (cancel requested)"
     stalled = stalls.open_stall(view.record)
     if stalled is not None:
-        return stalls.shown(stalled).split(" (", 1)[0]  # "stalled 12.0 min"; the culprit under the table
+        return stalls.summary(stalled).split(" (", 1)[0]  # "stalled 12.0 min"; the culprit under the table
     if view.note:
         return f"{state} ({view.note})"
     if view.queue_state and status in ("pending", "running", "preempted", "timeout"):
-        return f"{state} ({_shown(view.queue_state).lower()})"
+        return f"{state} ({_escaped(view.queue_state).lower()})"
     return state
 
 
@@ -88,8 +88,8 @@ def status_table(runs: list[RunDir], found: list[RunView]) -> str:
     rows = [("RUN", "STATUS", *(("EPOCH/STEP", "METRIC") if own else ("EPOCH", "VAL_ACC")), "JOB", "")]
     for run, view in zip(runs, found):
         job = view.record.job
-        rows.append((_shown(f"{run.path.parent.name}/{run.run_id}"), _state(view), *_progress(run, view.record, own),
-                     _shown(job.id) if job else "-", _restarts(view.record)))
+        rows.append((_escaped(f"{run.path.parent.name}/{run.run_id}"), _state(view), *_progress(run, view.record, own),
+                     _escaped(job.id) if job else "-", _restarts(view.record)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once
@@ -99,11 +99,11 @@ def status_table(runs: list[RunDir], found: list[RunView]) -> str:
                 waits[tuple(info.after)] = chain.states(info.after)
             deps = waits[tuple(info.after)]
             if not chain.all_done(deps):
-                lines.append(f"{_shown(run.run_id)}: {_shown(chain.waiting_line(deps))}")
+                lines.append(f"{_escaped(run.run_id)}: {_escaped(chain.waiting_line(deps))}")
         if info.status == "failed" and info.error:
             lines.append(_error_lines(run, info.error))
-        lines += [f"{_shown(run.run_id)}: {_shown(line)}" for line in _health_lines(run, info)]
-        lines += [f"{_shown(run.run_id)}: warning: {_shown(w)}" for w in info.warnings[:_MAX_RUN_WARNINGS]]
+        lines += [f"{_escaped(run.run_id)}: {_escaped(line)}" for line in _health_lines(run, info)]
+        lines += [f"{_escaped(run.run_id)}: warning: {_escaped(w)}" for w in info.warnings[:_MAX_RUN_WARNINGS]]
     return "\n".join(lines)
 
 
@@ -112,7 +112,7 @@ def _health_lines(run: RunDir, info: RunRecord) -> list[str]:
     if info.status != "running":
         return []
     stalled = stalls.open_stall(info)
-    lines = [stalls.shown(stalled)] if stalled is not None else []
+    lines = [stalls.summary(stalled)] if stalled is not None else []
     slow = rankhealth.slowest(rankhealth.of_session(run, info.world_size or 1))
     if slow is not None and slow.others_wait_pct >= rankhealth.SHOWN_FROM_PCT:
         lines.append(slow.line())
@@ -157,7 +157,7 @@ def _progress(run: RunDir, info: RunRecord, own: bool) -> tuple[str, str]:
         from clusterjob.core import metrics  # numpy with it: only where runs of your own code are listed
 
         found = metrics.own_latest(run.path, info.entrypoint)
-        return (found.at, _shown(found.shown)) if found else ("-", "-")
+        return (found.at, _escaped(found.text)) if found else ("-", "-")
     final = info.final or {}
     epoch = f"{final['epoch']:g}" if "epoch" in final else "-"
     acc = f"{'val_acc ' if own else ''}{units.quantity('val_acc', final['val_acc'])}" if "val_acc" in final else "-"
@@ -169,12 +169,12 @@ def _error_lines(run: RunDir, error: RunError) -> str:
     source line, and the exception line unless it repeats the message; none of the
     traceback for bad input, whose message says it all (the key, the value, the fix)."""
     said = message_lines(error.message)
-    lines = [f"{_shown(run.run_id)}: failed{on_rank(error.rank)}: {said[0]}", *("    " + s for s in said[1:])]
+    lines = [f"{_escaped(run.run_id)}: failed{on_rank(error.rank)}: {said[0]}", *("    " + s for s in said[1:])]
     excerpt = traceback_excerpt(error.traceback or "")
     if excerpt and is_bad_input(excerpt[-1]):
         excerpt = []
     said_first = _exception_said((error.message or "").strip().split("\n", 1)[0])
-    lines += ["    " + _shown(line) for line in excerpt if _exception_said(line) != said_first]
+    lines += ["    " + _escaped(line) for line in excerpt if _exception_said(line) != said_first]
     return "\n".join(lines)
 
 
@@ -187,7 +187,7 @@ def on_rank(rank: Optional[int]) -> str:
 def message_lines(message: Optional[str]) -> list[str]:
     """An error message as terminal lines: its non-blank lines (an exception's text may
     hold several: a download's tries), each escaped, at most MAX_MESSAGE_LINES."""
-    lines = [_shown(line.rstrip()) for line in (message or "").splitlines() if line.strip()] or ["(no message)"]
+    lines = [_escaped(line.rstrip()) for line in (message or "").splitlines() if line.strip()] or ["(no message)"]
     if len(lines) > MAX_MESSAGE_LINES:
         more = len(lines) - MAX_MESSAGE_LINES + 1
         lines = [*lines[:MAX_MESSAGE_LINES - 1], f"... and {more} more line(s): `clusterjob logs` shows them all"]
@@ -208,7 +208,7 @@ def _print_warnings(runs: list[RunDir], found: list[RunView]) -> None:
     executor could not answer."""
     messages = [f"{run.path}: {p}" for run, view in zip(runs, found) for p in view.problems]
     for message in messages[:_MAX_STDERR_WARNINGS]:
-        print(f"warning: {_shown(message)}", file=sys.stderr)
+        print(f"warning: {_escaped(message)}", file=sys.stderr)
     if len(messages) > _MAX_STDERR_WARNINGS:
         print(f"warning: ... and {len(messages) - _MAX_STDERR_WARNINGS} more", file=sys.stderr)
     for unanswered in dict.fromkeys(view.unanswered for view in found if view.unanswered):
@@ -312,13 +312,13 @@ def selected(target: Target, only: Optional[str],
 def summary_lines(target: Target, runs: list[RunDir], found: list[RunView]) -> list[str]:
     """``<target>: 10000 runs: 9000 pending, 990 running, 10 completed; best val_acc 91.20%
     (<run>)``, then the same for each sweep when the runs are of several."""
-    lines = [f"{_shown(target.label)}: {state_counts(found)}{_best(runs, found)}"]
+    lines = [f"{_escaped(target.label)}: {state_counts(found)}{_best(runs, found)}"]
     sweeps: dict[str, list[int]] = {}
     for i, run in enumerate(runs):
         where = sweep.member(run.path)
         sweeps.setdefault(sweep.sweep_id(run.path.parent.name, where.stamp) if where else str(run.path), []).append(i)
     if len(sweeps) > 1:
-        lines += [f"  {_shown(name)}: {state_counts([found[i] for i in picked])}"
+        lines += [f"  {_escaped(name)}: {state_counts([found[i] for i in picked])}"
                   f"{_best([runs[i] for i in picked], [found[i] for i in picked])}" for name, picked in sweeps.items()]
     return lines
 
@@ -349,7 +349,7 @@ def _best(runs: list[RunDir], found: list[RunView]) -> str:
             best = (value, name, f"{run.path.parent.name}/{run.run_id}")
     if best is None:
         return ""
-    return f"; best {_shown(best[1])} {units.quantity(best[1], best[0])} ({_shown(best[2])})"
+    return f"; best {_escaped(best[1])} {units.quantity(best[1], best[0])} ({_escaped(best[2])})"
 
 
 def _metric_of(run: RunDir, record: RunRecord) -> Optional[tuple[str, float]]:
@@ -427,11 +427,11 @@ def cmd_logs(run_text: str, rank: int = 0, follow: bool = False, only: Optional[
     if not runs:
         raise BadInput(f"no {only} run in {run_text}: {state_counts(executor.views(target.runs))}")
     for run in runs:
-        print(f"==> run {_shown(run.path)} <==")
+        print(f"==> run {_escaped(run.path)} <==")
         try:
             _logs_of(run, rank, False)
         except BadInput as said:  # this run has none (not started yet): the others still have theirs
-            print(f"({_shown(said)})")
+            print(f"({_escaped(said)})")
     return 0
 
 
@@ -468,10 +468,10 @@ def _print_logs(run: RunDir, rank: int) -> None:
     if not files:
         raise _no_logs(run, rank)
     for path in files:
-        print(f"==> {_shown(path)} <==")
+        print(f"==> {_escaped(path)} <==")
         text, why = read_text(path)
         if text is None:
-            print(f"warning: {_shown(path)} {why}; skipped", file=sys.stderr)
+            print(f"warning: {_escaped(path)} {why}; skipped", file=sys.stderr)
         else:
             _write(text)
 
@@ -501,7 +501,7 @@ class LogTail:
             self.offsets[path] = self.offsets.get(path, 0) + len(data)
             decoder = self.decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")(errors="replace"))
             if self.last != path:
-                print(f"==> {_shown(path)} <==", flush=True)
+                print(f"==> {_escaped(path)} <==", flush=True)
                 self.last = path
             _write(decoder.decode(data))
 

@@ -97,7 +97,7 @@ class Window:
         if self.deferred:
             name = signal.Signals(self.deferred[0]).name
             print(f"clusterjob: {name} came while the runs were handed over; they are submitted: "
-                  f"clusterjob status {_shown(self.runs[0].path.parent)}", file=sys.stderr)
+                  f"clusterjob status {_escaped(self.runs[0].path.parent)}", file=sys.stderr)
             signal.raise_signal(self.deferred[0])
 
     def _restore(self) -> None:
@@ -141,7 +141,7 @@ def _abandon(window: Window, reason: str) -> str:
         return "the runs were handed over"
     for run in left:
         _mark_failed(run, f"{'submit' if window.fresh else 'resume'} failed: {reason}")
-    names = " ".join(_shown(run.path) for run in left[:3]) + (" ..." if len(left) > 3 else "")
+    names = " ".join(_escaped(run.path) for run in left[:3]) + (" ..." if len(left) > 3 else "")
     return f"{len(left)} run(s) marked failed, `clusterjob resume RUN` starts one: {names}"
 
 
@@ -201,5 +201,5 @@ def _raise_instead(exc: BaseException, outcome: str) -> None:
     # KeyboardInterrupt (exit 130) and anything unforeseen (its traceback follows) go on
 
 
-def _shown(path: Path) -> str:
+def _escaped(path: Path) -> str:
     return escape(str(path))

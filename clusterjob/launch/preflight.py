@@ -193,8 +193,8 @@ def check_time(spec: Spec, part: Partition, qos_row: Optional[dict], qos: Option
         if limit is not None and minutes > limit:
             return Check("time", False, f"resources.time_min: {minutes} is over the {where} of {limit} min",
                          f"set resources.time_min to at most {limit} (checkpoints and requeue carry long runs on)")
-    shown = [f"{where} {limit} min" for limit, where in limits if limit is not None]
-    return Check("time", True, f"{minutes} min ({', '.join(shown) or 'no limit'})")
+    said = [f"{where} {limit} min" for limit, where in limits if limit is not None]
+    return Check("time", True, f"{minutes} min ({', '.join(said) or 'no limit'})")
 
 
 def check_qos(spec: Spec, qos: Optional[str], row: Optional[dict], problem: Optional[str] = None) -> Check:
@@ -351,10 +351,10 @@ def run_checks(spec: Spec, points: int, scripts: list[str], ask: Ask = slurmctl.
 
 
 def _checks(spec: Spec, points: int, scripts: list[str], ask: slurmctl.AskedAtOnce) -> list[Check]:
-    shown, problem = _answer(ask(PARTITIONS_CMD), PARTITIONS)
+    answer, problem = _answer(ask(PARTITIONS_CMD), PARTITIONS)
     if problem is not None:
         return [Check("slurm", False, problem, "check SLURM_CONF and that slurmctld is up")]
-    first, part = check_partition(spec, parse_partitions(shown))
+    first, part = check_partition(spec, parse_partitions(answer))
     if part is None:
         return [first]
     qos = SlurmOptions.of(spec).qos or part.qos
@@ -398,5 +398,5 @@ def check_jobs(spec: Spec, points: int, part: Partition, ask: Ask,
         return Check("jobs", False, f"{hit.name} is {hit.most}, and the {points} job(s) of this submission (each "
                                     f"array task is one) with the {hit.counted} that count already make "
                                     f"{hit.counted + points}", hit.fix(points))
-    shown = ", ".join(f"{limit.name.split(' (')[0]} {limit.counted + points} of {limit.most}" for limit in found)
-    return Check("jobs", True, f"{points} job(s) fit: {shown}")
+    fits = ", ".join(f"{limit.name.split(' (')[0]} {limit.counted + points} of {limit.most}" for limit in found)
+    return Check("jobs", True, f"{points} job(s) fit: {fits}")

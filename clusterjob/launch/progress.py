@@ -50,7 +50,7 @@ class ProgressTail:
         self.own_code, self.stall_s, self.clock = own_code, stall_s, time.monotonic
         self.offsets = {run.path: _size(_log(run)) for run in runs}
         self.partial: dict[Path, bytes] = {}
-        self.shown: dict[Path, str] = {}  # your code's metric, as last shown
+        self.printed: dict[Path, str] = {}  # your code's metric, as last printed
         self.entrypoints: dict[Path, dict] = {}  # as rank 0 recorded it once it started
         self.quiet: dict[Path, Quiet] = {}  # since when each run has shown no progress
 
@@ -87,9 +87,9 @@ class ProgressTail:
             return []
         self.entrypoints[run.path] = entrypoint
         text = escape(str(latest))  # names from the code's own file: safe for a terminal
-        if text == self.shown.get(run.path):
+        if text == self.printed.get(run.path):
             return []
-        self.shown[run.path] = text
+        self.printed[run.path] = text
         return [Line(text)]
 
     def _read(self, run: RunDir) -> list[str]:
@@ -152,8 +152,8 @@ def started_line(run: RunDir, number: int, count: int) -> str:
     """``run 002 of 6 started (train.lr=0.07, train.seed=1)``: a sweep's run as its ranks
     start, numbered as the sweep names its runs."""
     params = run.read().params or {}
-    shown = ", ".join(f"{key}={value}" for key, value in params.items())
-    return escape(f"run {number:03d} of {count} started" + (f" ({shown})" if shown else ""))
+    pairs = ", ".join(f"{key}={value}" for key, value in params.items())
+    return escape(f"run {number:03d} of {count} started" + (f" ({pairs})" if pairs else ""))
 
 
 def _trainer_line(text: str) -> Line:

@@ -44,8 +44,8 @@ def cmd_stack(run: RunDir, rank: Optional[int] = None) -> int:
         where = f" on {health.host}, pid {health.ref.pid}" if health is not None and health.ref else ""
         print(f"==> rank {r}{escape(where)} <==")
         text = stackdump.main_first(text, health.main_thread if health else None) if text is not None else None
-        shown = "\n".join(escape(line) for line in text.rstrip("\n").splitlines()) if text is not None else None
-        print(shown if shown is not None else f"(no stacks: {escape(why)})", flush=True)
+        escaped = "\n".join(escape(line) for line in text.rstrip("\n").splitlines()) if text is not None else None
+        print(escaped if escaped is not None else f"(no stacks: {escape(why)})", flush=True)
         answered += text is not None
         lines.append(why)
     if not answered:

@@ -40,7 +40,6 @@ import collections
 import contextlib
 import ctypes
 import faulthandler
-import json
 import os
 import random
 import re
@@ -58,6 +57,7 @@ from clusterjob.core import procs, provenance, rankhealth, telemetry
 from clusterjob.core.env import DistEnv
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import gpusampler, stacks
+from clusterjob.runner.watchconfig import WatchConfig
 
 if TYPE_CHECKING:  # the spec (and YAML) is not loaded by ``clusterjob.heartbeat()`` outside a run
     from clusterjob.spec.schema import Spec
@@ -196,15 +196,15 @@ class Health:
         total = time.monotonic() - first
         return {telemetry.INPUT_WAIT: 100 * min(1.0, self.inputs.read() / total)} if total > 0 else {}
 
-    def config(self) -> dict:
+    def config(self) -> WatchConfig:
         """What the watcher is told (it reads the rest from the rank's health file)."""
         health = self.spec.health
         assert health is not None  # started only with health on
-        return {"run": str(self.run.path), "rank": self.env.rank, "world": self.env.world_size,
-                "session": self.session, "stall_s": health.stall_s,
-                "action": health.action(self.spec.resources.max_retries),
-                "output": health.output_counts(self.spec.entrypoint), "straggler_pct": health.straggler_wait_pct,
-                "nccl": self.spec.resources.gpus_per_node > 0}
+        nccl = self.spec.resources.gpus_per_node > 0
+        return WatchConfig(str(self.run.path), self.env.rank, self.env.world_size, self.session, health.stall_s,
+                           health.action(self.spec.resources.max_retries), health.output_counts(self.spec.entrypoint),
+                           health.straggler_wait_pct, (os.environ.get(FR_PIPE) or None) if nccl else None,
+                           nccl_dump_prefix(os.environ) if nccl else None)
 
     def stop(self) -> None:
         """The rank's work is done: the last waits are written and the watcher told to go
@@ -408,12 +408,13 @@ def nccl_environ(run: RunDir, environ: Any) -> None:
     for names, value in ((FR_BUFFER, "2000"), (FR_DUMP, str(run.logs / NCCL_TRACE))):
         if not set(names) & set(environ):
             environ[names[0] if newer else names[1]] = value
-    environ.setdefault("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", str(run.logs / NCCL_PIPE))
+    environ.setdefault(FR_PIPE, str(run.logs / NCCL_PIPE))
 
 
 # (newer name, older name): torch 2.11 warns of the older one
 FR_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_DUMP = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_PIPE = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # one name in every torch
 
 
 def nccl_dump_prefix(environ: Any) -> Optional[str]:
@@ -427,10 +428,10 @@ def _torch_version() -> tuple:
     return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
-def _start_watcher(config: dict) -> subprocess.Popen:
+def _start_watcher(config: WatchConfig) -> subprocess.Popen:
     """The watcher, in a session of its own (a kill of the rank's process group on a
     stall verdict is not its own), its stdin a pipe that closes when the rank ends."""
-    return subprocess.Popen([sys.executable, "-m", "clusterjob.runner.watchdog", json.dumps(config)],
+    return subprocess.Popen([sys.executable, "-m", "clusterjob.runner.watchdog", config.to_json()],
                             stdin=subprocess.PIPE, start_new_session=True)
 
 

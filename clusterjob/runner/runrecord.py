@@ -229,9 +229,9 @@ def finish(run: RunDir, **fields: Any) -> None:
     """Record the run completed; its log's last line says so with its final metrics, each
     in its unit (core/units.py: val_acc 97.46%, not 0.9746)."""
     info = run.update(status="completed", finished_at=now_iso(), **fields)
-    shown = " ".join(f"{name} {units.quantity(name, value)}" for name, value in (info.final or {}).items()
+    final = " ".join(f"{name} {units.quantity(name, value)}" for name, value in (info.final or {}).items()
                      if is_number(value))
-    print(f"completed {run.path}" + (f": {shown}" if shown else ""), flush=True)
+    print(f"completed {run.path}" + (f": {final}" if final else ""), flush=True)
 
 
 def on_failure(run: Optional[RunDir], rank: int, exc: BaseException, note: str = "") -> None:

@@ -238,5 +238,5 @@ def _where(dump: RankDump, place: Optional[Place], none: str, at: bool = False) 
 
 def _ranks(ranks: list[int]) -> str:
     """0,2,3 (at most 8 named, then how many more)."""
-    shown = ",".join(str(r) for r in ranks[:8])
-    return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    listed = ",".join(str(r) for r in ranks[:8])
+    return listed + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")

@@ -1,5 +1,6 @@
 """The watcher of one rank: ``python -m clusterjob.runner.watchdog CONFIG``, started by the
-rank (clusterjob.runner.health), stdlib and clusterjob.core only
+rank (clusterjob.runner.health), CONFIG a clusterjob.runner.watchconfig.WatchConfig as
+JSON; stdlib, clusterjob.core and the runner's stacks only, no torch
 (docs/design.md, "Hung and slow ranks").
 
 Every watcher, once a second: answers a stall's request for its rank's stacks (written
@@ -44,7 +45,8 @@ from clusterjob.core import procs, pyspy, rankhealth, stackdump, stalls
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import Stall, Straggler
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir
-from clusterjob.runner import health, stacks
+from clusterjob.runner import stacks
+from clusterjob.runner.watchconfig import WatchConfig
 
 POLL_S = 1.0
 ANSWER_WAIT_S = 15.0  # the leader waits this long for every rank's stacks
@@ -99,14 +101,14 @@ class Progress:
 class Watcher:
     """One rank's watcher (see the module's doc)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: WatchConfig):
         self.config = config
-        self.run = RunDir(Path(config["run"]))
-        self.rank, self.world, self.session = int(config["rank"]), int(config["world"]), str(config["session"])
+        self.run = RunDir(Path(config.run))
+        self.rank, self.world, self.session = config.rank, config.world, config.session
         self.parent = os.getppid()
         self.gone = threading.Event()
         self.identity = rankhealth.read(self.run, self.rank)
-        self.own = Progress(self.run, [self.rank], bool(config["output"]))
+        self.own = Progress(self.run, [self.rank], config.output)
         self.beacon: Optional[tuple] = None
         self.answered: Optional[int] = None
         self.awaiting: Optional[int] = None  # the stall whose verdict this watcher waits for
@@ -171,8 +173,8 @@ class Watcher:
         native = _native(pid) if got.text is not None and not got.outside else None
         if native:
             parts.append(f"\n# native frames (py-spy dump --native)\n{native}")
-        if self.config.get("nccl"):
-            _nccl_trace(self.rank, folder)
+        if self.config.nccl_pipe and self.config.nccl_trace:
+            _nccl_trace(self.rank, folder, self.config.nccl_pipe, self.config.nccl_trace)
         write_atomic(folder / f"rank{self.rank}.txt", "".join(parts))
 
     def _stacks(self) -> stackdump.Stacks:
@@ -215,8 +217,8 @@ class Leader:
     def __init__(self, watcher: Watcher):
         self.w = watcher
         self.run, self.world, self.session = watcher.run, watcher.world, watcher.session
-        self.progress = Progress(self.run, list(range(self.world)), bool(watcher.config["output"]))
-        self.stall_s: Optional[float] = watcher.config["stall_s"]
+        self.progress = Progress(self.run, list(range(self.world)), watcher.config.output)
+        self.stall_s = watcher.config.stall_s
         self.open: Optional[Stall] = None
         self.open_seen = 0.0  # when the open stall was seen (monotonic)
         self.done = False  # a verdict ended the ranks: nothing more to watch
@@ -251,7 +253,7 @@ class Leader:
         found = stacks.culprit([self._dump(folder, r, healths.get(r), r in ended) for r in range(self.world)])
         assert found is not None  # world >= 1
         self.progress.update()
-        action = "none" if self.progress.latest() > seen else self.w.config["action"]
+        action = "none" if self.progress.latest() > seen else self.w.config.action
         stall = Stall(number, at, since, found.line, found.rank, found.host, action,
                       now_iso() if action == "none" else None)
         stall = self._record(stall)
@@ -308,11 +310,11 @@ class Leader:
             self.recorded = now
             self.run.update(straggler=Straggler(slow.rank, slow.host, round(slow.others_wait_pct, 1), now_iso()))
         minute = all(h.waits is not None and h.waits.recent_total_s >= 0.9 * 60 for h in healths)
-        if minute and not self.warned and slow.others_wait_pct > float(self.w.config["straggler_pct"]):
+        if minute and not self.warned and slow.others_wait_pct > self.w.config.straggler_pct:
             self.warned = True
             line = (f"health: rank {slow.rank} on {slow.host} is the slowest: the others waited "
                     f"{slow.others_wait_pct:.0f}% of their time in collectives over the last minute "
-                    f"(health.straggler_wait_pct: {float(self.w.config['straggler_pct']):g})")
+                    f"(health.straggler_wait_pct: {self.w.config.straggler_pct:g})")
             self._say(f"clusterjob: warning: {line}")
             info = self.run.read()
             self.run.update(warnings=[w for w in info.warnings if not w.startswith("health: ")] + [line])
@@ -350,11 +352,8 @@ def _native(pid: int) -> Optional[str]:
     return done.stdout + (f"(py-spy exited {done.returncode}: {done.stderr.strip()})\n" if done.returncode else "")
 
 
-def _nccl_trace(rank: int, folder: Path) -> None:
+def _nccl_trace(rank: int, folder: Path, pipe: str, trace: str) -> None:
     """Ask torch (under NCCL) to dump its flight recorder, and copy the dump beside the stacks."""
-    pipe, trace = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"), health.nccl_dump_prefix(os.environ)
-    if not pipe or not trace:
-        return
     target = Path(f"{trace}{rank}")
     before = _stamp(target)
     try:
@@ -405,7 +404,7 @@ def _arm_parent_death(parent: int, gone: threading.Event) -> None:
 
 
 def main(argv: list[str]) -> int:
-    Watcher(json.loads(argv[0])).watch()
+    Watcher(WatchConfig.of(argv[0])).watch()
     return 0
 
 

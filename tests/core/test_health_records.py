@@ -45,8 +45,8 @@ def test_an_open_stall_is_shown_with_how_long_and_the_culprit():
     assert stalls.open_stall(RunRecord(status="running", stalls=[stall("warn", ended_at="x")])) is None
     assert stalls.open_stall(RunRecord(status="failed", stalls=[warned])) is None
     now = datetime(2026, 1, 1, 12, 12, tzinfo=timezone.utc)
-    assert stalls.shown(warned, now) == "stalled 12.0 min (rank 1 on node2: time.sleep at train.py:40)"
-    assert stalls.shown(warned, now + timedelta(hours=2)).startswith("stalled 2.20 h (")
+    assert stalls.summary(warned, now) == "stalled 12.0 min (rank 1 on node2: time.sleep at train.py:40)"
+    assert stalls.summary(warned, now + timedelta(hours=2)).startswith("stalled 2.20 h (")
 
 
 def health(rank: int, share: float, total: float = 60.0, host: str = "") -> rankhealth.RankHealth:

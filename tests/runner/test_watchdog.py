@@ -6,11 +6,12 @@ from __future__ import annotations
 from clusterjob.core import rankhealth
 from clusterjob.core.rundir import RunDir, create_run
 from clusterjob.runner import watchdog
+from clusterjob.runner.watchconfig import WatchConfig
 
 
-def config(run: RunDir, **more) -> dict:
-    return {"run": str(run.path), "rank": 0, "world": 2, "session": "s1", "stall_s": None, "action": "stop",
-            "output": True, "straggler_pct": 30.0, "nccl": False, **more}
+def config(run: RunDir) -> WatchConfig:
+    return WatchConfig(str(run.path), rank=0, world=2, session="s1", stall_s=None, action="stop", output=True,
+                       straggler_pct=30.0)
 
 
 def waits(rank: int, share: float, minute: float) -> rankhealth.RankHealth:
