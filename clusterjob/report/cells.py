@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from clusterjob.core import asha, units
+from clusterjob.core import asha, runstate, units
 from clusterjob.core.errors import escape
 from clusterjob.report.searchcost import search_record
 from clusterjob.report.stats import COMPLETE, PARTIAL, TRIAL, UNFINISHED, Experiment, json_value, run_metrics
@@ -155,9 +155,9 @@ def _trial_end(experiment: Experiment, at: int, metric: str) -> str:
     status = str(row["status"])
     epoch, planned = row["epochs"], row["planned_epochs"]
     step = row["step"] if "step" in row.index else pd.NA
-    if status == "pruned":
+    if status == runstate.PRUNED:
         return asha.pruned_text(experiment.results.infos[at]["pruned"], metric, "epoch" if pd.notna(epoch) else "step")
-    if status in ("completed", "failed"):
+    if status in (runstate.COMPLETED, runstate.FAILED):
         return status
     if pd.notna(epoch) and epoch > 0:
         return f"{status} at epoch {_value('epochs', epoch)}" + (f" of {planned}" if pd.notna(planned) else "")
