@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, MutableMapping, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import jobrun
+from clusterjob.core import jobrun, runstate
 from clusterjob.core.errors import BadInput
 from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
@@ -180,7 +180,7 @@ def _why_not_continued(run: RunDir, spec_yaml: str) -> Optional[str]:
     spec.yaml holds another spec (the script's arguments or the spec file changed)."""
     from clusterjob.core.files import read_text
 
-    if run.read().status == "completed":
+    if run.read().status == runstate.COMPLETED:
         return "completed"
     if read_text(run.spec_file)[0] != spec_yaml:
         return "a run of another spec"

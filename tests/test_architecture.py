@@ -344,6 +344,94 @@ def test_only_the_record_module_reads_or_writes_run_json():
     assert offenders == [], "read or write run.json through clusterjob.core.record in: " + ", ".join(offenders)
 
 
+# ----------------------------------------------------------------------------- run states
+
+def _names_a_state(node: ast.AST) -> bool:
+    """``node`` holds a run state's literal ("running", "failed", ...) anywhere in it."""
+    from clusterjob.core.runstate import STATUSES
+
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in STATUSES for n in ast.walk(node))
+
+
+def _all_states(items: list) -> bool:
+    """A display of run states' literals only (a tuple, list or set of them; a mapping's keys or values)."""
+    from clusterjob.core.runstate import STATUSES
+
+    return bool(items) and all(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in STATUSES
+                               for n in items)
+
+
+def _a_status(node: ast.AST) -> bool:
+    """``node`` reads a run's status: a name ``status``, an attribute ``.status``, a key
+    ``["status"]``, or a method or attribute of one (``runs["status"].astype(object)``)."""
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and node.attr == "status":
+            return True
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "status":
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return isinstance(node, ast.Name) and node.id == "status"
+
+
+def _status_literal(node: ast.AST) -> bool:
+    """``node`` writes, compares or lists a run state by its literal, or writes a status
+    without a transition (``update(status=...)``)."""
+    if isinstance(node, ast.keyword) and node.arg == "status":
+        return _names_a_state(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+        named = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        if named == "update" and any(k.arg == "status" for k in node.keywords):
+            return True
+        return _a_status(node.func) and any(map(_names_a_state, [*node.args, *(k.value for k in node.keywords)]))
+    if isinstance(node, ast.Dict):
+        pairs = [(k, v) for k, v in zip(node.keys, node.values) if k is not None]
+        keyed = any(isinstance(k, ast.Constant) and k.value == "status" and _names_a_state(v) for k, v in pairs)
+        return keyed or _all_states([k for k, _ in pairs]) or _all_states(node.values)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return _all_states(node.elts)
+    if isinstance(node, (ast.Compare, ast.BoolOp)):
+        operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else node.values
+        return any(map(_a_status, operands)) and any(map(_names_a_state, [o for o in operands if not _a_status(o)]))
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return node.value is not None and any(map(_a_status, targets)) and _names_a_state(node.value)
+    return False
+
+
+def status_literals(trees: dict) -> list[str]:
+    """module:line of each run state written, compared or listed by its literal outside
+    clusterjob.core.runstate, and of each status written without a transition."""
+    found = {(name, node.lineno) for name, tree in trees.items() if name != "clusterjob.core.runstate"
+             for node in ast.walk(tree) if _status_literal(node) and hasattr(node, "lineno")}
+    return [f"{name}:{line}" for name, line in sorted(found)]
+
+
+def test_run_states_are_named_and_moved_by_the_run_state_module_alone():
+    """A run's status is written by a transition of clusterjob.core.runstate
+    (``run.update(runstate.fail(error))``), and read, compared and listed by its names
+    there (``info.status == runstate.RUNNING``, ``runstate.FINAL_STATUSES``): no other
+    module spells a state."""
+    offenders = status_literals(modules())
+    assert offenders == [], "use clusterjob.core.runstate's transitions and names in: " + ", ".join(offenders)
+
+
+def test_the_run_state_rule_sees_each_form():
+    forms = ['run.update(status="failed")', 'run.update(status=outcome.status)', 'make(status="pending")',
+             'fields = {"status": "cancelled"}', 'info.status == "running"', 'view.record.status in ("a", "pending")',
+             'status != "completed"', 'runs["status"].astype(object) == "pruned"', 'status.isin(["timeout"])',
+             'self.status = "running"', 'status: str = "preempted" if x else y', 'info.status or "running"',
+             'ENDS = ("completed", "failed")', 'ONLY = ["cancelled"]', 'MAP = {"completed": "FINISHED", "failed": 1}',
+             'MAP = {1: "failed", 2: "pruned"}']
+    for source in forms:
+        assert status_literals({"clusterjob.x": ast.parse(source)}) == ["clusterjob.x:1"], source
+    allowed = ['info.status == runstate.RUNNING', 'status = view.record.status', 'x = "failed"', 'f(state="failed")',
+               'GO, FAILED = "go", "failed"', 'table["completed"] = 1', 'client.update_run(r, status="RUNNING")',
+               'row = {"status": info.status or UNKNOWN}']
+    for source in allowed:
+        assert status_literals({"clusterjob.x": ast.parse(source)}) == [], source
+    assert status_literals({"clusterjob.core.runstate": ast.parse('RUNNING = "running"\nX = ("pending", "running")')}) == []
+
+
 RECORD_NAMES = ("info", "record", "view")  # what code calls a run's record, or a mapping made of it
 # The report's rows are mappings by design: each run flattened once (report.reading._info,
 # cached as JSON in .clusterjob-cache.npz), keyed by the column names of the tables they

@@ -23,9 +23,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, TypeGuard
 
-from clusterjob.core import unmade
+from clusterjob.core import runstate, unmade
 from clusterjob.core.files import NOT_JSON, loads, locked, now_iso, publish, read_text, shown, write_atomic
 from clusterjob.core.procs import ProcessRef
+from clusterjob.core.runstate import Reason
 
 INFO_FILE = "run.json"
 LOCK_FILE = INFO_FILE + ".lock"  # held by each update of run.json, so that updates take turns
@@ -177,6 +178,7 @@ class RunRecord:
     final: Optional[dict] = None  # the last epoch's metrics; your code's: each metric's latest value
     warnings: list = field(default_factory=list)  # what a finished run found wrong, one line each
     error: Optional[RunError] = None
+    reason: Optional[Reason] = None  # why it ended so, where its status alone does not tell (clusterjob.core.runstate)
     entrypoint: Optional[dict] = None  # what ran, its resolved args, params, snapshot
     env: Optional[dict] = None  # the spec's env as its spec.yaml holds it: a secret's value is ***
     code_dir: Optional[str] = None  # the snapshot the code ran from
@@ -529,6 +531,23 @@ def _mapping_field(raw: dict, key: str, problems: list, wanted: str = "a mapping
     return None
 
 
+# The error of a run the health watchdog's verdict ended (clusterjob.core.stalls): what tells
+# such a run in a run.json written before the record had its ``reason``.
+STALLED_ERROR = "stalled: "
+
+
+def _reason_field(raw: dict, problems: list, error: Optional[RunError]) -> Optional[Reason]:
+    """Why the run ended so (clusterjob.core.runstate.REASONS); a run.json of an earlier
+    version has no ``reason``: there a stall's failure is told by its error, here once."""
+    if "reason" not in raw:
+        return runstate.STALLED if error is not None and (error.message or "").startswith(STALLED_ERROR) else None
+    value = raw["reason"]
+    if value is None or value in runstate.REASONS:
+        return value
+    problems.append(_bad("reason", value, f"a reason ({', '.join(runstate.REASONS)})"))
+    return None
+
+
 def error_of(raw: Any) -> Optional[RunError]:
     """A rank's error file (logs/rankN.error.json) as a record, fields type-checked;
     None when it is no mapping."""
@@ -550,7 +569,8 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
             values[key] = _int_field(raw, key, problems)
     return _whole(
         values, job=_job_field(raw, problems), params=_params_field(raw, problems),
-        final=_final_field(raw, problems), error=_error_field(raw, problems),
+        final=_final_field(raw, problems), error=(error := _error_field(raw, problems)),
+        reason=_reason_field(raw, problems, error),
         hosts=_text_list_field(raw, "hosts", problems, "a list of node names"),
         warnings=_text_list_field(raw, "warnings", problems, "a list of lines of text"),
         after=_text_list_field(raw, "after", problems, "a list of run folders"),
@@ -589,22 +609,6 @@ def read_record(folder: "str | os.PathLike") -> tuple[RunRecord, list[str]]:
 
 # ----------------------------------------------------------------------------- writing
 
-# Written by tasks that may still run for a few seconds after a cancel, a prune, or a stall's verdict.
-_LATE_FIELDS = ("status", "finished_at", "error")
-_STANDING = ("cancelled", "pruned")  # ends that late writes of the ranks never undo
-STALLED = "stalled: "  # the error of a run the health watchdog's verdict ended (clusterjob.core.stalls)
-
-
-def _stands(record: RunRecord, fields: dict) -> bool:
-    """Whether the run's end stands against a write of ``fields``: a cancelled or pruned
-    run, and a run a stall's verdict failed (its ranks, ended on purpose, may still
-    record a stop or an error of their own), except for the retry that reopens it (pending)."""
-    if record.status in _STANDING:
-        return True
-    stalled = record.status == "failed" and record.error is not None and (record.error.message or "").startswith(
-        STALLED)
-    return stalled and fields.get("status") != "pending"
-
 
 def create(folder: "str | os.PathLike", **fields: Any) -> None:
     """Write the run.json of a run folder being made, holding ``fields`` (record fields
@@ -637,22 +641,26 @@ def materialize(folder: "str | os.PathLike") -> bool:
     return True
 
 
-def update(folder: "str | os.PathLike", reopen: bool = False, **fields: Any) -> RunRecord:
+def update(folder: "str | os.PathLike", move: Optional[runstate.Move] = None, reopen: bool = False,
+           **fields: Any) -> RunRecord:
     """Set ``fields`` (record fields only: anything else raises TypeError) in a run
-    folder's run.json, atomically; returns the new record. Only the given keys change
-    on disk, and with ``job`` its Slurm id as ``slurm_job_id`` (null for another
-    executor's job), the key earlier versions read. A cancelled (or pruned) run stays so
-    unless ``reopen``: the run was started again on purpose; so does a run a stall
-    failed, but for its retry (``_stands``). Updates take turns (a lock file beside
-    run.json): each reads what the one before wrote, so none undoes another's fields."""
+    folder's run.json, atomically, with the state ``move`` leads to (clusterjob.core.runstate);
+    returns the new record. Only the given keys change on disk, and with ``job`` its
+    Slurm id as ``slurm_job_id`` (null for another executor's job), the key earlier
+    versions read. A cancelled (or pruned) run stays so, and so does a run a stall failed,
+    but for the moves that start it again (``runstate.written``); a write of ``status``
+    without a move follows the same table, ``reopen`` as the move of that name. Updates
+    take turns (a lock file beside run.json): each reads what the one before wrote, so
+    none undoes another's fields."""
     path = info_path(folder)
     materialize(folder)  # a run its task has not made yet: made here first
     with locked(Path(folder) / LOCK_FILE):
         raw, _ = read_raw(path)
         record, _ = checked(raw)
         _known(fields)
-        if not reopen and _stands(record, fields):
-            fields = {k: v for k, v in fields.items() if k not in _LATE_FIELDS}
+        if move is None and "error" in fields and "reason" in raw:
+            fields = {"reason": None, **fields}  # the reason went with the error it explained (``_reason_field``)
+        fields = runstate.written(record, fields, move, reopen)
         raw.update((key, to_json(value)) for key, value in fields.items())
         if "job" in fields:
             raw["slurm_job_id"] = _slurm_id(fields["job"])

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from clusterjob.core import runstate
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import Attempt, RunError, RunRecord
 from clusterjob.core.rundir import RunDir
@@ -112,8 +113,7 @@ def record_attempt(run: RunDir, why: str, retry: Optional[int], job: Optional[st
     if retry is None:
         return run.update(attempts=[*info.attempts, attempt])
     _keep_errors(run, len(info.attempts) + 1)
-    return run.update(attempts=[*info.attempts, attempt], retries=retry, status="pending", error=None,
-                      finished_at=None)
+    return run.update(runstate.retry(), attempts=[*info.attempts, attempt], retries=retry)
 
 
 def _keep_errors(run: RunDir, number: int) -> None:

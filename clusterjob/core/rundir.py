@@ -1,10 +1,10 @@
 """The run folder: spec.yaml, run.json, metrics.jsonl, checkpoints/, logs/ (docs/design.md,
 "Results layout").
 
-This module is the one owner of what a results folder holds: the file names, the
-run states, and which folders are runs (and in what order). run.json itself, the
-run's own record, is read and written only through clusterjob.core.record
-(``RunDir.read``, ``RunDir.update``).
+This module is the one owner of what a results folder holds: the file names and which
+folders are runs (and in what order). run.json itself, the run's own record, is read
+and written only through clusterjob.core.record (``RunDir.read``, ``RunDir.update``),
+its states through clusterjob.core.runstate.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import claim, record, sweep, unmade
+from clusterjob.core import claim, record, runstate, sweep, unmade
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import batched, lines_from_end, loads, now_iso, read_text, write_atomic, write_new
+from clusterjob.core.files import batched, lines_from_end, loads, read_text, write_atomic, write_new
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 
 SPEC_FILE = "spec.yaml"
@@ -34,11 +34,6 @@ TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
 TELEMETRY_FILE = "telemetry.jsonl"  # each rank's GPU samples (clusterjob.core.telemetry)
 SEARCH_FILE = "search.json"  # a search's record (clusterjob.search.record): its trials are the runs in its folder
-
-STATUSES = ("pending", "running", "completed", "failed", "timeout", "preempted", "cancelled", "pruned")
-# pruned: a trial of a search that its search stopped early (clusterjob.search.asha): a result, never a failure
-FINAL_STATUSES = ("completed", "failed", "cancelled", "pruned")
-UNKNOWN = "unknown"  # the state shown for a run whose run.json gives none
 
 
 def new_run_id() -> str:
@@ -99,9 +94,10 @@ class RunDir:
         """The run's record with every problem found; never raises."""
         return record.read_record(self.path)
 
-    def update(self, reopen: bool = False, **fields: Any) -> RunRecord:
-        """Set record ``fields`` in run.json atomically (see clusterjob.core.record.update)."""
-        return record.update(self.path, reopen=reopen, **fields)
+    def update(self, move: Optional[runstate.Move] = None, reopen: bool = False, **fields: Any) -> RunRecord:
+        """Set record ``fields`` in run.json atomically, with the state ``move`` leads to
+        (see clusterjob.core.record.update)."""
+        return record.update(self.path, move, reopen=reopen, **fields)
 
     def error_file(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.error.json"
@@ -150,7 +146,7 @@ def create_run_at(path: Path, name: str, spec_yaml: str, params: dict, claim_as:
     if claim_as is not None:
         claim.take(run.path, claim_as)
     write_atomic(run.spec_file, spec_yaml)
-    run.update(**{"run_id": run.path.name, "name": name, "status": "pending", "params": params, "job": None,
+    run.update(**{"run_id": run.path.name, "name": name, "status": runstate.PENDING, "params": params, "job": None,
                   "hosts": [], "world_size": None, "requeues": 0, "started_at": None, "finished_at": None,
                   "final": None, "error": None, **fields})
     return run
@@ -435,7 +431,7 @@ def first_error(run: RunDir) -> Optional[RunError]:
 
 def mark_failed(run: RunDir, fallback: str) -> RunRecord:
     """Set run.json to failed with the first rank error (or ``fallback`` when none was written)."""
-    return run.update(status="failed", error=failure(run, fallback), finished_at=now_iso())
+    return run.update(runstate.fail(failure(run, fallback)))
 
 
 def failure(run: RunDir, fallback: str) -> RunError:

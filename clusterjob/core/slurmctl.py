@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Iterable, Optional
 
+from clusterjob.core import runstate
 from clusterjob.core.errors import BadInput, SlurmUnreachable, brief, escape
 
 TIMEOUT_S = 15
@@ -326,6 +327,17 @@ def _tasks(job: str) -> list[str]:
             return []
         tasks += [f"{found.group(1)}_{task}" for task in range(low, high + 1)]
     return tasks
+
+
+# Slurm's states of a job that ended (sacct's State, squeue -t all's %T), each with the
+# state of a run whose job ended so without the run recording its own end: the one table
+# of both (the Slurm executor's found ends, the preflight's count of jobs that ended). A
+# job that completed without its run saying so lost its end: failed; any other state a
+# job has in the queue (PENDING, RUNNING, REQUEUED, ...).
+ENDED = {"COMPLETED": runstate.FAILED, "FAILED": runstate.FAILED, "NODE_FAIL": runstate.FAILED,
+         "OUT_OF_MEMORY": runstate.FAILED, "BOOT_FAIL": runstate.FAILED, "REVOKED": runstate.FAILED,
+         "DEADLINE": runstate.TIMEOUT, "TIMEOUT": runstate.TIMEOUT, "PREEMPTED": runstate.PREEMPTED,
+         "CANCELLED": runstate.CANCELLED}
 
 
 def accounting_states(job_ids: list[str]) -> Optional[dict[str, str]]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Optional
 
-from clusterjob.core import units
-from clusterjob.core.record import STALLED, RunError, RunRecord, Stall, parse_time
+from clusterjob.core import runstate, units
+from clusterjob.core.record import STALLED_ERROR, RunError, RunRecord, Stall, parse_time
 
-PREFIX = STALLED  # the error and the retry's reason: "stalled: rank 1 on node2: time.sleep at train.py:40; ..."
+PREFIX = STALLED_ERROR  # the error and the retry's reason: "stalled: rank 1 on node2: time.sleep at train.py:40; ..."
 ENDING = ("retry", "stop")  # verdicts that end the ranks
 
 
@@ -42,7 +42,7 @@ def verdict(info: RunRecord) -> Optional[Stall]:
 
 def open_stall(info: RunRecord) -> Optional[Stall]:
     """The stall of a running run that no progress ended yet (``on_stall: warn``)."""
-    if info.status != "running" or not info.stalls:
+    if info.status != runstate.RUNNING or not info.stalls:
         return None
     last = info.stalls[-1]
     return last if last.ended_at is None and last.action == "warn" else None

@@ -26,7 +26,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import sweepnames
+from clusterjob.core import runstate, sweepnames
 from clusterjob.core.files import loads, read_text, write_new
 
 SUFFIX = ".points"  # JSON; no ".json" suffix: .sweeps/*.json are the sweeps' records
@@ -97,7 +97,7 @@ def _row_ok(row: Any, count: int, texts: int, values: int) -> bool:
 
 def pending_fields(run_id: str, name: str, params: dict, **fields: Any) -> dict:
     """A new run's run.json: pending, with ``fields``; the one shape of a made and an unmade run."""
-    return {"run_id": run_id, "name": name, "status": "pending", "params": params, "job": None, "hosts": [],
+    return {"run_id": run_id, "name": name, "status": runstate.PENDING, "params": params, "job": None, "hosts": [],
             "world_size": None, "requeues": 0, "started_at": None, "finished_at": None, "final": None,
             "error": None, **fields}
 

@@ -13,6 +13,7 @@ import contextvars
 from pathlib import Path
 from typing import Optional, Sequence
 
+from clusterjob.core import runstate
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import RunDir, find_runs
 from clusterjob.launch import executor
@@ -57,16 +58,16 @@ def states(paths: Sequence["str | Path"]) -> list[Dependency]:
 
 def _dependency(run: RunDir, view: RunView) -> Dependency:
     record = view.record
-    status = record.status or "unknown"
+    status = record.status or runstate.UNKNOWN
     job = record.job if view.queue_state else None  # in its executor's queue
-    if status == "completed":
+    if status == runstate.COMPLETED:
         return Dependency(run, DONE, status)
-    if status in ("failed", "cancelled"):
+    if status in (runstate.FAILED, runstate.CANCELLED):
         said = f": {record.error.message}" if record.error is not None and record.error.message else ""
         return Dependency(run, FAILED, f"{status}{said}")
     owner = executor.of_record(record)
     live = view.queue_state or (owner.live(run, view) if owner is not None and run.exists() else None)
-    if status in ("pending", "running") or live:
+    if status in runstate.ACTIVE or live:
         return Dependency(run, WAITING, status + (f", job {job.id}" if job else ""), job)
     return Dependency(run, FAILED, f"{status} and nothing runs it (`clusterjob resume {run.path}` starts it)")
 

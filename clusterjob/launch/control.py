@@ -20,20 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, rankhealth, stalls, sweep, telemetry, units, unmade
+from clusterjob.core import claim, rankhealth, runstate, stalls, sweep, telemetry, units, unmade
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import many_reads, open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    STATUSES,
-    UNKNOWN,
-    RunDir,
-    find_runs,
-    first_error,
-    natural_key,
-    no_runs,
-)
+from clusterjob.core.rundir import RunDir, find_runs, first_error, natural_key, no_runs
+from clusterjob.core.runstate import FINAL_STATUSES, STATUSES, UNKNOWN
 from clusterjob.launch import chain, executor
 from clusterjob.launch.executor import BEING_SUBMITTED, RunView
 
@@ -75,7 +67,7 @@ def _state(view: RunView) -> str:
         return stalls.summary(stalled).split(" (", 1)[0]  # "stalled 12.0 min"; the culprit under the table
     if view.note:
         return f"{state} ({view.note})"
-    if view.queue_state and status in ("pending", "running", "preempted", "timeout"):
+    if view.queue_state and status in (*runstate.ACTIVE, *runstate.STOPPED):
         return f"{state} ({_escaped(view.queue_state).lower()})"
     return state
 
@@ -94,13 +86,13 @@ def status_table(runs: list[RunDir], found: list[RunView]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     waits: dict[tuple, list] = {}  # the runs of one sweep wait for the same runs: asked once
     for run, info in zip(runs, (view.record for view in found)):
-        if info.status == "pending" and info.after:
+        if info.status == runstate.PENDING and info.after:
             if tuple(info.after) not in waits:
                 waits[tuple(info.after)] = chain.states(info.after)
             deps = waits[tuple(info.after)]
             if not chain.all_done(deps):
                 lines.append(f"{_escaped(run.run_id)}: {_escaped(chain.waiting_line(deps))}")
-        if info.status == "failed" and info.error:
+        if info.status == runstate.FAILED and info.error:
             lines.append(_error_lines(run, info.error))
         lines += [f"{_escaped(run.run_id)}: {_escaped(line)}" for line in _health_lines(run, info)]
         lines += [f"{_escaped(run.run_id)}: warning: {_escaped(w)}" for w in info.warnings[:_MAX_RUN_WARNINGS]]
@@ -109,7 +101,7 @@ def status_table(runs: list[RunDir], found: list[RunView]) -> str:
 
 def _health_lines(run: RunDir, info: RunRecord) -> list[str]:
     """A running run's open stall with its culprit, and the rank its others wait for."""
-    if info.status != "running":
+    if info.status != runstate.RUNNING:
         return []
     stalled = stalls.open_stall(info)
     lines = [stalls.summary(stalled)] if stalled is not None else []
@@ -244,7 +236,7 @@ LISTED = 20  # the most runs status lists without --runs
 
 # ----------------------------------------------------------------------------- a sweep as one thing
 
-ONLY = ("failed", "cancelled", "preempted")  # what --only narrows a sweep's runs to
+ONLY = (runstate.FAILED, runstate.CANCELLED, runstate.PREEMPTED)  # what --only narrows a sweep's runs to
 # What cancel --only narrows to: the states a run can be cancelled in (the CLI's metavar says them too).
 CANCELLABLE = tuple(status for status in STATUSES if status not in FINAL_STATUSES)
 
@@ -362,7 +354,7 @@ def _metric_of(run: RunDir, record: RunRecord) -> Optional[tuple[str, float]]:
     if final:
         name = metrics.default_metric(metrics.table_order(final))
         return (name, final[name]) if name in final else None
-    if record.status != "running":
+    if record.status != runstate.RUNNING:
         return None
     latest = metrics.own_latest(run.path, record.entrypoint)
     return (latest.name, latest.value) if latest is not None else None
@@ -376,7 +368,7 @@ def _lower_is_better(name: str) -> bool:
 def _unlisted(target: Target, runs: list[RunDir], found: list[RunView], only: Optional[str]) -> str:
     """Under the summary of a folder too large to list: how to list it, and the first
     failed runs' errors."""
-    failed = [(run, view) for run, view in zip(runs, found) if view.record.status == "failed"]
+    failed = [(run, view) for run, view in zip(runs, found) if view.record.status == runstate.FAILED]
     lines = [_error_lines(run, view.record.error) for run, view in failed[:3] if view.record.error]
     if len(failed) > 3:
         lines.append(f"... and {len(failed) - 3} more failed: `clusterjob status {target.label} --only failed --runs`")
@@ -457,7 +449,7 @@ def _no_logs(run: RunDir, rank: int) -> BadInput:
     if world is None:
         never = "it never started" if view.record.status in FINAL_STATUSES else "its ranks have not started yet"
         return BadInput(f"no logs for rank {rank} of {run.path}: the run is {state} and {never}")
-    if view.record.status in ("pending", "running"):
+    if view.record.status in runstate.ACTIVE:
         return BadInput(f"no logs for rank {rank} of {run.path} yet: the run is {state} and the rank wrote nothing "
                         "yet; try again in a moment")
     return BadInput(f"no logs for rank {rank} in {run.logs}: the run is {state} and the rank's log files are gone")
@@ -546,7 +538,7 @@ def _ended(run: RunDir) -> bool:
     status = view.record.status
     if status in FINAL_STATUSES or view.orphaned:
         return True
-    if status in ("pending", "running") or view.unanswered or view.queue_state:
+    if status in runstate.ACTIVE or view.unanswered or view.queue_state:
         return False
     return True
 

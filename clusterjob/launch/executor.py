@@ -35,11 +35,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Optional, Sequence
 
-from clusterjob.core import claim, plugins, procs, sweep
+from clusterjob.core import claim, plugins, procs, runstate, sweep
 from clusterjob.core.errors import BadInput
-from clusterjob.core.files import many_reads, now_iso
+from clusterjob.core.files import many_reads
 from clusterjob.core.record import Job, RunError, RunRecord, amended
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir
+from clusterjob.core.rundir import RunDir
 from clusterjob.launch import executors
 
 if TYPE_CHECKING:  # the spec's module (and YAML) is not needed to list or read runs
@@ -282,7 +282,7 @@ def views(runs: list[RunDir], write_back: bool = False) -> list[RunView]:
             found.append(RunView(sweep.resolved(run.path, record, records), problems))
     groups: dict[str, list[int]] = {}
     for index, view in enumerate(found):
-        executor = of_record(view.record) if view.record.status not in FINAL_STATUSES else None
+        executor = of_record(view.record) if view.record.status not in runstate.FINAL_STATUSES else None
         if executor is not None:
             groups.setdefault(executor.name, []).append(index)
     for name, indices in groups.items():
@@ -299,16 +299,16 @@ def records(folders: Sequence) -> list[RunRecord]:
     return [view.record for view in views([RunDir(Path(folder)) for folder in folders])]
 
 
-def apply_found(run: RunDir, view: RunView, fields: dict, write_back: bool) -> RunView:
-    """The view with ``fields``, what the executor found (a job's or the processes' end);
+def apply_found(run: RunDir, view: RunView, move: runstate.Move, write_back: bool) -> RunView:
+    """The view after ``move``, what the executor found (a job's or the processes' end);
     written to run.json with ``write_back``, unless the run recorded its own end meanwhile
     (its word wins)."""
     if not write_back:
-        return replace(view, record=amended(view.record, **fields))
+        return replace(view, record=amended(view.record, **runstate.written(view.record, {}, move)))
     now = run.read()
-    if now.status in FINAL_STATUSES:
+    if now.status in runstate.FINAL_STATUSES:
         return RunView(now, view.problems)
-    return RunView(run.update(**fields), view.problems)
+    return RunView(run.update(move), view.problems)
 
 
 def unhanded(run: RunDir, view: RunView, write_back: bool) -> RunView:
@@ -318,10 +318,10 @@ def unhanded(run: RunDir, view: RunView, write_back: bool) -> RunView:
     went down) and nothing will ever start it: failed, and ``resume`` starts it."""
     if claim.handing_over(run.path) is not None:
         return replace(view, note=BEING_SUBMITTED)
-    fields = {"status": "failed", "finished_at": now_iso(), "error": RunError(
+    ended = runstate.fail(RunError(
         None, "its submission ended before it handed the run over (the submit or resume was killed, or its "
-              f"machine went down): no job or process has it; `clusterjob resume {run.path}` starts it")}
-    return apply_found(run, view, fields, write_back)
+              f"machine went down): no job or process has it; `clusterjob resume {run.path}` starts it"))
+    return apply_found(run, view, ended, write_back)
 
 
 BEING_SUBMITTED = "being submitted"
@@ -332,5 +332,5 @@ def cancel_unstarted(run: RunDir, info: RunRecord) -> list[str]:
     with none, nothing will start it."""
     if info.launcher is not None and procs.check(info.launcher) is None:
         return ["no rank started yet: its supervisor will not start it (or stops it at once)"]
-    run.update(status="cancelled", finished_at=now_iso())
+    run.update(runstate.cancel())
     return ["no rank process recorded yet: the run will not start"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Iterator, Optional
 
-from clusterjob.core import sweep, unmade
+from clusterjob.core import runstate, sweep, unmade
 from clusterjob.core.errors import BadInput, Failure, escape
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError
@@ -176,7 +176,7 @@ def _removed(runs: list[RunDir], made: list[Path]) -> bool:
 def _mark_failed(run: RunDir, message: str) -> None:
     error = RunError(None, message, "", now_iso())
     with contextlib.suppress(OSError):  # a run.json that cannot be written (a full disk) stays as it was
-        run.update(status="failed", finished_at=now_iso(), error=error)
+        run.update(runstate.fail(error))
 
 
 @contextlib.contextmanager

@@ -31,10 +31,6 @@ from clusterjob.core.errors import SlurmUnreachable
 QUEUE = "squeue -t all"
 QUEUE_CMD = ["squeue", "-r", "-t", "all", "-o", "%i|%u|%a|%q|%T"]
 ASSOC = "sacctmgr show assoc"
-# The states of a job that has ended: it counts for MaxJobCount while the controller
-# holds it, never for a submit limit.
-_ENDED = frozenset(("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-                    "DEADLINE", "OUT_OF_MEMORY", "REVOKED"))
 _SPLIT_FIX = ("resources.array_parallelism does not help (it bounds the tasks that run, and every queued task "
               "counts): ")
 
@@ -63,6 +59,7 @@ class Job:
     user: str
     account: str
     qos: str
+    # In a state of slurmctl.ENDED: it counts for MaxJobCount while the controller holds it, never for a submit limit.
     ended: bool
 
 
@@ -136,7 +133,7 @@ def _queue(ask: Ask, unanswered_fix: str, unread_fix: str) -> list[Job]:
     text = getattr(done, "stdout", "") or ""
     if not text.startswith("JOBID|"):
         raise Unknown(slurmctl.unreadable(QUEUE, "JOBID", text[:40] or None), unread_fix)
-    return [Job(row.get("USER", ""), row.get("ACCOUNT", ""), row.get("QOS", ""), row.get("STATE", "") in _ENDED)
+    return [Job(row.get("USER", ""), row.get("ACCOUNT", ""), row.get("QOS", ""), row.get("STATE", "") in slurmctl.ENDED)
             for row in slurmctl.table(text)]
 
 

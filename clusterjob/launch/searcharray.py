@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import slurmctl
+from clusterjob.core import runstate, slurmctl
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso, write_atomic
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir
+from clusterjob.core.rundir import RunDir
 from clusterjob.launch.resources import SESSION_MARK, sbatch_options, signal_delay_s
 from clusterjob.search import record as searchmod
 from clusterjob.spec.schema import Spec
@@ -104,7 +104,7 @@ def cancel(folder: Path, runs: list[RunDir], wait_s: float) -> list[str]:
     job = searchmod.read(folder)[0].job_id
     if job is None:
         return []
-    unfinished = [run for run in runs if run.read().status not in FINAL_STATUSES]
+    unfinished = [run for run in runs if run.read().status not in runstate.FINAL_STATUSES]
     for run in unfinished:  # first, so that their ranks record the stop as a cancel
         run.update(cancel_requested_at=now_iso())
     if not slurmctl.cancel(job):
@@ -116,6 +116,6 @@ def cancel(folder: Path, runs: list[RunDir], wait_s: float) -> list[str]:
             return [f"cancelled Slurm array {job}; it is still ending: `clusterjob status {folder}` shows it"]
         time.sleep(1.0)
     for run in unfinished:
-        if run.read().status not in FINAL_STATUSES:
-            run.update(status="cancelled", finished_at=now_iso())
+        if run.read().status not in runstate.FINAL_STATUSES:
+            run.update(runstate.cancel())
     return [f"cancelled Slurm array {job}"]

@@ -10,17 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import claim, units
+from clusterjob.core import claim, runstate, units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import now_iso
-from clusterjob.core.rundir import STATUSES, UNKNOWN
+from clusterjob.core.runstate import STATUSES, UNKNOWN
 from clusterjob.launch import executor
 from clusterjob.search import record as searchmod
 from clusterjob.search import trials as trialmod
 from clusterjob.spec.schema import check_paths, load_spec
 from clusterjob.spec.yamlfile import override_value
 
-COUNTED = ("completed", "running", "pruned", "failed", "cancelled")
+COUNTED = (runstate.COMPLETED, runstate.RUNNING, runstate.PRUNED, runstate.FAILED, runstate.CANCELLED)
 
 
 def summary(folder: Path) -> list[str]:
@@ -57,7 +57,7 @@ def best_trial(folder: Path) -> Optional[tuple]:
     for run in trialmod.trial_runs(folder):
         info = run.read()
         value = (info.final or {}).get(record.metric or "")
-        if info.status == "completed" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if info.status == runstate.COMPLETED and isinstance(value, (int, float)) and not isinstance(value, bool):
             scored.append((float(value), run))
     if not scored:
         return None
@@ -75,7 +75,7 @@ def cancel(folder: Path) -> int:
     if owner is None:
         raise BadInput(f"{folder}: its search.json names no executor this clusterjob has; stop its processes by hand")
     slots = searchslots.of(owner)
-    if all(run.read().status in ("completed", "pruned", "failed", "cancelled") for run in trialmod.trial_runs(folder)) \
+    if all(run.read().status in runstate.FINAL_STATUSES for run in trialmod.trial_runs(folder)) \
             and slots.live(folder, record) is None:
         raise BadInput(f"{folder}: the search runs no trial; there is nothing to cancel")
     searchmod.update(folder, cancel_requested_at=now_iso())
@@ -122,7 +122,8 @@ def _check_unfinished(folder: Path, trials: Optional[int]) -> None:
         return  # a new count: reopen raises it, or refuses to lower it
     runs = trialmod.trial_runs(folder)
     states = [run.read().status for run in runs]
-    if all(state in ("completed", "pruned", "failed") for state in states) and len(runs) >= (record.trials or 0):
+    told = (runstate.COMPLETED, runstate.PRUNED, runstate.FAILED)  # the ends a trial tells its study
+    if all(state in told for state in states) and len(runs) >= (record.trials or 0):
         said = ", ".join(f"{states.count(state)} {state}" for state in COUNTED if state in states)
         raise BadInput(f"{folder}: the search asked for {record.trials} trial(s) and took {len(runs)}; every one of "
                        f"its {len(runs)} trial(s) ended ({said or 'none taken'}); to run more, raise search.trials "

@@ -23,7 +23,7 @@ from typing import Optional
 
 from clusterjob.core import claim, procs, slurmctl
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import FINAL_STATUSES
+from clusterjob.core.runstate import FINAL_STATUSES
 from clusterjob.launch import searcharray
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import Executor, Waited, Watch, views

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import rankhealth, stackdump
+from clusterjob.core import rankhealth, runstate, stackdump
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.record import is_job_id
 from clusterjob.core.rundir import RunDir
@@ -31,7 +31,7 @@ def cmd_stack(run: RunDir, rank: Optional[int] = None) -> int:
     """Print each rank's stacks (or why it gave none); bad input when the run is not
     running or no rank answered."""
     info = run.read()
-    if info.status != "running":
+    if info.status != runstate.RUNNING:
         raise BadInput(f"{run.path} is {info.status or 'unknown'}, not running; `clusterjob stack` shows the stacks "
                        "of a running run's ranks (a stall's stacks stay in its logs/stall-<n>/)")
     world = info.world_size or 1

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
-from clusterjob.core import claim, metrics, precision, sweep, units
+from clusterjob.core import claim, metrics, precision, runstate, sweep, units
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import batched
@@ -122,7 +122,7 @@ def wait_search(spec: Spec, folder: Path, slots: Slots) -> int:
         print_report(runs)
     if waited.stop_signal:
         return 128 + waited.stop_signal
-    return 0 if all(run.read().status in ("completed", "pruned") for run in runs) else 1
+    return 0 if all(run.read().status in (runstate.COMPLETED, runstate.PRUNED) for run in runs) else 1
 
 
 def amp_lines(specs: Sequence[Spec], ranks_here: bool) -> list[str]:
@@ -230,7 +230,7 @@ def _follow(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool) -> int
 def _finish(runs: list[RunDir], infos: list[RunRecord]) -> int:
     """The report of the runs (their summary lines are printed); 0 when all completed."""
     print_report(runs)
-    return 0 if all(i.status == "completed" for i in infos) else 1
+    return 0 if all(i.status == runstate.COMPLETED for i in infos) else 1
 
 
 def summary_line(info: RunRecord, run: RunDir) -> str:
@@ -302,9 +302,9 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
 
 def _reopen(run: RunDir, info: RunRecord, owner: Executor) -> None:
     """The run pending again, as it was before its first start but for what it did."""
-    retries = {"retries": 0} if info.retries else {}  # a resume gives max_retries afresh
-    run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None, error=None,
-               launcher=None, cancel_requested_at=None, **retries, **owner.reopened())
+    retries: dict = {"retries": 0} if info.retries else {}  # a resume gives max_retries afresh
+    run.update(runstate.reopen(), restarts=(info.restarts or 0) + 1, launcher=None, cancel_requested_at=None,
+               **retries, **owner.reopened())
 
 
 def _resume_all(target: control.Target, wait: bool, only: Optional[str]) -> int:
@@ -313,7 +313,7 @@ def _resume_all(target: control.Target, wait: bool, only: Optional[str]) -> int:
     claim held meanwhile; with ``wait``, followed to their end."""
     runs, found = control.selected(target, only)
     picked = [run for run, view in zip(runs, found)
-              if view.record.status != "completed" and control.still_running(run, view) is None]
+              if view.record.status != runstate.COMPLETED and control.still_running(run, view) is None]
     if not picked:
         raise BadInput(f"{target.label}: nothing to resume: {control.state_counts(found)}"
                        + (f" (--only {only})" if only else "") + "; resume starts runs that stopped")
@@ -341,7 +341,7 @@ def _resume_group(runs: list[RunDir], wait: bool) -> tuple[Spec, list[RunDir], E
     asked = runs
     with batched(), _group_claimed(runs, where), Window(runs=runs) as window:
         found = executor.views(runs)  # again, now that no other command can start them
-        runs = [run for run, view in zip(runs, found) if view.record.status != "completed"
+        runs = [run for run, view in zip(runs, found) if view.record.status != runstate.COMPLETED
                 and control.still_running(run, view) is None and claim.busy(run.path) is None]
         window.hold(runs)
         if not runs:
@@ -404,7 +404,7 @@ def _check_resumable(run: RunDir) -> None:
     queue, a process of it alive), it is refused. Reads only."""
     (view,) = executor.views([run])
     status = view.record.status
-    if status == "completed":
+    if status == runstate.COMPLETED:
         raise BadInput(f"{run.path} is completed; there is nothing to resume")
     live = control.still_running(run, view)
     if live:

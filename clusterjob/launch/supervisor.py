@@ -59,11 +59,11 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
-from clusterjob.core import claim, procs, retry, stalls
+from clusterjob.core import claim, procs, retry, runstate, stalls
 from clusterjob.core import env as envmod
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunError, RunRecord
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, first_error, last_words, mark_failed, rank_errors
+from clusterjob.core.rundir import RunDir, first_error, last_words, mark_failed, rank_errors
 from clusterjob.launch import chain, progress, slots
 from clusterjob.launch.slots import WHOLE, Slot
 from clusterjob.spec.schema import ResourcesSpec, load_spec
@@ -319,13 +319,13 @@ class SupervisedRun:
     def _cancelled_before_its_turn(self) -> bool:
         """A stop request, or a cancel (run.json, read at its turn), ends a run not started."""
         if self.boss.stop_signal is not None:
-            self._end(self.run.update(status="cancelled", finished_at=now_iso()))
+            self._end(self.run.update(runstate.cancel()))
         elif self.state == self.QUEUED and self.slot is not None:
             info = self.run.read()
-            if info.status == "cancelled":  # `clusterjob cancel` before its turn
+            if info.status == runstate.CANCELLED:  # `clusterjob cancel` before its turn
                 self._end(info)
             elif info.cancel_requested_at is not None:
-                self._end(self.run.update(status="cancelled", finished_at=now_iso()))
+                self._end(self.run.update(runstate.cancel()))
         return self.record is not None
 
     def _await_dependencies(self) -> None:
@@ -338,8 +338,7 @@ class SupervisedRun:
         reason = chain.failed(deps)
         if reason is not None:
             print(f"{self.run.path}: {reason}", flush=True)
-            self._end(self.run.update(status="failed", finished_at=now_iso(), error=RunError(None, reason, "",
-                                                                                             now_iso())))
+            self._end(self.run.update(runstate.fail(RunError(None, reason, "", now_iso()))))
         elif chain.all_done(deps):
             self.state = self.QUEUED
         else:
@@ -352,8 +351,9 @@ class SupervisedRun:
     def _stopped_meanwhile(self) -> bool:
         """While it waits (dependencies, a back-off): a stop signal or a cancel ends it cancelled."""
         info = self.run.read()
-        if self.boss.stop_signal is not None or info.cancel_requested_at is not None or info.status == "cancelled":
-            self._end(self.run.update(status="cancelled", finished_at=now_iso()))
+        asked = info.cancel_requested_at is not None or info.status == runstate.CANCELLED
+        if self.boss.stop_signal is not None or asked:
+            self._end(self.run.update(runstate.cancel()))
         return self.record is not None
 
     def _watch_ranks(self) -> None:
@@ -383,7 +383,7 @@ class SupervisedRun:
         codes = [p.returncode for p in self.ranks]
         self.boss.end_orphans()
         info = _settle(self.run, codes, self.sent, self.boss.stop_signal is not None)
-        if info.status != "failed" or self.boss.stop_signal is not None:
+        if info.status != runstate.FAILED or self.boss.stop_signal is not None:
             self._end(info)
             return
         stalled = stalls.verdict(info)  # the health watchdog ended the ranks: retry or stop, as it said
@@ -428,19 +428,18 @@ def _settle(run: RunDir, codes: list[int], sent: dict, stopped: bool) -> RunReco
     status = info.status
     if info.pruned is not None and info.cancel_requested_at is None:
         # its search pruned it: the verdict stands, whatever the ranks stopped for it exited with
-        return info if status in FINAL_STATUSES else run.update(status="pruned", finished_at=now_iso())
+        return info if status in runstate.FINAL_STATUSES else run.update(runstate.prune())
     if stopped or info.cancel_requested_at is not None:
         # Ctrl-C or `cancel`: the user's stop, checkpointed or not (resume continues it),
         # also when the code caught it and exited 0; an end the run recorded first (or a
         # cancel that marked it) stands
-        return info if status in FINAL_STATUSES else run.update(status="cancelled", finished_at=now_iso())
+        return info if status in runstate.FINAL_STATUSES else run.update(runstate.cancel())
     if stalls.verdict(info) is not None:
         return info  # a stall's verdict: the ranks were ended on purpose
     bad = [(rank, code) for rank, code in enumerate(codes) if code != 0]
     if not bad:
-        if status in ("pending", "running"):
-            return run.update(status="failed", finished_at=now_iso(), error=RunError(
-                None, "the ranks exited without finishing the run"))
+        if status in runstate.ACTIVE:
+            return run.update(runstate.fail(RunError(None, "the ranks exited without finishing the run")))
         return info
     return _record_failure(run, bad, sent)
 
@@ -549,8 +548,7 @@ def _record_failure(run: RunDir, bad: list[tuple[int, int]], sent: dict) -> RunR
         first, code = next(((rank, code) for rank, code in bad if rank not in sent), bad[0])
         killed = first, f"rank {first} {procs.ended(code)}"
     rank, said = killed
-    return run.update(status="failed", finished_at=now_iso(), error=RunError(
-        rank, f"{said} (no traceback)", last_words(run, rank)))
+    return run.update(runstate.fail(RunError(rank, f"{said} (no traceback)", last_words(run, rank))))
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from clusterjob.core import units
+from clusterjob.core import runstate, units
 from clusterjob.core.errors import escape
 from clusterjob.report.provider import number_cell
 from clusterjob.report.stats import COMPLETE, PARTIAL, TRIAL, UNFINISHED, Experiment, json_value, run_metrics
@@ -150,9 +150,9 @@ def _trial_end(experiment: Experiment, at: int, metric: str) -> str:
     status = str(row["status"])
     epoch, planned = row["epochs"], row["planned_epochs"]
     step = row["step"] if "step" in row.index else pd.NA
-    if status == "pruned":
+    if status == runstate.PRUNED:
         return asha.pruned_text(experiment.results.infos[at]["pruned"], metric, "epoch" if pd.notna(epoch) else "step")
-    if status in ("completed", "failed"):
+    if status in (runstate.COMPLETED, runstate.FAILED):
         return status
     if pd.notna(epoch) and epoch > 0:
         return f"{status} at epoch {number_cell('epochs', epoch)}" + (f" of {planned}" if pd.notna(planned) else "")

@@ -30,16 +30,8 @@ import numpy as np
 
 from clusterjob.core import metrics, record
 from clusterjob.core.files import many_reads
-from clusterjob.core.rundir import (
-    FINAL_STATUSES,
-    METRICS_FILE,
-    NO_STAMP,
-    UNKNOWN,
-    FoundRun,
-    file_stamp,
-    found_run,
-    scan_runs,
-)
+from clusterjob.core.rundir import METRICS_FILE, NO_STAMP, FoundRun, file_stamp, found_run, scan_runs
+from clusterjob.core.runstate import FINAL_STATUSES, UNKNOWN
 from clusterjob.report import specfile
 
 __all__ = ["ResultsWarning", "Results", "RunStates", "collect", "with_states"]

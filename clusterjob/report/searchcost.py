@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from clusterjob.core import slurmctl, units
+from clusterjob.core import runstate, slurmctl, units
 from clusterjob.report import cost
 from clusterjob.report.provider import Provider, Runs
 from clusterjob.report.reading import Results
@@ -109,7 +109,7 @@ def _progress(results: Results, runs: pd.DataFrame) -> tuple:
     epochs, steps = last_logged(results, "epoch"), last_logged(results, "step")
     done = np.where(np.isnan(epochs), steps, epochs)
     planned = runs["planned_epochs"].astype("Float64").to_numpy(dtype=float, na_value=NAN)
-    completed = (runs["status"].astype(object) == "completed").to_numpy()
+    completed = (runs["status"].astype(object) == runstate.COMPLETED).to_numpy()
     by_steps = np.isnan(epochs) & ~np.isnan(steps)
     longest = np.nanmax(np.where(completed & by_steps, steps, NAN), initial=-np.inf)
     full = np.where(np.isnan(planned) & by_steps & np.isfinite(longest), longest, planned)
@@ -141,12 +141,13 @@ def search_hours(results: Results, runs: pd.DataFrame, ask: Callable = slurmctl.
     else:
         spent, source = (float(np.sum((wall * rates)[known])) / 3600 if known.any() else NAN), RUN_TIME
     done, full, pace = _progress(results, runs)
-    pruned = (runs["status"].astype(object) == "pruned").to_numpy()
+    pruned = (runs["status"].astype(object) == runstate.PRUNED).to_numpy()
     rest = (full - done) * pace * rates / 3600
     scaled = pruned & np.isfinite(rest)
     extra = float(np.sum(np.maximum(rest[scaled], 0.0)))
     status = runs["status"].astype(object)
-    cut_short = int((~status.isin(("completed", "pruned", "failed"))).sum())  # cancelled, running, ...
+    told = (runstate.COMPLETED, runstate.PRUNED, runstate.FAILED)
+    cut_short = int((~status.isin(told)).sum())  # cancelled, running, ...
     return SearchHours(search, unit, spent, spent + extra, source, len(results.infos), int(scaled.sum()),
                        int((pruned & ~scaled).sum()), int((~known).sum()) if source == RUN_TIME else 0, cut_short)
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import pandas as pd
 
-from clusterjob.core import units
+from clusterjob.core import runstate, units
 from clusterjob.core.files import is_number
 from clusterjob.report import plots
 from clusterjob.report.stats import trial_numbers
@@ -127,14 +127,14 @@ def history(experiment: "Experiment") -> Optional[bytes]:
 
 def _best(status: np.ndarray, y: np.ndarray, ascending: bool) -> Optional[int]:
     """The position of the best completed trial (None without one)."""
-    scored = np.where((status == "completed") & np.isfinite(y), y if ascending else -y, np.inf)
+    scored = np.where((status == runstate.COMPLETED) & np.isfinite(y), y if ascending else -y, np.inf)
     return int(np.argmin(scored)) if np.isfinite(scored).any() else None
 
 
 def _y_limits(y: np.ndarray, status: np.ndarray, metric: str) -> Optional[tuple]:
     """The y-axis: the completed trials' values with a margin (0-100 for accuracies at
     most); None (every trial's) without a completed trial."""
-    done = y[(status == "completed") & np.isfinite(y)]
+    done = y[(status == runstate.COMPLETED) & np.isfinite(y)]
     if not done.size:
         return None
     low, high = float(done.min()), float(done.max())
@@ -166,8 +166,8 @@ def _points(ax, x: np.ndarray, scored: _Scored) -> None:
     y, status = scored.y, scored.status
     low, high = scored.limits if scored.limits is not None else (-math.inf, math.inf)
     shown = np.isfinite(y) & np.isfinite(x)
-    groups = {"completed": status == "completed", "pruned": status == "pruned"}
-    groups["other"] = ~(groups["completed"] | groups["pruned"])
+    completed, pruned = status == runstate.COMPLETED, status == runstate.PRUNED
+    groups = {"completed": completed, "pruned": pruned, "other": ~(completed | pruned)}
     for group, label, look in _KINDS:
         mask = shown & groups[group]
         inside = mask & (y >= low) & (y <= high)
@@ -208,7 +208,7 @@ def _history_axes(ax, scored: _Scored, ascending: bool) -> None:
     from matplotlib.ticker import MaxNLocator  # matplotlib is there: history checked
 
     _points(ax, scored.number, scored)
-    done = (scored.status == "completed") & np.isfinite(scored.y)
+    done = (scored.status == runstate.COMPLETED) & np.isfinite(scored.y)
     if done.any():
         order = np.argsort(scored.number[done], kind="stable")
         xs, ys = scored.number[done][order], scored.y[done][order]

@@ -42,9 +42,9 @@ import numpy as np
 import pandas as pd
 
 from clusterjob.core import metrics as metricsfile
-from clusterjob.core import units
+from clusterjob.core import runstate, units
 from clusterjob.core.errors import BadInput, escape
-from clusterjob.core.rundir import STATUSES, UNKNOWN
+from clusterjob.core.runstate import STATUSES, UNKNOWN
 from clusterjob.core.units import default_mode
 from clusterjob.report.provider import Provider
 from clusterjob.report.reading import Results
@@ -348,7 +348,7 @@ def group_keys(shown: list, spec: list, wanted: Optional[list] = None) -> list:
 
 
 # Statuses whose runs never count in their group's numbers: they ended without a result.
-NEVER_COUNTED = ("failed", "cancelled")
+NEVER_COUNTED = (runstate.FAILED, runstate.CANCELLED)
 
 
 def group_ids(runs: pd.DataFrame, keys: list) -> np.ndarray:
@@ -367,7 +367,7 @@ def counted_runs(runs: pd.DataFrame, keys: list, never: Sequence[str] = NEVER_CO
     """Whether each run counts in its group's numbers (see the module docstring; ``never``:
     the statuses that never count, a search's SEARCH_NEVER_COUNTED)."""
     status = runs["status"].astype(object)
-    completed = (status == "completed").to_numpy()
+    completed = (status == runstate.COMPLETED).to_numpy()
     unfinished = ~status.isin(never).to_numpy()
     counted = completed | (~group_has(completed, group_ids(runs, keys)) & unfinished)
     return pd.Series(counted, index=runs.index)
@@ -383,8 +383,8 @@ def _not_completed(status: pd.Series, ids: np.ndarray) -> list:
     """Per group (``ids`` numbers each run's): "2 failed, 1 running", the runs that are
     not completed ("" when none), the documented states first."""
     names = status.astype(object).to_numpy()
-    order = [s for s in (*STATUSES, UNKNOWN) if s != "completed"]
-    order += sorted(set(names) - {*order, "completed"})
+    order = [s for s in (*STATUSES, UNKNOWN) if s != runstate.COMPLETED]
+    order += sorted(set(names) - {*order, runstate.COMPLETED})
     column = {name: i for i, name in enumerate(order)}
     codes = np.array([column.get(name, -1) for name in names], dtype=np.int64)
     counts = np.zeros((ids.max(initial=-1) + 1, len(order)), dtype=np.int64)
@@ -399,7 +399,7 @@ def _with_rungs(runs: pd.DataFrame) -> pd.Series:
     if "pruned_rung" not in runs.columns:
         return status
     rung = runs["pruned_rung"]
-    marked = (status == "pruned") & rung.notna()
+    marked = (status == runstate.PRUNED) & rung.notna()
     return status.where(~marked, "pruned at rung " + rung.astype("string"))
 
 
@@ -410,7 +410,7 @@ def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Seque
     counted, not_completed ("1 failed") and state; ranked as the module docstring says
     (``never``: ``counted_runs``')."""
     counted = counted_runs(runs, keys, never)
-    frame = runs.assign(_completed=runs["status"].astype(object) == "completed", _counted=counted, _all=0)
+    frame = runs.assign(_completed=runs["status"].astype(object) == runstate.COMPLETED, _counted=counted, _all=0)
     for metric in metrics:  # a run that does not count has no value in its group
         frame[metric] = frame[metric].where(counted)
     grouped = frame.groupby(keys or ["_all"], dropna=False, sort=False, observed=True)
@@ -477,7 +477,7 @@ def best_lead(experiment: Experiment) -> Optional[Lead]:
 TRIAL = "trial"  # the key of a search's table by trial: each trial's number
 # A search's cancelled trials count at their latest values (a cancelled search is read as
 # far as it got); only a failed trial has nothing to show.
-SEARCH_NEVER_COUNTED = ("failed",)
+SEARCH_NEVER_COUNTED = (runstate.FAILED,)
 
 
 def by_trial(shown: list, keys: list) -> bool:
@@ -513,7 +513,7 @@ def tied_trials(experiment: Experiment) -> list:
 def status_counts(runs: pd.DataFrame) -> dict:
     """{status: runs}, nonzero only, completed first, then the other documented states."""
     counts = runs["status"].astype(object).value_counts()
-    order = ["completed", *[s for s in STATUSES if s != "completed"], UNKNOWN]
+    order = [runstate.COMPLETED, *[s for s in STATUSES if s != runstate.COMPLETED], UNKNOWN]
     order += sorted(set(counts.index) - set(order))
     return {status: int(counts[status]) for status in order if status in counts.index}
 

@@ -14,9 +14,10 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from clusterjob.core import runstate
 from clusterjob.core.files import is_number
 from clusterjob.core.record import parse_time
-from clusterjob.core.rundir import STATUSES, UNKNOWN
+from clusterjob.core.runstate import STATUSES, UNKNOWN
 from clusterjob.report.reading import Results
 from clusterjob.search import record as searchmod
 
@@ -299,7 +300,7 @@ def planned_epochs(results: Results, runs: pd.DataFrame) -> pd.arrays.IntegerArr
     epochs = runs["epochs"].to_numpy()
     values = []
     for i, info in enumerate(results.infos):
-        if status[i] == "completed":
+        if status[i] == runstate.COMPLETED:
             values.append(int(epochs[i]) if info["amp"] is not None and epochs[i] > 0 else None)
         else:
             values.append(_spec_epochs(info))

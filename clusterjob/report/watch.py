@@ -17,7 +17,7 @@ import time
 from typing import Optional
 
 from clusterjob.core.errors import BadInput
-from clusterjob.core.rundir import FINAL_STATUSES
+from clusterjob.core.runstate import FINAL_STATUSES
 from clusterjob.report.assemble import build_report
 from clusterjob.report.build import ReportOptions, render
 from clusterjob.report.reading import RunStates

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import metrics
+from clusterjob.core import metrics, runstate
 from clusterjob.core.files import now_iso, shown
 from clusterjob.core.record import RunRecord
 from clusterjob.core.rundir import RunDir
@@ -244,4 +244,4 @@ def _record_term(run: RunDir, spec: Spec) -> None:
         run.update(stopped_at=now_iso())
         return
     outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)
-    run.update(status=outcome.status, stopped_at=now_iso())
+    run.update(runstate.stop(outcome.status), stopped_at=now_iso())

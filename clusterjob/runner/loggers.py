@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Protocol
 
+from clusterjob.core import runstate
 from clusterjob.core.files import is_number, loads
 from clusterjob.core.record import RunRecord
 from clusterjob.core.rundir import RunDir, sweep_of
 from clusterjob.spec.schema import MlflowSpec, Spec, WandbSpec, dump_spec, spec_to_dict
 
-MLFLOW_STATUS = {"completed": "FINISHED", "failed": "FAILED"}  # any other end (a stop) is KILLED
+MLFLOW_STATUS = {runstate.COMPLETED: "FINISHED", runstate.FAILED: "FAILED"}  # any other end (a stop) is KILLED
 MAX_PARAM_CHARS = 500  # what every MLflow version takes as a param value
 MAX_KEY_CHARS = 250  # what every MLflow store takes as a metric or param name
 MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
@@ -418,7 +419,7 @@ class Wandb:
 
     def close(self, status: str) -> None:
         if self.handle is not None:
-            self.handle.finish(exit_code=1 if status == "failed" else 0)
+            self.handle.finish(exit_code=1 if status == runstate.FAILED else 0)
 
 
 QUIET_S = 2.0  # a session's W&B writer outlives its killed rank by a moment: files left alone this long are done

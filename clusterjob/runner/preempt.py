@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from clusterjob.core import runstate
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import dist
 
@@ -191,7 +192,7 @@ class StopSignal:
         if self._run is None:
             return False
         info = self._run.read()
-        if info.status != "cancelled" and info.cancel_requested_at is None:
+        if info.status != runstate.CANCELLED and info.cancel_requested_at is None:
             return False
         self.signal = "cancel"
         return True

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from clusterjob.core import env as envmod
-from clusterjob.core import procs, retry, slurmctl, units
+from clusterjob.core import procs, retry, runstate, slurmctl, units
 from clusterjob.core.files import is_number, now_iso
 from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.record import SLURM, Job, RunError, RunRecord, Session
@@ -30,7 +30,7 @@ class StopOutcome:
     """What a stopped run becomes: its status, whether its Slurm job is requeued, and
     the error recorded when the requeue cap is reached."""
 
-    status: str        # "preempted", "timeout", "failed", "cancelled" or "pruned"
+    status: str        # runstate's PREEMPTED, TIMEOUT, FAILED, CANCELLED or PRUNED
     requeue: bool
     error: Optional[str] = None
 
@@ -46,13 +46,13 @@ def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, second
     itself, and outside Slurm there is nothing to requeue.
     """
     if signal in ("cancel", "SIGINT"):  # `clusterjob cancel`, Ctrl-C: the user's stop, never requeued
-        return StopOutcome("cancelled", requeue=False)
+        return StopOutcome(runstate.CANCELLED, requeue=False)
     near_limit = signal is not None and seconds_left is not None and seconds_left <= TIMEOUT_MARGIN_S
-    status = "timeout" if near_limit else "preempted"
+    status = runstate.TIMEOUT if near_limit else runstate.PREEMPTED
     if not in_slurm or signal == "SIGTERM":
         return StopOutcome(status, requeue=False)
     if requeues >= max_requeues:
-        return StopOutcome("failed", requeue=False, error=(
+        return StopOutcome(runstate.FAILED, requeue=False, error=(
             f"{status} {requeues + 1} times; resources.max_requeues={max_requeues} reached, not requeued. "
             "Fix: raise resources.max_requeues or resources.time_min, then `clusterjob resume RUN` "
             "continues from the last checkpoint"))
@@ -78,18 +78,18 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         return _stopped_by_supervisor(run, info)
     cancelled = signal == "cancel" or info.cancel_requested_at is not None  # cancel asks before its SIGTERM
     outcome = outcome_now("cancel" if cancelled else signal, info.requeues or 0, max_requeues)
-    if outcome.status == "cancelled":
+    if outcome.status == runstate.CANCELLED:
         _record_cancel(run, job is not None)
     elif outcome.error:
-        run.update(status="failed", finished_at=now_iso(), error=RunError(None, outcome.error))
+        run.update(runstate.fail(RunError(None, outcome.error)))
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
-        run.update(status=outcome.status, requeues=(info.requeues or 0) + 1)
+        run.update(runstate.requeue(outcome.status), requeues=(info.requeues or 0) + 1)
         assert job is not None  # only a Slurm job's run is told to requeue (stop_outcome)
         ok = slurmctl.requeue(job.run_key)
         print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
     else:
-        run.update(status=outcome.status)
+        run.update(runstate.stop(outcome.status))
         hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
         print(f"stopped ({outcome.status}); {hint}", flush=True)
     return outcome
@@ -98,11 +98,11 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
 def _record_pruned(run: RunDir, info: RunRecord) -> StopOutcome:
     """A trial its search pruned: pruned, at once and for good (the verdict is the
     search's, not the launcher's: its slot takes the next trial once the ranks ended)."""
-    run.update(status="pruned", finished_at=now_iso(), stopped_at=now_iso())
+    run.update(runstate.prune(), stopped_at=now_iso())
     verdict = info.pruned or {}
     at = f" at rung {verdict.get('rung')} (position {verdict.get('at')})" if verdict else ""
     print(f"stopped (pruned){at}: its search stopped it early; the slot takes the next trial", flush=True)
-    return StopOutcome("pruned", requeue=False)
+    return StopOutcome(runstate.PRUNED, requeue=False)
 
 
 def _supervisor_alive(info: RunRecord) -> bool:
@@ -121,9 +121,9 @@ def _stopped_by_supervisor(run: RunDir, info: RunRecord) -> StopOutcome:
     failed = sorted({e.rank for e in rank_errors(run) if e.rank not in (None, 0) and (e.at or "") >= started})
     if failed:
         print(f"stopped (failed): rank {failed[0]} failed", flush=True)
-        return StopOutcome("failed", requeue=False)
+        return StopOutcome(runstate.FAILED, requeue=False)
     print("stopped (cancelled)", flush=True)
-    return StopOutcome("cancelled", requeue=False)
+    return StopOutcome(runstate.CANCELLED, requeue=False)
 
 
 def _record_cancel(run: RunDir, in_slurm: bool) -> None:
@@ -133,7 +133,7 @@ def _record_cancel(run: RunDir, in_slurm: bool) -> None:
     if in_slurm or envmod.supervised():
         run.update(stopped_at=now_iso())
     else:
-        run.update(status="cancelled", finished_at=now_iso())
+        run.update(runstate.cancel())
     print("stopped (cancelled)", flush=True)
 
 
@@ -149,14 +149,14 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool =
     restarted = job.restart_count - (info.retries or 0) if job and info.search is None else 0
     requeues = max(info.requeues or 0, restarted)
     # A cancelled run is reopened only by `resume` (which makes it pending first): a cancel
-    # that came while the ranks were starting, or a requeue of a cancelled job, stands, and
-    # rank 0's watcher stops the ranks at their first progress line. A pruned trial is never started again.
-    run.update(reopen=info.status not in ("cancelled", "pruned"), status="running", requeues=requeues,
-               hosts=list(env.hosts),
+    # that came while the ranks were starting, or a requeue of a cancelled job, stands (the
+    # start is ignored: runstate), and rank 0's watcher stops the ranks at their first
+    # progress line. A pruned trial is never started again.
+    run.update(runstate.start(), requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                job=Job(SLURM, job.run_key) if job else info.job, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
-               finished_at=None, error=None, sessions=[*info.sessions, session], **facts)
+               sessions=[*info.sessions, session], **facts)
 
 
 def new_session(run: RunDir, job: Optional[str], own_code: bool) -> Session:
@@ -197,8 +197,8 @@ def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -
     decision = retry.decide(run, why, max_retries, retry_backoff_s, job=job.run_key)
     assert decision is not None  # max_retries > 0
     if decision.number is None:
-        run.update(status="failed", finished_at=now_iso(), error=RunError(None, (
-            f"{decision.line}. Fix: `clusterjob resume {run.path}` continues it from the last checkpoint")))
+        run.update(runstate.fail(RunError(None, (
+            f"{decision.line}. Fix: `clusterjob resume {run.path}` continues it from the last checkpoint"))))
         return FAILED
     left = round(decision.wait_s - _since_requeue_s(job.run_key), 1)  # one value, said and returned
     print(decision.line + (f" ({left:.0f} s left after Slurm's own hold)" if left > 0 else ""), flush=True)
@@ -228,7 +228,7 @@ def hold(decided: str, stopped: Callable[[], bool]) -> None:
 def finish(run: RunDir, **fields: Any) -> None:
     """Record the run completed; its log's last line says so with its final metrics, each
     in its unit (core/units.py: val_acc 97.46%, not 0.9746)."""
-    info = run.update(status="completed", finished_at=now_iso(), **fields)
+    info = run.update(runstate.complete(), **fields)
     final = " ".join(f"{name} {units.quantity(name, value)}" for name, value in (info.final or {}).items()
                      if is_number(value))
     print(f"completed {run.path}" + (f": {final}" if final else ""), flush=True)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
-from clusterjob.core import metrics, units
+from clusterjob.core import metrics, runstate, units
 from clusterjob.core.files import is_number, shown
 from clusterjob.core.record import parse_time
 from clusterjob.core.rundir import RunDir
@@ -114,7 +114,7 @@ class Sinks:
 
     def __exit__(self, kind: Optional[type], *rest: object) -> None:
         if not self._closed:  # the completed and stopped paths closed them already: no run.json to read
-            self.close("failed" if kind is not None else (self.run.read().status or "running"))
+            self.close(runstate.FAILED if kind is not None else (self.run.read().status or runstate.RUNNING))
 
 
 def _unix(text: Optional[str]) -> Optional[float]:
@@ -328,7 +328,7 @@ class Courier:
         self.queue: queue.Queue = queue.Queue()
         self.names = Names(logger, functools.partial(warn, run))
         self.held: dict = {}
-        self.status = "running"
+        self.status = runstate.RUNNING
         self.off = self.stalled = self.noted = False  # off: it gets nothing more in this session
         self.busy_since: Optional[float] = None  # when the logger's call now running began
         self.lock = threading.Lock()
@@ -375,7 +375,7 @@ class Courier:
                           "at the next start (training goes on, metrics.jsonl holds every metric)")
         if self.off:
             with contextlib.suppress(BaseException):
-                self.logger.close("failed")
+                self.logger.close(runstate.FAILED)
 
     def _drain(self) -> None:
         while True:

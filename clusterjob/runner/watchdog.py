@@ -41,10 +41,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import procs, pyspy, rankhealth, stackdump, stalls
+from clusterjob.core import procs, pyspy, rankhealth, runstate, stackdump, stalls
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import Stall, Straggler
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir
+from clusterjob.core.rundir import RunDir
 from clusterjob.runner import stacks
 from clusterjob.runner.watchconfig import WatchConfig
 
@@ -280,12 +280,10 @@ class Leader:
         """The stall in run.json; a retry or stop verdict also fails the run with its line
         (the launcher retries on it). A run that ended or was cancelled meanwhile keeps its end."""
         info = self.run.read()
-        if stall.action in stalls.ENDING and (info.status in FINAL_STATUSES or info.cancel_requested_at):
+        if stall.action in stalls.ENDING and (info.status in runstate.FINAL_STATUSES or info.cancel_requested_at):
             stall = replace(stall, action="none", ended_at=now_iso())
-        fields: dict = {"stalls": [*info.stalls, stall]}
-        if stall.action in stalls.ENDING:
-            fields.update(status="failed", finished_at=now_iso(), error=stalls.error(stall))
-        self.run.update(**fields)
+        ended = runstate.fail(stalls.error(stall), runstate.STALLED) if stall.action in stalls.ENDING else None
+        self.run.update(ended, stalls=[*info.stalls, stall])
         return stall
 
     def recovered(self) -> None:

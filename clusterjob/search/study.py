@@ -29,13 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from clusterjob.core import runstate
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso
 from clusterjob.search import asha
 from clusterjob.search import record as searchmod
 
-RUNNING = "running"
-ENDS = ("completed", "pruned", "failed", "cancelled")  # how a trial ended, as its run did
+RUNNING = runstate.RUNNING
+# how a trial ended, as its run did
+ENDS = (runstate.COMPLETED, runstate.PRUNED, runstate.FAILED, runstate.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ class OptunaStudy(Study):
     def _trials(self) -> list[Trial]:
         from optuna.trial import TrialState
 
-        states = {TrialState.COMPLETE: "completed", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed"}
+        states = {TrialState.COMPLETE: runstate.COMPLETED, TrialState.PRUNED: runstate.PRUNED,
+                  TrialState.FAIL: runstate.FAILED}
         found = []
         for t in self.study.get_trials(deepcopy=False):
             state = t.user_attrs.get(STATE_ATTR) or states.get(t.state, RUNNING)
@@ -226,10 +229,10 @@ class OptunaStudy(Study):
         for verdict in rungs:
             storage.set_trial_intermediate_value(frozen._trial_id, int(verdict.position), verdict.value)
         storage.set_trial_user_attr(frozen._trial_id, STATE_ATTR, state)
-        if state == "completed" and value is not None:
+        if state == runstate.COMPLETED and value is not None:
             self.study.tell(trial.number, value)
         else:
-            self.study.tell(trial.number, state=TrialState.PRUNED if state == "pruned" else TrialState.FAIL)
+            self.study.tell(trial.number, state=TrialState.PRUNED if state == runstate.PRUNED else TrialState.FAIL)
 
 
 def _optuna() -> Any:

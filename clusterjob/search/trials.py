@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from clusterjob.core import claim
+from clusterjob.core import claim, runstate
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, SpecError
 from clusterjob.core.files import is_number, now_iso, write_atomic
@@ -152,7 +152,7 @@ class Feed:
             run = self._run_of(trial, slot)
             info = run.read()
             if info.pruned is not None and info.status not in ENDS:
-                info = run.update(status="pruned", finished_at=now_iso())  # stopped before it recorded its end
+                info = run.update(runstate.prune())  # stopped before it recorded its end
             if info.status in ENDS:
                 self.ended(run, info)
                 continue
@@ -167,7 +167,7 @@ class Feed:
         number = found.get("trial") if found.get("id") == self.record.id else None
         if not isinstance(number, int) or info.status not in ENDS:
             return
-        if info.status == "cancelled" and (self.stopping or self.cancelled()):
+        if info.status == runstate.CANCELLED and (self.stopping or self.cancelled()):
             return
         value = (info.final or {}).get(self.record.metric or "")
         self.study.finish(number, info.status, float(value) if value is not None and is_number(value) else None)
@@ -196,7 +196,7 @@ class Feed:
         the spec's line (the search goes on with the next trial)."""
         made = create_run_at(run.path, self.spec.name, dump_spec(self.spec), dict(trial.params), self.claim_as,
                              search=marker, **self.fields)
-        made.update(status="failed", finished_at=now_iso(), error=RunError(None, f"bad input: {err}", "", now_iso()))
+        made.update(runstate.fail(RunError(None, f"bad input: {err}", "", now_iso())))
         return made
 
 
@@ -212,14 +212,14 @@ def reopen(folder: Path, trials: Optional[int]) -> list[RunDir]:
     if trials is not None:
         _raise_trials(folder, record, trials)
     searchmod.update(folder, cancel_requested_at=None, restarts=(record.restarts or 0) + 1, launcher=None, job=None)
-    held = {t.number for t in open_study(folder, record).trials() if t.state == "running"}
+    held = {t.number for t in open_study(folder, record).trials() if t.state == runstate.RUNNING}
     reopened = []
     for run in trial_runs(folder):
         info = run.read()
         number = (info.search or {}).get("trial")
-        if number in held and info.status != "completed" and info.pruned is None:
-            run.update(reopen=True, status="pending", restarts=(info.restarts or 0) + 1, finished_at=None,
-                       error=None, launcher=None, cancel_requested_at=None, job=None)
+        if number in held and info.status != runstate.COMPLETED and info.pruned is None:
+            run.update(runstate.reopen(), restarts=(info.restarts or 0) + 1, launcher=None, cancel_requested_at=None,
+                       job=None)
             reopened.append(run)
     return reopened
 

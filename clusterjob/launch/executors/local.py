@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from clusterjob.core import claim, procs, sweep
+from clusterjob.core import claim, procs, runstate, sweep
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunRecord
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, natural_key
+from clusterjob.core.rundir import RunDir, failure, natural_key
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import (
     Dependency,
@@ -135,7 +135,7 @@ class LocalExecutor(Executor):
         found = processes(run, view.record)
         if found.alive:
             return f"its processes are alive: {', '.join(found.alive)}"
-        if found.elsewhere and view.record.status in ("pending", "running"):
+        if found.elsewhere and view.record.status in runstate.ACTIVE:
             return f"its processes ran {', '.join(found.elsewhere)}; this host cannot tell whether they still run"
         return None
 
@@ -159,7 +159,7 @@ class LocalExecutor(Executor):
         if info.launcher is not None and procs.check(info.launcher) is None:
             return lines + _await_supervisor(run, info.launcher)
         if len(here) == len(refs) and not _alive(here):
-            run.update(status="cancelled", finished_at=now_iso())
+            run.update(runstate.cancel())
         return lines
 
 
@@ -170,18 +170,18 @@ def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:
     reboot) the run is failed, whatever run.json still says; with ``write_back`` that is
     recorded. A supervisor gone while ranks live on: they got SIGTERM from the kernel
     and record their own stop, and the view says so meanwhile."""
-    if view.record.status not in ("pending", "running"):
+    if view.record.status not in runstate.ACTIVE:
         return view  # stopped (preempted, timeout): its ranks recorded it
-    if view.record.status == "pending" and view.record.launcher is None and not _supervised(run):
+    if view.record.status == runstate.PENDING and view.record.launcher is None and not _supervised(run):
         return unhanded(run, view, write_back)  # no supervisor yet, and no rank started by hand
     found = processes(run, view.record)
     if found.alive or found.elsewhere or not found.gone:
         supervisor_gone = any(line.startswith(SUPERVISOR_WORD) for line in found.gone)
         return replace(view, note=SUPERVISOR_GONE, orphaned=True) if found.alive and supervisor_gone else view
-    fields = {"status": "failed", "finished_at": now_iso(), "error": failure(
+    ended = runstate.fail(failure(
         run, f"every process of the run ended before it recorded its end ({'; '.join(found.gone)}): killed, "
-             f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it")}
-    return apply_found(run, view, fields, write_back)
+             f"out of memory, or the host rebooted; `clusterjob resume {run.path}` continues it"))
+    return apply_found(run, view, ended, write_back)
 
 
 def _supervised(run: RunDir) -> bool:
@@ -253,9 +253,9 @@ def processes(run: RunDir, info: RunRecord) -> Processes:
     a supervisor of a sweep lives on after this run) and of the ranks of its current
     start (``_rank_refs``; a pending run with no supervisor recorded is being handed
     over: its records are of an earlier start); reads only."""
-    handed = info.status == "pending" and info.launcher is None
+    handed = info.status == runstate.PENDING and info.launcher is None
     refs = [] if handed else [(f"rank {rank}", ref) for rank, ref in _rank_refs(run, info.launcher)]
-    if info.launcher is not None and info.status in ("pending", "running"):
+    if info.launcher is not None and info.status in runstate.ACTIVE:
         refs.insert(0, (SUPERVISOR_WORD, info.launcher))
     found = Processes([], [], [])
     for who, ref in refs:
@@ -341,9 +341,9 @@ def _await_supervisor(run: RunDir, launcher: procs.ProcessRef) -> list[str]:
     """Wait until the run's supervisor settled it (it stops every rank it started and
     marks the run once they all exited); what it recorded, in a line."""
     deadline = time.monotonic() + SETTLE_WAIT_S
-    while (status := run.read().status) not in FINAL_STATUSES and time.monotonic() < deadline:
+    while (status := run.read().status) not in runstate.FINAL_STATUSES and time.monotonic() < deadline:
         time.sleep(CANCEL_POLL_S / 4)
-    if status in FINAL_STATUSES:
+    if status in runstate.FINAL_STATUSES:
         return [f"its supervisor (pid {launcher.pid}) recorded the run {status}"]
     return [f"its supervisor (pid {launcher.pid}) marks the run cancelled once every rank it started ended"]
 

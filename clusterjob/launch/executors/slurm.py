@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core import claim, procs, retry, slurmctl, stalls, sweep
+from clusterjob.core import claim, procs, retry, runstate, slurmctl, stalls, sweep
 from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
-from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, last_words, rank_errors
+from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
     WAITING,
@@ -54,10 +54,6 @@ from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
 from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
 
-# sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
-_SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
-                "BOOT_FAIL": "failed", "DEADLINE": "timeout", "TIMEOUT": "timeout", "PREEMPTED": "preempted",
-                "CANCELLED": "cancelled"}
 UNREACHABLE = "Slurm unreachable"
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # `submit --wait` polls back off from the first to the longest wait
 CANCEL_POLL_S = 1.0
@@ -144,14 +140,14 @@ class SlurmExecutor(Executor):
         try:
             while True:
                 records = [view.record for view in views(runs, write_back=True)]
-                if all(r.status in FINAL_STATUSES for r in records):
+                if all(r.status in runstate.FINAL_STATUSES for r in records):
                     break
                 for run, record in zip(runs, records):
-                    quiet = tail.quiet_lines(run) if record.status == "running" else []
+                    quiet = tail.quiet_lines(run) if record.status == runstate.RUNNING else []
                     watch.progress([replace(line, text=f"{run.run_id}  {line.text}") for line in quiet]
                                    if len(runs) > 1 else quiet)
                 time.sleep(pause)
-                running = any(record.status == "running" for record in records)
+                running = any(record.status == runstate.RUNNING for record in records)
                 pause = min(POLL_MAX_S if not running else QUIET_S / 4, pause * 1.5)  # a quiet run is said in time
         except KeyboardInterrupt:
             print(f"\nstopped waiting; the jobs go on: clusterjob status {runs[0].path.parent}", file=sys.stderr)
@@ -232,16 +228,21 @@ def _reconcile(run: RunDir, view: RunView, queued: Optional[dict], accounted: Op
         return replace(view, queue_state=queued[job])
     if accounted is None and not info.cancel_requested_at:
         write_back, view = False, replace(view, unanswered=NO_SACCT)
-    accounted = accounted or {}
-    final = "cancelled" if info.cancel_requested_at else _SLURM_FINAL.get(accounted.get(job, ""), "failed")
-    fields: dict = {"status": final, "finished_at": now_iso()}
-    never = _dependency_failed(info) if final == "cancelled" and not info.cancel_requested_at else None
+    return apply_found(run, view, _found_end(run, info, job, accounted or {}), write_back)
+
+
+def _found_end(run: RunDir, info: RunRecord, job: str, accounted: dict) -> runstate.Move:
+    """How a run whose job left the queue without the run recording its end ended, as
+    Slurm says (slurmctl.ENDED; failed where accounting has no word), or cancelled."""
+    said = slurmctl.ENDED.get(accounted.get(job, ""), runstate.FAILED)
+    final = runstate.CANCELLED if info.cancel_requested_at else said
+    never = _dependency_failed(info) if final == runstate.CANCELLED and not info.cancel_requested_at else None
     if never is not None:  # Slurm cancelled the job as one it waited for (afterok) failed
-        fields.update(status="failed", error=RunError(None, never))
-    elif final == "failed":
-        fields["error"] = failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
-                                       "without the run recording its end")
-    return apply_found(run, view, fields, write_back)
+        return runstate.fail(RunError(None, never))
+    if final == runstate.FAILED:
+        return runstate.fail(failure(run, f"job {job} left the queue ({accounted.get(job) or 'no accounting record'}) "
+                                          "without the run recording its end"))
+    return runstate.cancel() if final == runstate.CANCELLED else runstate.stop(final, ended=True)
 
 
 NO_SACCT = ("sacct did not answer: a run whose job left the queue without recording its end is shown failed, "
@@ -250,14 +251,14 @@ NO_SACCT = ("sacct did not answer: a run whose job left the queue without record
 
 def _dependency_failed(info: RunRecord) -> Optional[str]:
     """Why a run that never started waits in vain (a run of its ``after`` failed), or None."""
-    if info.status != "pending" or not info.after:
+    if info.status != runstate.PENDING or not info.after:
         return None
     return chain.failed(chain.states(info.after))
 
 
 def _unhanded(view: RunView) -> bool:
     """A pending run no job has yet (made, not yet handed over)."""
-    return view.record.status == "pending" and view.record.job is None
+    return view.record.status == runstate.PENDING and view.record.job is None
 
 
 def _handover(run: RunDir, view: RunView, records: sweep.Records, write_back: bool) -> RunView:
@@ -307,8 +308,8 @@ def _cancel_jobs(jobs: list[tuple[RunDir, RunRecord, str]], wait_s: float) -> li
         time.sleep(CANCEL_POLL_S)
     with batched():
         for run, _, _ in jobs:
-            if run.read().status not in FINAL_STATUSES:
-                run.update(status="cancelled", finished_at=now_iso())
+            if run.read().status not in runstate.FINAL_STATUSES:
+                run.update(runstate.cancel())
     return [f"scancel {' '.join(ids)}: {len(jobs)} run(s) cancelled" if ids else
             f"{len(jobs)} run(s) had left the queue already: marked cancelled"]
 
@@ -343,7 +344,7 @@ def _cancel_job(run: RunDir, job: str, wait_s: float) -> list[str]:
             return [f"cancelled Slurm job {job}; it is still ending (state {(queued or {}).get(job, 'unknown')}): "
                     "`clusterjob status` shows it cancelled once it left the queue"]
         time.sleep(CANCEL_POLL_S)
-    run.update(status="cancelled", finished_at=now_iso())
+    run.update(runstate.cancel())
     return [f"cancelled Slurm job {job}"]
 
 
@@ -461,7 +462,7 @@ def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunReco
         exclude = [stalled.host] if stalled is not None and stalled.host else []
         if cause is not None and _retried(run, cause, exclude):
             return 0
-    return 0 if run.read().status == "completed" else 1
+    return 0 if run.read().status == runstate.COMPLETED else 1
 
 
 @dataclass(frozen=True)
@@ -534,9 +535,9 @@ def _unsettled(run: RunDir, info: RunRecord, log: str) -> bool:
     recorded as srun (or torchrun) ended the step for a rank that ended by itself
     (--kill-on-bad-exit sends the others SIGTERM: a preemption or a time limit never
     lets this line run)."""
-    if info.status in ("pending", "running", "failed"):
+    if info.status in (*runstate.ACTIVE, runstate.FAILED):
         return True
-    return info.status in ("preempted", "timeout") and ended_rank(run, log) is not None
+    return info.status in runstate.STOPPED and ended_rank(run, log) is not None
 
 
 def _record_end(run: RunDir, info: RunRecord, srun_status: str, log: str) -> Optional[str]:
@@ -547,11 +548,10 @@ def _record_end(run: RunDir, info: RunRecord, srun_status: str, log: str) -> Opt
     end = ended_rank(run, log)
     named = None
     if end is not None and end.by_signal and not run.error_file(end.rank).exists():
-        run.update(status="failed", finished_at=now_iso(), error=RunError(
-            end.rank, end.message, last_words(run, end.rank)))
+        run.update(runstate.fail(RunError(end.rank, end.message, last_words(run, end.rank))))
         named = None if end.memory else end.said
-    elif info.status != "failed":
-        run.update(status="failed", finished_at=now_iso(), error=first_error(run) or _exited(run, end, srun_status))
+    elif info.status != runstate.FAILED:
+        run.update(runstate.fail(first_error(run) or _exited(run, end, srun_status)))
     if end is not None and end.by_signal and named is None:
         return None  # the job's own memory (or a traceback): a retry would end the same way
     return retry.machine_cause(named, rank_errors(run), exit_codes(log))
@@ -583,8 +583,8 @@ def _retried(run: RunDir, cause: str, exclude: Sequence[str] = ()) -> bool:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the requeue ends this script: the lines after it still run
     requeued = slurmctl.requeue(job, hold=True) if exclude else slurmctl.requeue(job)
     if not requeued:
-        run.update(status="failed", finished_at=now_iso(), error=RunError(
-            None, f"{cause}; retry {decision.number} could not requeue job {job} (scontrol requeue failed)"))
+        run.update(runstate.fail(RunError(
+            None, f"{cause}; retry {decision.number} could not requeue job {job} (scontrol requeue failed)")))
         return False
     if exclude:
         _exclude(run, job, exclude)
