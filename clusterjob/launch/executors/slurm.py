@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from clusterjob.core import claim, procs, retry, slurmctl, stalls, sweep
-from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
+from clusterjob.core.ranks import scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import FINAL_STATUSES, RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.launch import arrays, chain
@@ -51,8 +51,8 @@ from clusterjob.launch.executor import (
 )
 from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
-from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
+from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
 
 # sacct/squeue state -> run status, for jobs whose run.json was not finalized by the run
 _SLURM_FINAL = {"COMPLETED": "failed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
@@ -71,6 +71,7 @@ class SlurmExecutor(Executor):
     name = "slurm"
     auto_rank = 10
     options = SlurmOptions
+    environment = SlurmEnvironment
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -444,7 +445,7 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) 
     where = sweep.member(runs[0].path)
     name = sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
     planned = arrays.plan(runs, array_size(len(runs)), folder)
-    with envmod.scrubbed_environ():
+    with scrubbed_environ():
         return arrays.submit(planned, lambda part: _render(spec, folder, part.runs_file, len(part.runs) if len(
             part.runs) > 1 else None, after_jobs, name), lambda said: refusal(spec, said))
 
