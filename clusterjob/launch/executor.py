@@ -147,7 +147,9 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
-        """What a submission would send (``--dry-run``), writing nothing."""
+        """What a submission would send (``--dry-run``), writing nothing: the request
+        ``start`` sends, built the same way (torchx's ``submit_dryrun``), with the names
+        only a submission makes (the sweep's stamp, its files) as placeholders."""
 
     @abc.abstractmethod
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:

@@ -407,16 +407,37 @@ def _teardown(runs_file: Path) -> list[str]:
     return [f'{shlex.join(command)} "${{SLURM_ARRAY_TASK_ID:-0}}" "$?"']
 
 
+@dataclass(frozen=True)
+class Request:
+    """What a submission sends to Slurm: one sbatch script per part of its runs (a job
+    array, or one job), each given to ``sbatch --parsable`` in turn. ``--dry-run`` prints
+    it; ``start`` builds it by the same function (``request``) and sends it."""
+
+    scripts: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return list(self.scripts)
+
+
+def request(spec: Spec, folder: Path, name: str, parts: Sequence[tuple[Path, Optional[int]]],
+            after_jobs: Sequence[str] = ()) -> Request:
+    """The request of ``parts`` (each: the runs file its tasks read, and its array's task
+    count, None for one job) of a submission named ``name`` (its sweep's id), each job
+    waiting for ``after_jobs``."""
+    return Request(tuple(_render(spec, folder, runs_file, array, after_jobs, name) for runs_file, array in parts))
+
+
 def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (),
             array_max: Optional[int] = None) -> list[str]:
-    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``), each
-    array at most ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
+    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``: the
+    runs file and the sweep's stamp are named, not made), each array at most
+    ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
     from clusterjob.launch.preflight import array_size
 
     size = array_size(points) if array_max is None else array_max
     runs_file = folder / "<stamp>.p<part>.runs.json"
-    return [_render(spec, folder, runs_file, len(part) if points > 1 else None, after_jobs,
-                    sweep.sweep_id(spec.name, "<stamp>")) for part in chunks(list(range(points)), size)]
+    parts = [(runs_file, len(part) if points > 1 else None) for part in chunks(list(range(points)), size)]
+    return request(spec, folder, sweep.sweep_id(spec.name, "<stamp>"), parts, after_jobs).lines()
 
 
 def _render(spec: Spec, folder: Path, runs_file: Path, array: Optional[int], after_jobs: Sequence[str],
@@ -446,8 +467,9 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) 
     name = sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
     planned = arrays.plan(runs, array_size(len(runs)), folder)
     with scrubbed_environ():
-        return arrays.submit(planned, lambda part: _render(spec, folder, part.runs_file, len(part.runs) if len(
-            part.runs) > 1 else None, after_jobs, name), lambda said: refusal(spec, said))
+        sent = request(spec, folder, name, [(part.runs_file, len(part.runs) if len(part.runs) > 1 else None)
+                                            for part in planned], after_jobs)
+        return arrays.submit(planned, sent.scripts, lambda said: refusal(spec, said))
 
 
 # sbatch's words for a request this cluster cannot take, and the spec key that asked for it
@@ -470,7 +492,8 @@ def refusal(spec: Spec, said: str) -> Exception:
         return Failure(f"sbatch failed: {reason}")
     key = next((key for word, key in _REFUSED_KEYS if word in reason.lower()), "resources")
     name = key.partition(".")[2]
-    value = f" ({key}: {getattr(spec.resources, name)!r})" if name else ""
+    holder = SlurmOptions.of(spec) if name in SlurmOptions.keys() else spec.resources
+    value = f" ({key}: {getattr(holder, name)!r})" if name else ""
     return BadInput(f"{key}: sbatch refused the job: {reason}{value}; use a value this cluster offers "
                     "(sinfo, sacctmgr show assoc user=$USER) or leave it out for the default")
 
