@@ -1,15 +1,14 @@
 """The Slurm executor's task side (its login side: clusterjob.launch.executors.slurm), and
-its keys, which both halves read: what a task of a Slurm job asks of Slurm
-(docs/design.md, "Distributed environment").
+its keys, which both halves read (docs/design.md, "Distributed environment").
 
 Its ranks: an srun step's variables (a step may use a subset of the job's nodes, and
-then only the step's variables describe its ranks), or torchrun's inside the job; the
-master port every task of a job derives alike without talking. Its job: SLURM_JOB_ID
-(an array task: ``<array>_<task>``, as squeue names it), how often Slurm requeued it
-(SLURM_RESTART_COUNT), and what scontrol, squeue and sacct say of it
-(clusterjob.core.slurmctl): the time left, the requeue, how its previous session ended,
-when it was submitted. A job started by a raw sbatch template finds its run folder again
-by clusterjob.taskenv.jobrun. Stdlib only, never torch.
+then only the step's variables describe its ranks), or torchrun's inside the job. Its
+job (clusterjob.taskenv.slurmjob): SLURM_JOB_ID (an array task: ``<array>_<task>``, as
+squeue names it), how often Slurm requeued it, the master port every task derives alike;
+and what scontrol, squeue and sacct say of it (clusterjob.core.slurmctl): the time left,
+the requeue, how its previous session ended, when it was submitted. A job started by a
+raw sbatch template finds its run folder again by clusterjob.taskenv.jobrun. Stdlib
+only, never torch.
 """
 
 from __future__ import annotations
