@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
 
-from clusterjob.core.env import DistEnv  # noqa: E402
+from clusterjob.core.ranks import DistEnv  # noqa: E402
 from clusterjob.core.rundir import create_run  # noqa: E402
 from clusterjob.runner import health  # noqa: E402
 from clusterjob.spec.schema import dump_spec, spec_from_dict  # noqa: E402

@@ -149,13 +149,13 @@ def _validate_search(spec) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from clusterjob.core import env as envmod
+    from clusterjob.spec import envvars
     from clusterjob.spec.schema import dump_spec, expand_sweep, load_spec
 
     spec = load_spec(args.spec, args.set)
     # What submit checks before it starts anything: a secret the spec holds as *** must be
     # in this environment. Checked on a copy: validate changes nothing.
-    envmod.hand_down_secrets(spec.env, dict(os.environ))
+    envvars.hand_down_secrets(spec.env, dict(os.environ))
     points = expand_sweep(spec)
     if args.cluster:
         from clusterjob.launch.submit import cluster_preflight
@@ -172,13 +172,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from clusterjob.core import env
+    from clusterjob.core.ranks import describe
+    from clusterjob.taskenv.environment import detect
+    from clusterjob.taskenv.slurmjob import job_port
 
     if args.port:
-        print(env.job_port())
+        print(job_port())
         return 0
-    derived = env.detect()
-    print(json.dumps(derived.to_dict(), indent=2) if args.json else env.describe(derived))
+    derived = detect()
+    print(json.dumps(derived.to_dict(), indent=2) if args.json else describe(derived))
     return 0
 
 

@@ -1,7 +1,8 @@
 """What every task runs: ``python -m clusterjob.run SPEC`` (docs/design.md, "The runner").
 
 The local executor, submitit's tasks, both sbatch templates and ``clusterjob sbatch`` all
-start this, and so can any launcher by hand; clusterjob.core.env derives the ranks from each:
+start this, and so can any launcher by hand; the task side of the executor that started it
+(clusterjob.taskenv.environment) derives the ranks from each:
 
     srun python -m clusterjob.run jobs/cifar.yaml                   # Slurm variables
     torchrun --nproc_per_node 2 -m clusterjob.run jobs/cifar.yaml
@@ -26,13 +27,12 @@ import sys
 from pathlib import Path
 from typing import Any, MutableMapping, Optional
 
-from clusterjob.core import env as envmod
-from clusterjob.core import jobrun, runstate
 from clusterjob.core.errors import BadInput
-from clusterjob.core.record import SLURM, Job
+from clusterjob.core.ranks import DistEnv
 from clusterjob.core.rundir import RunDir, create_run, new_run_id, run_dir_of_spec
-from clusterjob.spec import task
+from clusterjob.spec import envvars, task
 from clusterjob.spec.schema import Spec, dump_spec
+from clusterjob.taskenv import environment as taskenv
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -55,9 +55,9 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     """This task's part of the run: "completed", "stopped" (checkpointed to resume), or
     "failed" (a node failure with no retry left)."""
     args = parse_args(argv)
-    env = envmod.detect(argv=sys.argv if argv is None else argv)
+    env = taskenv.detect(argv=sys.argv if argv is None else argv)
     if args.runs is not None:
-        args.spec = task.listed_run(args.runs, envmod.slurm_job())
+        args.spec = task.listed_run(args.runs, taskenv.current().array_task())
     spec, params = _spec_point(args, env)
     task_environ(spec, os.environ)  # before torch is imported
     from clusterjob.runner import dist, health, runrecord
@@ -75,7 +75,7 @@ def run_task(argv: Optional[list[str]] = None) -> str:
     if decided == runrecord.FAILED:
         dist.destroy()
         return "failed"  # a node failure with no retry left: recorded by rank 0
-    runrecord.hold(decided, lambda: stop.requested)  # the back-off after a node failure that Slurm's hold did not cover
+    runrecord.hold(decided, lambda: stop.requested)  # a retry's back-off the executor's hold did not cover
     watched = health.start(run, env, spec)  # before the code takes over stdout and stderr (the output pump)
     try:
         outcome = target(run, stop)
@@ -101,14 +101,14 @@ def task_environ(spec: Spec, environ: MutableMapping[str, str]) -> None:
     ``resources.gpus_per_node`` is 0: that spec means CPU, for the built-in trainer and the
     user's own code alike, whatever the node shows (else every rank takes GPU 0, and NCCL
     refuses the shared GPU)."""
-    envmod.apply_env(spec.env, environ)
+    envvars.apply_env(spec.env, environ)
     if "OMP_NUM_THREADS" not in environ:
         environ["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_task)
     if spec.resources.gpus_per_node == 0:
         environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def _register(run: RunDir, env: envmod.DistEnv, stop) -> None:
+def _register(run: RunDir, env: DistEnv, stop) -> None:
     """Link this rank's logs into the run folder and record which process it is (for
     ``clusterjob cancel``, which signals only a process it verified); rank 0 also
     stops when the run is marked cancelled."""
@@ -134,57 +134,29 @@ def _target(spec: Spec):
     return worker
 
 
-def _spec_point(args: argparse.Namespace, env: envmod.DistEnv) -> tuple[Spec, dict]:
+def _spec_point(args: argparse.Namespace, env: DistEnv) -> tuple[Spec, dict]:
     """The spec of this run; a sweep spec runs the point of --point or the array task."""
-    return task.point(args, envmod.slurm_job())
+    return task.point(args, taskenv.current().array_task())
 
 
 def _choose_run(args: argparse.Namespace, spec: Spec, params: dict) -> RunDir:
-    """--run-dir, else the run folder holding SPEC, else this Slurm job's own (so a
-    requeued raw sbatch job finds its folder again and resumes), else a new one."""
+    """--run-dir, else the run folder holding SPEC, else the job's own (so a requeued job
+    of a raw script finds its folder again and resumes: its executor's task side
+    knows it), else a new one."""
     if args.run_dir:
         run = RunDir(Path(args.run_dir))
         return run if run.exists() else _create(run, spec, params)
     found = run_dir_of_spec(Path(args.spec))
     if found is not None:
         return found
-    job = envmod.slurm_job()
-    if job is not None:
-        return _job_run(spec, params, job)
-    return _create(RunDir(Path(spec.output.root) / spec.name / new_run_id()), spec, params)
+    parent = Path(spec.output.root) / spec.name
+    own = taskenv.current().own_run(parent, dump_spec(spec), lambda run, **fields: _create(run, spec, params, **fields))
+    return own if own is not None else _create(RunDir(parent / new_run_id()), spec, params)
 
 
 def _create(run: RunDir, spec: Spec, params: dict, **fields: Any) -> RunDir:
     return create_run(run.path.parent.parent, run.path.parent.name, run.path.name, dump_spec(spec), params,
-                      env=envmod.shown_env(spec.env), **fields)
-
-
-def _job_run(spec: Spec, params: dict, job: envmod.SlurmJob) -> RunDir:
-    """This job's run folder (clusterjob.core.jobrun): its own run, which it continues
-    unless it holds another spec or is completed; else a new ``slurm-<job>[-N]``."""
-    parent = Path(spec.output.root) / spec.name
-    submitted = jobrun.submitted(job)
-    taken = jobrun.job_runs(parent, job.run_key)
-    mine = jobrun.own_run([run for _, run in taken], job, submitted)
-    why = "a run of another job with the same id" if mine is None else _why_not_continued(mine, dump_spec(spec))
-    if mine is not None and why is None:
-        return mine
-    run = RunDir(parent / (f"slurm-{job.run_key}-{taken[-1][0] + 1}" if taken else f"slurm-{job.run_key}"))
-    if taken:
-        print(f"{(mine or taken[-1][1]).path} is {why}; this job runs in {run.path}", flush=True)
-    return _create(run, spec, params, job=Job(SLURM, job.run_key), slurm_job_submitted=submitted)
-
-
-def _why_not_continued(run: RunDir, spec_yaml: str) -> Optional[str]:
-    """None when this job may continue its ``run``; else why not: it is completed, or its
-    spec.yaml holds another spec (the script's arguments or the spec file changed)."""
-    from clusterjob.core.files import read_text
-
-    if run.read().status == runstate.COMPLETED:
-        return "completed"
-    if read_text(run.spec_file)[0] != spec_yaml:
-        return "a run of another spec"
-    return None
+                      env=envvars.shown_env(spec.env), **fields)
 
 
 def _leave(code: int) -> None:

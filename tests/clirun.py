@@ -43,7 +43,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from clusterjob.core.env import clean_environ
+from clusterjob.core.ranks import clean_environ
 
 REPO = Path(__file__).resolve().parents[1]
 

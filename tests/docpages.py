@@ -1,8 +1,8 @@
 """What the tests read in the documentation: README.md and the pages of docs/ (a site that
 mkdocs.yml builds), and the lists of the package's modules they hold.
 
-    modules_named(text)           # ["core/env.py", ...]: the modules a list or table names
-    package_modules()             # {"core/env.py", ...}: the modules that exist
+    modules_named(text)           # ["core/ranks.py", ...]: the modules a list or table names
+    package_modules()             # {"core/ranks.py", ...}: the modules that exist
     section(text, "The package")  # a heading's text, up to the next heading of its level
 """
 
@@ -23,8 +23,8 @@ def package_modules() -> set[str]:
 
 def modules_named(text: str) -> list[str]:
     """The modules a list or a table names, in order, a module named twice twice. A name
-    holds its part (`core/env.py`), or the list item it stands in starts with its part's
-    folder (- `core/`: `env.py`, `hostlist.py`)."""
+    holds its part (`core/ranks.py`), or the list item it stands in starts with its part's
+    folder (- `core/`: `ranks.py`, `hostlist.py`)."""
     named = []
     for item in re.split(r"\n(?=- |\| )", text):
         part = re.match(r"- `(\w+/)`:", item)

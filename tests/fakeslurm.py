@@ -146,3 +146,13 @@ def slurm_shims(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
 def fake_slurm_at(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> FakeSlurm:
     """Fake Slurm commands in ``folder`` (a test's own place for them), PATH untouched."""
     return FakeSlurm(folder, tmp_path_factory.mktemp("slurm-shims"))
+
+
+def in_job(job):
+    """The Slurm task side (clusterjob.taskenv.slurm) of a task of ``job`` (a SlurmJob),
+    for a test that sets what ``clusterjob.taskenv.environment.current()`` gives."""
+    from clusterjob.taskenv.slurm import SlurmEnvironment
+
+    environment = SlurmEnvironment({})
+    environment.slurm_job = lambda: job  # type: ignore[method-assign]
+    return environment

@@ -72,8 +72,10 @@ def test_the_rule_checker_sees_each_way_to_reach_torch_distributed():
 # ----------------------------------------------------------------------------- login nodes: no torch
 
 # The login-node side: the CLI and everything it runs for validate, env, status, logs,
-# report, sbatch, cancel and submit (before a task starts).
-LOGIN_PACKAGES = ("clusterjob.core", "clusterjob.spec", "clusterjob.search", "clusterjob.report", "clusterjob.launch")
+# report, sbatch, cancel and submit (before a task starts), the executors' task sides too
+# (``clusterjob env``, and the keys a submit reads).
+LOGIN_PACKAGES = ("clusterjob.core", "clusterjob.spec", "clusterjob.taskenv", "clusterjob.search", "clusterjob.report",
+                  "clusterjob.launch")
 NO_TORCH = tuple(sorted({"clusterjob", "clusterjob.cli", "clusterjob.runner.api",
                          *(name for name in modules() if name.startswith(LOGIN_PACKAGES))}))
 
@@ -119,39 +121,103 @@ RANK_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 
 
 def environment_reads(tree: ast.Module) -> set[str]:
-    """Constant names read through os.environ[...], os.environ.get(...), os.getenv(...)."""
+    """Constant names read from this process's environment: ``os.environ`` or a mapping
+    handed on as ``environ`` (the task-side environments' name for it). Through
+    ``[...]``, ``.get(...)`` (``pop``, ``__getitem__``), ``os.getenv(...)``, ``in``, and a
+    call that hands the environment to a reader with the name (or a tuple of names):
+    ``env_int(environ, "RANK", ...)``, ``first_set(environ, ("SLURM_JOB_ID", ...))``."""
     found = set()
     for node in ast.walk(tree):
-        key = None
-        if isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.slice, ast.Constant):
-            key = node.slice.value
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        keys: list = []
+        if isinstance(node, ast.Subscript) and _is_environ(node.value):
+            keys = [node.slice]
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            keys = [node.left] if any(_is_environ(c) for c in node.comparators) else []
+        elif isinstance(node, ast.Call) and node.args:
             func = node.func
             if (isinstance(func, ast.Attribute) and func.attr in ("get", "getenv", "__getitem__", "pop")
                     and (_is_environ(func.value) or (isinstance(func.value, ast.Name) and func.value.id == "os"))):
-                key = node.args[0].value
-        if isinstance(key, str):
-            found.add(key)
+                keys = [node.args[0]]
+            elif any(_is_environ(arg) for arg in node.args):
+                keys = [e for arg in node.args for e in (arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg])]
+        found.update(key.value for key in keys if isinstance(key, ast.Constant) and isinstance(key.value, str))
     return found
 
 
 def _is_environ(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "environ"
+    return ((isinstance(node, ast.Attribute) and node.attr == "environ")
+            or (isinstance(node, ast.Name) and node.id == "environ"))
 
 
-def test_only_env_reads_rank_variables():
+TASK_SIDES = "clusterjob.taskenv"  # the executors' task sides: the only readers of rank variables
+
+
+def test_only_the_task_side_environments_read_rank_variables():
     offenders = {}
     for name, tree in modules().items():
         reads = {k for k in environment_reads(tree) if k in RANK_VARIABLES or k.startswith("SLURM_")}
-        if reads and name != "clusterjob.core.env":
+        if reads and not (name == TASK_SIDES or name.startswith(TASK_SIDES + ".")):
             offenders[name] = sorted(reads)
-    assert offenders == {}, "read rank variables through clusterjob.core.env"
+    assert offenders == {}, "read rank variables through the task side of the executor (clusterjob.taskenv)"
 
 
 def test_the_environment_rule_sees_each_way_to_read():
     for source in ("import os\nos.environ['RANK']", "import os\nos.environ.get('SLURM_PROCID')",
-                   "import os\nos.getenv('MASTER_PORT')"):
+                   "import os\nos.getenv('MASTER_PORT')", "def f(environ):\n    return environ['WORLD_SIZE']",
+                   "def f(environ):\n    return environ.get('LOCAL_RANK')", "import os\n'RANK' in os.environ",
+                   "def f(environ):\n    return 'SLURM_PROCID' not in environ",
+                   "def f(environ):\n    return env_int(environ, 'GROUP_RANK', 'hint')",
+                   "def f(environ):\n    return first_set(environ, ('SLURM_PROCID', 'X'))"):
         assert environment_reads(ast.parse(source)) & (RANK_VARIABLES | {"SLURM_PROCID"}), source
+    for source in ("env = {}\nenv.get('RANK')", "export({'RANK': '0'})", "import os\nos.environ.get('HOME')"):
+        assert not environment_reads(ast.parse(source)) & RANK_VARIABLES, source
+
+
+# ----------------------------------------------------------------------------- no executor's name in the task code
+
+# The task code asks the task side of its executor (clusterjob.taskenv.environment) and
+# never names one: Slurm's variables, commands and run.json field stay in Slurm's task side.
+TASK_CODE = ("clusterjob.runner", "clusterjob.trainer", "clusterjob.run")
+SLURM_WORDS = ("slurm", "scontrol", "sbatch", "squeue", "sacct", "scancel", "srun")
+
+
+def slurm_names(tree: ast.Module) -> list[str]:
+    """line:name of each name (an identifier, an attribute, an imported module) or a text
+    (but a docstring) of ``tree`` that names Slurm or one of its commands."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        words: list = []
+        if isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words = [node.name, *(a.arg for a in node.args.args + node.args.kwonlyargs)] if not isinstance(
+                node, ast.ClassDef) else [node.name]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            words = [*(a.name for a in node.names), *(a.asname or "" for a in node.names),
+                     getattr(node, "module", None) or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words = [node.value]
+        found += [f"{node.lineno}:{word}" for word in words if any(w in word.lower() for w in SLURM_WORDS)]
+    return found
+
+
+def test_the_task_code_names_no_slurm():
+    offenders = {name: slurm_names(tree) for name, tree in modules().items()
+                 if name == TASK_CODE[2] or name.startswith(TASK_CODE[:2])}
+    assert {k: v for k, v in offenders.items() if v} == {}, "ask the task side (clusterjob.taskenv) instead"
+
+
+def test_the_slurm_name_rule_sees_each_form():
+    for source in ("from clusterjob.core import slurmctl", "import os\nos.environ.get('SLURM_JOB_ID')",
+                   "job.slurm_job_id", "def f(in_slurm): pass", "subprocess.run(['scontrol', 'requeue'])",
+                   "x = 'Slurm requeues the job'", "def slurm_job(): pass", "class SlurmJob: pass"):
+        assert slurm_names(ast.parse(source)), source
+    assert slurm_names(ast.parse('def f():\n    """Slurm ends the job."""\n    return 1')) == []
 
 
 # ----------------------------------------------------------------------------- who imports whom
@@ -196,17 +262,21 @@ def test_a_search_is_a_client_of_its_executor():
 
 # The layers of docs/design.md, "Architecture": what each part may import. The login
 # side (core, spec, report, launch, cli) never reaches the task side (runner, trainer,
-# run), and the runner knows no trainer: clusterjob.run picks one.
+# run), and the runner knows no trainer: clusterjob.run picks one. Both reach the
+# executors' task sides (taskenv).
 LAYERS = {
     "core": {"core"},
     "spec": {"core", "spec"},
+    # the executors' task sides (and their keys), which both sides ask: a task may not
+    # import the login side of its executor, and the login side reads the same keys
+    "taskenv": {"core", "spec", "taskenv"},
     "search": {"core", "spec", "search"},  # what both sides read of a search: its record, study, pruner, trials
     "report": {"core", "spec", "search", "report"},
-    "launch": {"core", "spec", "search", "report", "launch"},
-    "cli": {"core", "spec", "search", "report", "launch", "cli"},
-    "runner": {"core", "spec", "search", "runner"},
-    "trainer": {"core", "spec", "runner", "trainer"},
-    "run": {"core", "spec", "runner", "trainer"},
+    "launch": {"core", "spec", "taskenv", "search", "report", "launch"},
+    "cli": {"core", "spec", "taskenv", "search", "report", "launch", "cli"},
+    "runner": {"core", "spec", "taskenv", "search", "runner"},
+    "trainer": {"core", "spec", "taskenv", "runner", "trainer"},
+    "run": {"core", "spec", "taskenv", "runner", "trainer"},
     "": {"core", "runner"},  # the package itself: its version and your code's API
 }
 
@@ -264,8 +334,8 @@ def test_every_pointer_to_the_design_names_a_section_that_exists():
 
 
 def _owner(found: str, trees: dict) -> str:
-    """The module an imported name belongs to: ``clusterjob.core.env`` for
-    ``clusterjob.core.env.detect``, and for ``from clusterjob.core import env`` too."""
+    """The module an imported name belongs to: ``clusterjob.core.ranks`` for
+    ``clusterjob.core.ranks.export``, and for ``from clusterjob.core import ranks`` too."""
     while found and found not in trees:
         found = found.rpartition(".")[0]
     return found

@@ -33,7 +33,7 @@ def choose(tmp_path: Path, lr: float = 0.1) -> Path:
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump({"name": "exp", "train": {"lr": lr}, "output": {"root": str(tmp_path)}}))
     args = runner.parse_args([str(spec_file)])
-    spec, params = runner._spec_point(args, runner.envmod.detect(environ={}))
+    spec, params = runner._spec_point(args, runner.taskenv.detect(environ={}))
     return runner._choose_run(args, spec, params).path
 
 

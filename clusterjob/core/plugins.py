@@ -1,8 +1,15 @@
-"""Executors of other packages: each registers by entry point in the group
-``clusterjob.executors`` (docs/design.md, "Executors and scripts"), as submitit's plugins do:
+"""The registry of executors' halves (docs/design.md, "Executors and scripts"). An
+executor of another package registers its executor class (the login side, which names
+its task side as ``environment``) by entry point in the group ``clusterjob.executors``,
+as submitit's plugins do:
 
     [project.entry-points."clusterjob.executors"]
     myexec = "mypackage.myexec:MyExecutor"
+
+clusterjob's own executors are found without entry points: the login side by the module
+names of clusterjob/launch/executors/, the task side here (``TASK_SIDES``), named as an
+entry point names an object, so that a task, which may not import the login side, and
+the spec it reads (their keys) find them.
 
 Entry points are read with ``importlib.metadata``, which costs half of a bare start-up, so
 only when asked: for a name no built-in executor has, for a spec key no built-in one
@@ -12,11 +19,26 @@ never ask.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Any, Optional
 
 from clusterjob.core.errors import BadInput
 
 GROUP = "clusterjob.executors"
+# clusterjob's own executors' task sides, in the order a task asks whether it is theirs
+# (clusterjob.taskenv.environment.current): Slurm's variables, then the local supervisor's mark.
+TASK_SIDES = ("clusterjob.taskenv.slurm:SlurmEnvironment", "clusterjob.taskenv.local:LocalEnvironment")
+
+
+@functools.cache
+def task_sides() -> tuple[Any, ...]:
+    """The classes ``TASK_SIDES`` names, their modules imported on first use."""
+    found = []
+    for reference in TASK_SIDES:
+        module, _, name = reference.partition(":")
+        found.append(getattr(importlib.import_module(module), name))
+    return tuple(found)
 
 
 def _entry_points() -> list:

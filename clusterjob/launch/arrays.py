@@ -63,17 +63,17 @@ def _free_suffix(folder: Path, stem: str, index: int) -> str:
     return suffix
 
 
-def submit(planned: list[Planned], script: Callable[[Planned], str], refused: Callable[[str], Exception],
-           ) -> list[str]:
-    """Submit each planned part (``script`` renders it) after one sync of everything
-    written so far; each part's job id goes into the sweep's record as soon as sbatch
-    answered (or into the run.json of runs of no sweep). The job ids in run order; the
-    first refusal raises ``refused(what sbatch said)``, the parts before it submitted."""
+def submit(planned: list[Planned], scripts: Sequence[str], refused: Callable[[str], Exception]) -> list[str]:
+    """Submit each planned part (its script: ``scripts``, in the same order) after one
+    sync of everything written so far; each part's job id goes into the sweep's record as
+    soon as sbatch answered (or into the run.json of runs of no sweep). The job ids in run
+    order; the first refusal raises ``refused(what sbatch said)``, the parts before it
+    submitted."""
     with batched() as batch:
         batch.sync()  # the run folders, the record and the runs files reach the disk before any job exists
         ids: list[str] = []
-        for number, part in enumerate(planned):
-            job_id, said = slurmctl.submit(script(part))
+        for number, (part, script) in enumerate(zip(planned, scripts)):
+            job_id, said = slurmctl.submit(script)
             if job_id is None:
                 discard(planned[number:])
                 raise refused(said)

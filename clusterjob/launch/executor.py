@@ -1,17 +1,22 @@
 """What runs a run's ranks (docs/design.md, "Executors and scripts"): one protocol that
 every executor implements, and a registry of them by name.
 
-An executor is a subclass of ``Executor`` in one module: a built-in one in
-``clusterjob/launch/executors/``, named as the executor and decorated with ``@register``;
-one of another package registered by entry point in the group ``clusterjob.executors``
-(clusterjob.core.plugins), which also declares the resources keys it reads (``options``,
-an ``ExecutorOptions``), so adding an executor is adding that one module. (The built-in
-executors' keys are declared in clusterjob.spec.options, which every task reads without
-importing an executor.) A built-in name is known from the module's file name, and the
-module is imported when the executor is first used: listing the names (``--help``)
-imports none, ``status`` of finished runs imports none, a run's executor imports its
-own module; entry points are read only for a name that is not built in. submit,
-resume, status, logs and cancel speak to executors through this protocol only:
+An executor is a pair (docs/design.md, "Architecture"): this login side, a subclass of
+``Executor``, and its task side, the ``TaskEnvironment`` its tasks ask
+(clusterjob.taskenv.environment: their ranks, their job, the requeue, the time left),
+named as its ``environment``, as submitit registers an executor and its job environment
+together. A built-in login side is a module of ``clusterjob/launch/executors/``, named as
+the executor and decorated with ``@register``, its task side a module of
+``clusterjob/taskenv/``. One of another package is registered by entry point in the
+group ``clusterjob.executors`` (clusterjob.core.plugins), its class naming its task side
+and the resources keys it reads (``options``, an ``ExecutorOptions``), so adding an
+executor is adding that one module. (The built-in executors' keys are declared in their
+task side, which every task reads without importing the login side.) A built-in name is
+known from the module's file name, and the module is imported when the executor is first
+used: listing the names (``--help``) imports none, ``status`` of finished runs imports
+none, a run's executor imports its own module; entry points are read only for a name
+that is not built in. submit, resume, status, logs and cancel speak to executors through
+this protocol only:
 
 - ``unavailable``: whether it can start runs from here (``--executor auto`` takes the
   available built-in one of the highest ``auto_rank``);
@@ -45,6 +50,7 @@ from clusterjob.launch import executors
 if TYPE_CHECKING:  # the spec's module (and YAML) is not needed to list or read runs
     from clusterjob.spec.options import ExecutorOptions
     from clusterjob.spec.schema import Spec
+    from clusterjob.taskenv.environment import TaskEnvironment
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class Executor(abc.ABC):
     # The resources keys this executor declares for itself (clusterjob.spec.options), read
     # with ``options.of(spec)``; None: it has none.
     options: ClassVar[Optional[type[ExecutorOptions]]] = None
+    # Its task side: what its tasks ask of it (clusterjob.taskenv.environment); None: its
+    # tasks are launched as by hand (torchrun's variables, or one process), with no job.
+    environment: ClassVar[Optional[type[TaskEnvironment]]] = None
 
     @classmethod
     @abc.abstractmethod
@@ -138,7 +147,9 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
-        """What a submission would send (``--dry-run``), writing nothing."""
+        """What a submission would send (``--dry-run``), writing nothing: the request
+        ``start`` sends, built the same way (torchx's ``submit_dryrun``), with the names
+        only a submission makes (the sweep's stamp, its files) as placeholders."""
 
     @abc.abstractmethod
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:

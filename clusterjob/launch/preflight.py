@@ -20,8 +20,8 @@ from typing import Callable, Optional
 from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput, SlurmUnreachable
 from clusterjob.launch import limits
-from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec
+from clusterjob.taskenv.slurm import SlurmOptions
 
 Ask = Callable[..., Optional[object]]  # slurmctl.ask: (cmd, stdin=None) -> CompletedProcess | None
 

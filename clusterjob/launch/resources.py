@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec
+from clusterjob.taskenv.slurm import SlurmOptions
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
 # The job script's first line on stderr in each session of a job (a requeued job appends to its log)

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput
 from clusterjob.launch.resources import sbatch_options
 from clusterjob.spec import envvars
@@ -188,17 +187,17 @@ def without_secrets(override: str) -> str:
     or inside ``env={...}``) as ``***``, which the job takes from the environment sbatch
     passes on; a note on stderr says to export it there."""
     key, _, text = override.partition("=")
-    if key.startswith("env.") and envmod.is_secret(key[len("env."):]):
+    if key.startswith("env.") and envvars.is_secret(key[len("env."):]):
         hidden = [key[len("env."):]]
-        override = f"{key}={envmod.HIDDEN}"
+        override = f"{key}={envvars.HIDDEN}"
     elif key == "env":
         given = envvars.checked_env(override_value(key, text, holds_text(key)))  # load_spec took it already
-        hidden = [name for name, value in given.items() if envmod.is_secret(name) and value != envmod.HIDDEN]
-        override = f"env={json.dumps(envmod.shown_env(given))}" if hidden else override
+        hidden = [name for name, value in given.items() if envvars.is_secret(name) and value != envvars.HIDDEN]
+        override = f"env={json.dumps(envvars.shown_env(given))}" if hidden else override
     else:
         return override
     for name in hidden:
-        print(f"note: env.{name} is written {envmod.HIDDEN} in the script (a secret never goes into a file); "
+        print(f"note: env.{name} is written {envvars.HIDDEN} in the script (a secret never goes into a file); "
               f"export {name} in the shell that runs sbatch: the job takes it from there", file=sys.stderr)
     return override
 

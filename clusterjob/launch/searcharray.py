@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import env as envmod
 from clusterjob.core import runstate, slurmctl
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import now_iso, write_atomic
+from clusterjob.core.ranks import scrubbed_environ
 from clusterjob.core.rundir import RunDir
 from clusterjob.launch.resources import SESSION_MARK, sbatch_options, signal_delay_s
 from clusterjob.search import record as searchmod
@@ -66,7 +66,7 @@ def start(spec: Spec, folder: Path) -> list[str]:
     (folder / SLOTS).mkdir(exist_ok=True)
     path = folder / SCRIPT
     write_atomic(path, script(spec, folder))
-    with envmod.scrubbed_environ():
+    with scrubbed_environ():
         done = slurmctl.ask(["sbatch", *sbatch_args(spec, folder), str(path)])
     if done is None or done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no answer"])[-1] if done is not None else "sbatch did not run"

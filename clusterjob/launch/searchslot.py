@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import env as envmod
 from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir
 from clusterjob.launch.executors import slurm
@@ -34,6 +33,7 @@ from clusterjob.search import record as searchmod
 from clusterjob.search.study import ENDS
 from clusterjob.search.trials import Feed
 from clusterjob.spec.schema import Spec
+from clusterjob.taskenv.slurmjob import slurm_job
 
 PRUNE_GRACE_S = 5.0  # after a prune, how long the ranks may take to stop by themselves before srun passes SIGTERM
 POLL_S = 0.5
@@ -44,7 +44,7 @@ POLL_S = 0.5
 
 def main(argv: list[str]) -> int:
     folder = Path(argv[0])
-    job = envmod.slurm_job()
+    job = slurm_job()
     if job is None:
         print(f"usage: python -m {__name__} SEARCH_FOLDER, as a task of the search's Slurm array", file=sys.stderr)
         return 2

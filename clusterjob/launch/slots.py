@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from clusterjob.core.env import listed_gpus
+from clusterjob.core.ranks import listed_gpus
 
 
 @dataclass(frozen=True)

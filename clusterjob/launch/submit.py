@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from clusterjob.core import claim, metrics, precision, runstate, sweep, units
-from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import batched
 from clusterjob.core.record import RunRecord, materialize
@@ -26,6 +25,7 @@ from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
 from clusterjob.launch.progress import LiveLine
+from clusterjob.spec import envvars
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, expand_sweep, load_spec, spec_parts
 
 if TYPE_CHECKING:  # a search's slots: their module (and every executor's) is imported for a search only
@@ -49,14 +49,14 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
             print(line)
         return 0
     snap = _snapshot_plan(spec)
-    envmod.hand_down_secrets(spec.env)  # spec.yaml holds *** for them: the ranks inherit them from here
+    envvars.hand_down_secrets(spec.env)  # spec.yaml holds *** for them: the ranks inherit them from here
     waits = {"after": [str(dep.run.path) for dep in deps]} if deps else {}
     # One batch: every file of every run is written once and none is synced alone; the
     # batch syncs before a job can read them, and once at its end (clusterjob.core.files)
     with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
         runs = window.hold(make_runs(Path(spec.output.root), spec.name,
                                      [(p.index, spec_parts(p.spec), p.run_params,
-                                       {"env": envmod.shown_env(p.spec.env)}) for p in points],
+                                       {"env": envvars.shown_env(p.spec.env)}) for p in points],
                                      claim_as="clusterjob submit", executor=chosen.name,
                                      by_tasks=chosen.makes_runs_at_start(len(points)) and snap is None,
                                      **_origin(), **waits))  # resume's executor, if the start fails
@@ -89,7 +89,7 @@ def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, pr
         for line in slots.preview(spec, Path(spec.output.root) / spec.name / "<search-id>"):
             print(line)
         return 0
-    envmod.hand_down_secrets(spec.env)
+    envvars.hand_down_secrets(spec.env)
     folder = trials.make(spec, chosen.name, claim_as="clusterjob submit")
     try:
         lines = slots.start(spec, folder, follow=wait)
@@ -286,7 +286,7 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
     materialize(run.path)  # a run its task never made (its job ended first): made as it would have
     spec = load_spec(run.spec_file)
     check_paths(spec)
-    envmod.hand_down_secrets(spec.env)  # the secrets of its spec.yaml (***) must be in this shell's environment
+    envvars.hand_down_secrets(spec.env)  # the secrets of its spec.yaml (***) must be in this shell's environment
     owner = _executor_of(run)
     deps = dependencies(spec, [RunDir(Path(path)) for path in run.read().after])
     owner.check(spec, 1, preflight=False, after=deps)

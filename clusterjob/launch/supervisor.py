@@ -60,13 +60,14 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
 from clusterjob.core import claim, procs, retry, runstate, stalls
-from clusterjob.core import env as envmod
 from clusterjob.core.files import now_iso
+from clusterjob.core.ranks import DistEnv, clean_environ, export
 from clusterjob.core.record import RunError, RunRecord
 from clusterjob.core.rundir import RunDir, first_error, last_words, mark_failed, rank_errors
 from clusterjob.launch import chain, progress, slots
 from clusterjob.launch.slots import WHOLE, Slot
 from clusterjob.spec.schema import ResourcesSpec, load_spec
+from clusterjob.taskenv.local import SUPERVISED_VAR
 
 POLL_S = 0.2
 GRACE_S = 5.0         # after one rank fails, the others get this long to exit before SIGKILL
@@ -86,14 +87,14 @@ def free_port() -> int:
 def rank_environ(base: dict, rank: int, world: int, port: int, slot: Slot = WHOLE) -> dict:
     """The child environment: the caller's, minus any launcher/Slurm variables, plus ranks
     and what the run's slot gives it (its GPUs, its threads)."""
-    env = envmod.DistEnv(source="torchrun", rank=rank, local_rank=rank, world_size=world,
+    env = DistEnv(source="torchrun", rank=rank, local_rank=rank, world_size=world,
                          local_world_size=world, node_rank=0, num_nodes=1, master_addr="127.0.0.1",
                          master_port=port, hosts=("127.0.0.1",))
-    child = envmod.clean_environ(base)
-    envmod.export(env, child)
+    child = clean_environ(base)
+    export(env, child)
     child.update(slot.environ(child))
     child["PYTHONUNBUFFERED"] = "1"
-    child[envmod.SUPERVISED_VAR] = "1"  # the ranks leave the run's end to us (cancelled, failed...)
+    child[SUPERVISED_VAR] = "1"  # the ranks leave the run's end to us (cancelled, failed...)
     return child
 
 
@@ -231,7 +232,7 @@ class Supervisor:
                     os.waitpid(pid, os.WNOHANG)
                 continue
             env = procs.environ(pid)
-            if env.get(envmod.SUPERVISED_VAR) != "1" or env.get("MASTER_PORT") in live or _watcher(pid):
+            if env.get(SUPERVISED_VAR) != "1" or env.get("MASTER_PORT") in live or _watcher(pid):
                 left -= 1  # not a rank's, its session runs on, or a watcher (it ends itself, after its last words)
             else:
                 with contextlib.suppress(ProcessLookupError):

@@ -5,7 +5,7 @@
 ``$status`` is srun's exit status; the rest are the job script's arguments, which srun
 gave every task: ``SPEC [--set KEY=VALUE ...] [--run-dir DIR] [--point N]``. The teardown
 finds the run the job's tasks ran in by the runner's own rule (clusterjob.spec.task,
-clusterjob.core.jobrun) and settles it as submitit's jobs are settled
+clusterjob.taskenv.jobrun) and settles it as submitit's jobs are settled
 (clusterjob.launch.executors.slurm ``settle``): a rank killed by a signal, or one that
 exited non-zero without a traceback, is named (from srun's report in the job script's
 stderr, which is this process's stderr too, or torchrun's in its node's log), a failure
@@ -22,12 +22,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import env as envmod
-from clusterjob.core import jobrun
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import RunDir, run_dir_of_spec
 from clusterjob.launch.executors import slurm
 from clusterjob.spec import task
+from clusterjob.taskenv import jobrun
+from clusterjob.taskenv.slurmjob import SlurmJob, slurm_job
 
 PROG = "python -m clusterjob.launch.teardown SRUN_STATUS"
 
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     status = argv[0]
     try:
         args = task.parse(argv[1:], prog=PROG)
-        run = job_run(args, envmod.slurm_job())
+        run = job_run(args, slurm_job())
     except BadInput as err:
         print(f"clusterjob: teardown: {err}", file=sys.stderr)
         run = None
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     return slurm.settle(run, status, batch_log())
 
 
-def job_run(args: argparse.Namespace, job: Optional[envmod.SlurmJob]) -> Optional[RunDir]:
+def job_run(args: argparse.Namespace, job: Optional[SlurmJob]) -> Optional[RunDir]:
     """The run folder the tasks of these arguments ran in, as clusterjob.run chose it
     (``--run-dir``, the run folder holding SPEC, else the job's own); None where they
     made none."""
@@ -58,7 +58,7 @@ def job_run(args: argparse.Namespace, job: Optional[envmod.SlurmJob]) -> Optiona
     found = run_dir_of_spec(Path(args.spec))
     if found is not None or job is None:
         return found
-    spec, _ = task.point(args, job)
+    spec, _ = task.point(args, job.array_task_id)
     return jobrun.find(Path(spec.output.root) / spec.name, job)
 
 

@@ -86,7 +86,7 @@ def _signals_end_the_wait() -> Iterator[None]:
 def rendezvous(env, init_method: str, timeout_s: float) -> None:
     """Meet the other ranks in a key-value store (before any process group, so that a
     dataset download can wait on it without the collective timeout). ``env`` is a
-    clusterjob.core.env.DistEnv. No-op for one process. All ranks must call this."""
+    clusterjob.core.ranks.DistEnv. No-op for one process. All ranks must call this."""
     global _store, _store_world, _store_rank
     if env.world_size == 1:
         return

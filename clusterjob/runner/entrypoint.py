@@ -38,26 +38,27 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from clusterjob.core import env as envmod
 from clusterjob.core import metrics, runstate
 from clusterjob.core.files import now_iso, shown
+from clusterjob.core.ranks import DistEnv, export
 from clusterjob.core.record import RunRecord
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import api, dist, metricsfile, outputpump, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
 from clusterjob.spec.schema import Spec, entrypoint_args
+from clusterjob.taskenv import environment as taskenv
 
 
 class ScriptExit(RuntimeError):
     """The user's code called sys.exit with a non-zero status."""
 
 
-def prepare(spec: Spec, env: envmod.DistEnv) -> Callable[[RunDir, StopSignal], str]:
+def prepare(spec: Spec, env: DistEnv) -> Callable[[RunDir, StopSignal], str]:
     """Nothing to decide before the rendezvous: the code makes its own choices."""
     return functools.partial(run_code, spec, env)
 
 
-def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> str:
+def run_code(spec: Spec, env: DistEnv, run: RunDir, stop: StopSignal) -> str:
     """Run the entrypoint on this rank: "completed", or "stopped" after
     ``clusterjob.requeue()`` or a stop signal. All ranks must call this."""
     ep, info = spec.entrypoint, run.read()
@@ -75,7 +76,7 @@ def run_code(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal) -> 
         return _run_and_record(spec, env, run, stop, writer, lambda: _call(spec, args, code_dir))
 
 
-def _run_and_record(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal, writer: Optional[sinks.Sinks],
+def _run_and_record(spec: Spec, env: DistEnv, run: RunDir, stop: StopSignal, writer: Optional[sinks.Sinks],
                     call: Callable[[], Any]) -> str:
     """Run the code with its metrics taken from its output, its metrics file and the
     API, and record how it ended (rank 0)."""
@@ -110,7 +111,7 @@ class _Stopping:
     """A plain script's stop, recorded once by rank 0: when it ends, or when its grace
     period runs out and the process is killed (then the main thread may be stuck)."""
 
-    def __init__(self, run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal):
+    def __init__(self, run: RunDir, spec: Spec, env: DistEnv, stop: StopSignal):
         self.run, self.spec, self.env, self.stop = run, spec, env, stop
         self.lock, self.done = threading.Lock(), False
         stop.before_kill = self.record
@@ -118,7 +119,7 @@ class _Stopping:
     def record(self) -> str:
         with self.lock:
             if self.env.rank == 0 and not self.done:
-                runrecord.record_stop(self.run, self.spec.resources.max_requeues, self.stop.signal)
+                runrecord.record_stop(self.run, self.spec, self.stop.signal)
             self.done = True
         return "stopped"
 
@@ -136,9 +137,9 @@ def _plain_while_running(stop: StopSignal, session: api.Session, grace_s: float)
         stop.is_plain_script = lambda: False
 
 
-def _export(env: envmod.DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:
+def _export(env: DistEnv, run: RunDir, spec: Spec, info: RunRecord) -> None:
     assert spec.entrypoint is not None  # only an entrypoint's environment is made
-    envmod.export(env)
+    export(env)
     os.environ.update({"CLUSTERJOB_RUN_DIR": str(run.path.resolve()), "CLUSTERJOB_RUN_ID": run.run_id,
                        api.PARAMS_VAR: json.dumps(spec.params), api.AFTER_VAR: json.dumps(info.after),
                        "CLUSTERJOB_RESTARTS": str((info.requeues or 0) + (info.restarts or 0) + (info.retries or 0))})
@@ -157,7 +158,7 @@ def _describe(spec: Spec, args: list[str]) -> dict:
             "metrics": list(ep.metrics), "metrics_file": ep.metrics_file}
 
 
-def _session(spec: Spec, env: envmod.DistEnv, run: RunDir, stop: StopSignal,
+def _session(spec: Spec, env: DistEnv, run: RunDir, stop: StopSignal,
              writer: Optional[sinks.Sinks], tee: outputpump.Tee) -> api.Session:
     def log_metrics(step: Optional[int], values: dict) -> None:
         if writer is not None:
@@ -222,14 +223,14 @@ def _finish(run: RunDir, spec: Spec, returned: Optional[dict], file_problem: Opt
     runrecord.finish(run, warnings=warnings, **({"final": final} if final else {}))
 
 
-def _requeued(run: RunDir, spec: Spec, env: envmod.DistEnv, stop: StopSignal, writer: Optional[sinks.Sinks]) -> str:
+def _requeued(run: RunDir, spec: Spec, env: DistEnv, stop: StopSignal, writer: Optional[sinks.Sinks]) -> str:
     """Every rank called clusterjob.requeue(): rank 0 lets its loggers finish (Slurm ends
     a requeued job soon), records the stop and requeues the Slurm task; no rank leaves
     before that is on record."""
     dist.barrier_anywhere()
     if writer is not None:  # rank 0
         writer.close("stopped")
-        runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
+        runrecord.record_stop(run, spec, stop.signal)
     dist.barrier_anywhere()
     return "stopped"
 
@@ -240,8 +241,8 @@ def _record_term(run: RunDir, spec: Spec) -> None:
     prune (its own SIGTERM: the stop records it) or a local supervisor (which settles the
     end itself) leaves the status alone."""
     info = run.read()
-    if info.cancel_requested_at is not None or info.pruned is not None or envmod.supervised():
+    if info.cancel_requested_at is not None or info.pruned is not None or taskenv.current().supervised:
         run.update(stopped_at=now_iso())
         return
-    outcome = runrecord.outcome_now("SIGTERM", 0, spec.resources.max_requeues)
+    outcome = runrecord.outcome_now("SIGTERM", 0, spec)
     run.update(runstate.stop(outcome.status), stopped_at=now_iso())

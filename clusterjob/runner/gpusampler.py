@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from clusterjob.core import telemetry
-from clusterjob.core.env import DistEnv, cuda_index, listed_gpus
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import open_regular
+from clusterjob.core.ranks import DistEnv, cuda_index, listed_gpus
 from clusterjob.core.rundir import RunDir
 from clusterjob.core.telemetry import Sample
 from clusterjob.spec.schema import Spec

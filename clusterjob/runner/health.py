@@ -54,7 +54,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from clusterjob.core import procs, provenance, rankhealth, telemetry
-from clusterjob.core.env import DistEnv
+from clusterjob.core.ranks import DistEnv
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import gpusampler, stacks
 from clusterjob.runner.watchconfig import WatchConfig
@@ -384,10 +384,8 @@ def _quiet_errors() -> contextlib.suppress:
 
 
 def _node(env: DistEnv) -> str:
-    """The rank's node as Slurm names it (what ``--exclude`` takes), else its host name."""
-    if env.source == "slurm" and 0 <= env.node_rank < len(env.hosts):
-        return env.hosts[env.node_rank]
-    return socket.gethostname()
+    """The rank's node as its executor names it (what ``--exclude`` takes), else its host name."""
+    return env.node or socket.gethostname()
 
 
 def _register_stacks(path: "os.PathLike") -> None:

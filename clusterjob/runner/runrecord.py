@@ -3,6 +3,9 @@ stopped (and whether to requeue), failed. Rank 0 writes, except each rank's own 
 report.
 
 ``stop_outcome`` is the requeue decision as a pure function; ``record_stop`` applies it.
+What the executor does (its job, the requeue, the time left, how its job's previous
+session ended) is asked of its task side (clusterjob.taskenv.environment), never of the
+executor by name.
 """
 
 from __future__ import annotations
@@ -10,16 +13,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from clusterjob.core import env as envmod
-from clusterjob.core import procs, retry, runstate, slurmctl, units
+from clusterjob.core import procs, retry, runstate, units
 from clusterjob.core.files import is_number, now_iso
 from clusterjob.core.provenance import git_sha, versions
-from clusterjob.core.record import SLURM, Job, RunError, RunRecord, Session
+from clusterjob.core.ranks import DistEnv
+from clusterjob.core.record import RunError, RunRecord, Session
 from clusterjob.core.rundir import RunDir, mark_failed, rank_errors, record_error
 from clusterjob.runner.checkpoint import list_checkpoints
 from clusterjob.runner.preempt import PRUNE
+from clusterjob.taskenv import environment as taskenv
+
+if TYPE_CHECKING:
+    from clusterjob.spec.schema import Spec
 
 HOLD_POLL_S = 0.5  # how often a rank waiting out a back-off looks for a stop signal
 TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the time limit's warning (sent 120 s before)
@@ -27,8 +34,8 @@ TIMEOUT_MARGIN_S = 180  # a stop signal with less time left than this is the tim
 
 @dataclass(frozen=True)
 class StopOutcome:
-    """What a stopped run becomes: its status, whether its Slurm job is requeued, and
-    the error recorded when the requeue cap is reached."""
+    """What a stopped run becomes: its status, whether its job is requeued, and the
+    error recorded when the requeue cap is reached."""
 
     status: str        # runstate's PREEMPTED, TIMEOUT, FAILED, CANCELLED or PRUNED
     requeue: bool
@@ -36,20 +43,20 @@ class StopOutcome:
 
 
 def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, seconds_left: Optional[float],
-                 in_slurm: bool = True) -> StopOutcome:
+                 can_requeue: bool = True) -> StopOutcome:
     """The decision after every rank checkpointed on a stop signal.
 
     ``signal``: "SIGUSR2", "SIGTERM", "SIGINT", "cancel" or None (a debug stop); ``requeues``:
     how often the run was requeued already; ``seconds_left``: before the job's time limit
     (None: unknown or unlimited). Near the limit the stop is a timeout, else a preemption.
-    USR2 asks the run to requeue itself; after SIGTERM Slurm requeues or ends the job
-    itself, and outside Slurm there is nothing to requeue.
+    USR2 asks the run to requeue itself; after SIGTERM the executor requeues or ends the
+    job itself, and where it cannot requeue (``can_requeue``: no job) nothing requeues.
     """
     if signal in ("cancel", "SIGINT"):  # `clusterjob cancel`, Ctrl-C: the user's stop, never requeued
         return StopOutcome(runstate.CANCELLED, requeue=False)
     near_limit = signal is not None and seconds_left is not None and seconds_left <= TIMEOUT_MARGIN_S
     status = runstate.TIMEOUT if near_limit else runstate.PREEMPTED
-    if not in_slurm or signal == "SIGTERM":
+    if not can_requeue or signal == "SIGTERM":
         return StopOutcome(status, requeue=False)
     if requeues >= max_requeues:
         return StopOutcome(runstate.FAILED, requeue=False, error=(
@@ -59,25 +66,27 @@ def stop_outcome(signal: Optional[str], requeues: int, max_requeues: int, second
     return StopOutcome(status, requeue=True)
 
 
-def outcome_now(signal: Optional[str], requeues: int, max_requeues: int) -> StopOutcome:
-    """``stop_outcome`` with this job's facts: inside Slurm or not, the time left."""
-    job = envmod.slurm_job()
-    left = slurmctl.time_left_s(job.run_key) if job is not None and signal not in (None, "cancel") else None
-    return stop_outcome(signal, requeues, max_requeues, left, in_slurm=job is not None)
+def outcome_now(signal: Optional[str], requeues: int, spec: Spec) -> StopOutcome:
+    """``stop_outcome`` with this job's facts, as its executor's task side gives them:
+    whether it can requeue, how often it may, the time left."""
+    env = taskenv.current()
+    left = env.time_left_s() if signal not in (None, "cancel") else None
+    return stop_outcome(signal, requeues, env.max_requeues(spec), left, can_requeue=env.can_requeue())
 
 
-def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOutcome:
+def record_stop(run: RunDir, spec: Spec, signal: Optional[str]) -> StopOutcome:
     """Rank 0, once every rank checkpointed: record why the run stopped, and requeue its
-    Slurm job (the array task only) when the outcome says so. The line it prints names
-    the state the run ends in, as status does."""
-    job = envmod.slurm_job()
+    job (an array's task only) when the outcome says so. The line it prints names the
+    state the run ends in, as status does."""
+    env = taskenv.current()
+    job = env.job()
     info = run.read()
     if signal == PRUNE or (info.pruned is not None and info.cancel_requested_at is None):
         return _record_pruned(run, info)
     if signal in ("SIGTERM", "SIGINT") and job is None and _supervisor_alive(info):
         return _stopped_by_supervisor(run, info)
     cancelled = signal == "cancel" or info.cancel_requested_at is not None  # cancel asks before its SIGTERM
-    outcome = outcome_now("cancel" if cancelled else signal, info.requeues or 0, max_requeues)
+    outcome = outcome_now("cancel" if cancelled else signal, info.requeues or 0, spec)
     if outcome.status == runstate.CANCELLED:
         _record_cancel(run, job is not None)
     elif outcome.error:
@@ -85,12 +94,12 @@ def record_stop(run: RunDir, max_requeues: int, signal: Optional[str]) -> StopOu
         print(f"stopped: {outcome.error}", flush=True)
     elif outcome.requeue:
         run.update(runstate.requeue(outcome.status), requeues=(info.requeues or 0) + 1)
-        assert job is not None  # only a Slurm job's run is told to requeue (stop_outcome)
-        ok = slurmctl.requeue(job.run_key)
-        print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.run_key}", flush=True)
+        assert job is not None  # only a job that can be requeued is told to (stop_outcome)
+        ok = env.requeue()
+        print(f"{outcome.status}: {'requeued' if ok else 'could not requeue'} job {job.id}", flush=True)
     else:
         run.update(runstate.stop(outcome.status))
-        hint = "Slurm requeues or ends the job" if job else f"`clusterjob resume {run.path}` continues it"
+        hint = env.stop_hint() or f"`clusterjob resume {run.path}` continues it"
         print(f"stopped ({outcome.status}); {hint}", flush=True)
     return outcome
 
@@ -109,7 +118,7 @@ def _supervisor_alive(info: RunRecord) -> bool:
     """Whether this rank's local supervisor (run.json's ``launcher``, verified) is alive:
     then its SIGTERM (or the SIGINT of a Ctrl-C) is its own stop of the ranks, and it
     records how the run ended."""
-    return envmod.supervised() and info.launcher is not None and procs.check(info.launcher) is None
+    return taskenv.current().supervised and info.launcher is not None and procs.check(info.launcher) is None
 
 
 def _stopped_by_supervisor(run: RunDir, info: RunRecord) -> StopOutcome:
@@ -126,27 +135,29 @@ def _stopped_by_supervisor(run: RunDir, info: RunRecord) -> StopOutcome:
     return StopOutcome(runstate.CANCELLED, requeue=False)
 
 
-def _record_cancel(run: RunDir, in_slurm: bool) -> None:
+def _record_cancel(run: RunDir, in_job: bool) -> None:
     """A cancelled run is marked cancelled once none of its ranks is alive: by the local
-    supervisor or ``clusterjob cancel`` once they all exited, by status once Slurm's job
-    left the queue. Only a run with neither (started by hand) is marked here, at its end."""
-    if in_slurm or envmod.supervised():
+    supervisor or ``clusterjob cancel`` once they all exited, by status once its job left
+    its executor's queue. Only a run with neither (started by hand) is marked here, at
+    its end."""
+    if in_job or taskenv.current().supervised:
         run.update(stopped_at=now_iso())
     else:
         run.update(runstate.cancel())
     print("stopped (cancelled)", flush=True)
 
 
-def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool = False) -> None:
+def mark_running(run: RunDir, env: DistEnv, facts: dict, own_code: bool = False) -> None:
     """Rank 0 at the start of every session of the run (first start, resume, requeue),
     recorded in ``sessions``. ``facts`` adds what the task knows of itself (backend, amp,
     device, entrypoint...); ``own_code``: the code is yours, not the built-in trainer."""
     info = run.read()
-    job = envmod.slurm_job()
-    session = new_session(run, job.run_key if job else None, own_code)
-    # scontrol requeue too; the requeues of retries after a failure of the machine are counted apart. A
+    task = taskenv.current()
+    job = task.job()
+    session = new_session(run, job.id if job else None, own_code)
+    # a requeue by hand too; the requeues of retries after a failure of the machine are counted apart. A
     # trial of a search shares its slot's job with the slot's other trials: its own stops count its requeues
-    restarted = job.restart_count - (info.retries or 0) if job and info.search is None else 0
+    restarted = task.restarts() - (info.retries or 0) if job and info.search is None else 0
     requeues = max(info.requeues or 0, restarted)
     # A cancelled run is reopened only by `resume` (which makes it pending first): a cancel
     # that came while the ranks were starting, or a requeue of a cancelled job, stands (the
@@ -154,7 +165,7 @@ def mark_running(run: RunDir, env: envmod.DistEnv, facts: dict, own_code: bool =
     # progress line. A pruned trial is never started again.
     run.update(runstate.start(), requeues=requeues, hosts=list(env.hosts),
                world_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
-               job=Job(SLURM, job.run_key) if job else info.job, versions=versions(),
+               job=job or info.job, versions=versions(),
                git_sha=info.git_sha or git_sha(), started_at=info.started_at or now_iso(),
                sessions=[*info.sessions, session], **facts)
 
@@ -178,41 +189,32 @@ GO, FAILED, WAIT = "go", "failed", "wait"  # what ``after_requeue`` tells every 
 
 
 def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -> str:
-    """Rank 0 as a Slurm job starts again: a requeue that no stop of the run counted,
-    after a session Slurm ended with NODE_FAIL (sacct), is a retry when retries are on
-    (``resources.max_retries`` > 0; clusterjob.core.retry.decide): recorded as an attempt
-    and counted in ``retries``. "failed" when none was left (the run is marked failed
-    and does not start); "wait S" when S seconds of the back-off are left after the hold
-    Slurm gave the requeued job (its own delay, from the requeue: the job's SubmitTime);
-    else "go"."""
-    job = envmod.slurm_job()
+    """Rank 0 as a job starts again: a restart that no stop of the run counted, after a
+    session its executor ended for a failure of a node (the task side's
+    ``node_failure``), is a retry when retries are on (``resources.max_retries`` > 0;
+    clusterjob.core.retry.decide): recorded as an attempt and counted in ``retries``.
+    "failed" when none was left (the run is marked failed and does not start); "wait S"
+    when S seconds of the back-off are left after the hold the executor gave the
+    restarted job (its own delay, from the restart); else "go"."""
+    task = taskenv.current()
+    job = task.job()
     if max_retries == 0 or job is None:
         return GO
     info = run.read()
-    if info.search is not None or job.restart_count <= (info.requeues or 0) + (info.retries or 0):
+    if info.search is not None or task.restarts() <= (info.requeues or 0) + (info.retries or 0):
         return GO  # a trial: its slot's job restarts for its other trials too (the slot settles its retries)
-    if slurmctl.previous_state(job.run_key) != "NODE_FAIL":
+    why = task.node_failure(info.hosts)
+    if why is None:
         return GO  # a requeue by hand or a preemption: counted as a requeue (mark_running)
-    why = f"node failure (Slurm ended job {job.run_key} with NODE_FAIL on {', '.join(info.hosts) or 'its nodes'})"
-    decision = retry.decide(run, why, max_retries, retry_backoff_s, job=job.run_key)
+    decision = retry.decide(run, why, max_retries, retry_backoff_s, job=job.id)
     assert decision is not None  # max_retries > 0
     if decision.number is None:
         run.update(runstate.fail(RunError(None, (
             f"{decision.line}. Fix: `clusterjob resume {run.path}` continues it from the last checkpoint"))))
         return FAILED
-    left = round(decision.wait_s - _since_requeue_s(job.run_key), 1)  # one value, said and returned
-    print(decision.line + (f" ({left:.0f} s left after Slurm's own hold)" if left > 0 else ""), flush=True)
+    left = round(decision.wait_s - task.since_restart_s(), 1)  # one value, said and returned
+    print(decision.line + (f" ({left:.0f} s left after {task.label}'s own hold)" if left > 0 else ""), flush=True)
     return f"{WAIT} {left:.1f}" if left > 0 else GO
-
-
-def _since_requeue_s(job: str) -> float:
-    """Seconds since the job was requeued (a requeue sets its SubmitTime anew; scontrol
-    gives local time); 0 when Slurm does not say."""
-    text = slurmctl.submit_time(job)
-    try:
-        return max(0.0, (datetime.now() - datetime.fromisoformat(text or "")).total_seconds())
-    except ValueError:
-        return 0.0
 
 
 def hold(decided: str, stopped: Callable[[], bool]) -> None:

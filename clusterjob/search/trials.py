@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from clusterjob.core import claim, runstate
-from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, SpecError
 from clusterjob.core.files import is_number, now_iso, write_atomic
 from clusterjob.core.provenance import git_sha
@@ -28,6 +27,7 @@ from clusterjob.core.record import RunError
 from clusterjob.core.rundir import RunDir, create_run_at, new_run_id
 from clusterjob.search import record as searchmod
 from clusterjob.search.study import ENDS, Study, Trial, create, open_study
+from clusterjob.spec import envvars
 from clusterjob.spec.schema import Spec, dump_spec, load_spec, trial_spec
 
 SPEC_FILE = "spec.yaml"
@@ -188,7 +188,7 @@ class Feed:
             return self._refused(run, trial, marker, err)
         params = {**trial.params, **{f"params.{name}": value for name, value in spec.params.items()}}
         return create_run_at(run.path, self.spec.name, dump_spec(spec), params, self.claim_as, search=marker,
-                             env=envmod.shown_env(spec.env), submit_dir=self.record.submit_dir,
+                             env=envvars.shown_env(spec.env), submit_dir=self.record.submit_dir,
                              git_sha=self.record.git_sha, **self.fields)
 
     def _refused(self, run: RunDir, trial: Trial, marker: dict, err: SpecError) -> RunDir:

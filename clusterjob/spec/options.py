@@ -8,11 +8,14 @@ were (``resources.partition``). Each executor's keys are one frozen ``ExecutorOp
 section, checked like every section (a bad value is one line naming the key, the value
 and the fix) and read back typed by its executor (``SlurmOptions.of(spec)``).
 
-Every task reads its spec too, and the spec imports no executor, so the built-in
-executors' options are declared here, each named by its executor's ``options``
-(``SlurmExecutor.options``). An executor of another package declares its options in its
-own module, as its class's ``options``; they are found through its entry point only when
-a spec names a key that no built-in executor declares.
+Every task reads its spec too, and may not import the login side of an executor, so
+clusterjob's own executors declare their keys in their task side, which both halves
+import (clusterjob.taskenv.slurm ``SlurmOptions``, the ``options`` of its
+``SlurmEnvironment`` and of its ``SlurmExecutor``), found through the registry of task
+sides (clusterjob.core.plugins ``TASK_SIDES``) as the spec is read. An executor of
+another package declares its options in its own module, as its class's ``options``; they
+are found through its entry point only when a spec names a key that no built-in executor
+declares.
 """
 
 from __future__ import annotations
@@ -23,10 +26,7 @@ from typing import Any, Optional, TypeVar
 
 from clusterjob.core import plugins
 from clusterjob.core.errors import BadInput
-from clusterjob.spec.fields import Section, key_fields, opt
-
-_SLURM_WORD = (r"[A-Za-z0-9._-]+", "letters, digits, '.', '_' and '-' (no spaces or shell characters)")
-_CONSTRAINT = (r"[A-Za-z0-9._,&|\[\]()*:!-]+", "a Slurm feature expression without spaces or quotes")
+from clusterjob.spec.fields import Section, key_fields
 
 Held = TypeVar("Held", bound="ExecutorOptions")
 
@@ -47,26 +47,17 @@ class ExecutorOptions(Section):
         return tuple(f.name for f in key_fields(cls))
 
 
-@dataclass(frozen=True)
-class SlurmOptions(ExecutorOptions):
-    """The Slurm executor's keys (launch/executors/slurm.py)."""
-
-    partition: Optional[str] = opt(None, "Slurm partition", pattern=_SLURM_WORD)
-    account: Optional[str] = opt(None, "Slurm account", pattern=_SLURM_WORD)
-    qos: Optional[str] = opt(None, "Slurm QOS", pattern=_SLURM_WORD)
-    constraint: Optional[str] = opt(None, "Slurm node features, e.g. a100|h100", pattern=_CONSTRAINT)
-    max_requeues: int = opt(3, "requeues after preemption or time limit before giving up", ge=0)
-
-
-# The options of the executors in clusterjob/launch/executors/ (the local one has none).
-BUILT_IN: tuple[type[ExecutorOptions], ...] = (SlurmOptions,)
+def built_in() -> tuple[type[ExecutorOptions], ...]:
+    """The options of clusterjob's own executors (the local one has none), from their
+    task sides."""
+    return tuple(side.options for side in plugins.task_sides() if side.options is not None)
 
 
 def declaring(key: str, reserved: frozenset) -> Optional[type[ExecutorOptions]]:
     """The options that declare ``resources.<key>``: a built-in executor's, else those of
     an executor of another package (their entry points read now, once). ``reserved``:
     the keys of resources itself, which no executor may declare."""
-    found = next((options for options in BUILT_IN if key in options.keys()), None)
+    found = next((options for options in built_in() if key in options.keys()), None)
     return found or next((options for options in foreign(reserved) if key in options.keys()), None)
 
 
@@ -75,11 +66,11 @@ def foreign(reserved: frozenset) -> tuple[type[ExecutorOptions], ...]:
     """The options of the executors of other packages (entry points), each checked: an
     ``ExecutorOptions`` whose keys are nobody else's."""
     taken = {key: "clusterjob's own resources" for key in reserved}
-    taken.update((key, "the built-in executors'") for options in BUILT_IN for key in options.keys())
+    taken.update((key, "the built-in executors'") for options in built_in() for key in options.keys())
     found = []
     for name in plugins.names():
         options = getattr(plugins.load(name), "options", None)
-        if options is None or options in BUILT_IN:  # no keys of its own, or it extends a built-in one
+        if options is None or options in built_in():  # no keys of its own, or it extends a built-in one
             continue
         if not (isinstance(options, type) and issubclass(options, ExecutorOptions)):
             raise BadInput(f"executor {name!r}: its options are {options!r}, not an ExecutorOptions "

@@ -26,7 +26,6 @@ from typing import Any, Literal, Optional, Sequence, Union, get_args, get_origin
 
 import yaml
 
-from clusterjob.core import env as envmod
 from clusterjob.core.errors import SpecError, brief, key_text, with_type
 from clusterjob.core.units import default_mode
 from clusterjob.spec import envvars
@@ -186,23 +185,13 @@ class ResourcesSpec(Section):
     array_parallelism: Optional[int] = opt(None, "at most this many runs of a sweep at once: a Slurm array's %N, the "
                                                  "local supervisor's runs side by side (null: Slurm's limits; "
                                                  "locally as many as fit)", ge=1)
-    options: tuple[ExecutorOptions, ...] = field(default_factory=lambda: tuple(o() for o in executoropts.BUILT_IN),
+    options: tuple[ExecutorOptions, ...] = field(default_factory=lambda: tuple(o() for o in executoropts.built_in()),
                                                  metadata={HOLDS_OPTIONS: True})
 
     def check(self) -> None:
         if self.gpus_per_node and self.tasks_per_node > self.gpus_per_node:
             raise SpecError("tasks_per_node", f"{self.tasks_per_node} tasks per node but gpus_per_node is "
                             f"{self.gpus_per_node}; run one task per GPU (tasks_per_node: {self.gpus_per_node})")
-
-    def __getattr__(self, name: str) -> Any:
-        """An executor's key read as the section's own (``spec.resources.partition``), as
-        specs and code have it; its default when the spec names none of its keys."""
-        if name.startswith("_") or name == "options":  # not while the instance is being made or copied
-            raise AttributeError(name)
-        declared = _declaring(name)
-        if declared is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.held(declared), name)
 
     def held(self, declared: type[Held]) -> Held:
         """The options ``declared`` as this section holds them; their defaults where the
@@ -779,7 +768,7 @@ def _executor_options(cls: type, raw: dict, path: str) -> dict:
     defaults where the spec names none of its keys), and one per executor of another
     package whose keys the spec names."""
     names = [f.name for f in key_fields(cls)]
-    given: dict[type, dict] = {declared: {} for declared in executoropts.BUILT_IN} if cls is ResourcesSpec else {}
+    given: dict[type, dict] = {declared: {} for declared in executoropts.built_in()} if cls is ResourcesSpec else {}
     for key in raw:
         if key in names:
             continue
@@ -794,7 +783,7 @@ def _executor_options(cls: type, raw: dict, path: str) -> dict:
 
 def _option_keys(cls: type) -> tuple[str, ...]:
     """The keys the built-in executors declare in section ``cls`` (resources only)."""
-    return tuple(key for declared in executoropts.BUILT_IN for key in declared.keys()) if cls is ResourcesSpec else ()
+    return tuple(key for declared in executoropts.built_in() for key in declared.keys()) if cls is ResourcesSpec else ()
 
 
 def _where_else(key: str, names: list[str], path: str) -> str:
@@ -876,7 +865,7 @@ def _join(path: str, key: str) -> str:
 def spec_to_dict(spec: Any) -> Any:
     """Plain data (dicts, lists, scalars) for a spec or section; ``spec_from_dict`` inverts it."""
     if isinstance(spec, Spec):  # a secret's value never leaves the process: *** wherever a spec is written
-        return {f.name: envmod.shown_env(spec.env) if f.name == "env" else spec_to_dict(getattr(spec, f.name))
+        return {f.name: envvars.shown_env(spec.env) if f.name == "env" else spec_to_dict(getattr(spec, f.name))
                 for f in key_fields(Spec) if _written(spec, f.name)}
     if is_dataclass(spec):
         own = {f.name: spec_to_dict(getattr(spec, f.name)) for f in key_fields(type(spec))}
@@ -931,7 +920,7 @@ def _section_text(spec: Spec, name: str) -> str:
             composed = _composed(name, data)
             found = _keep((name, id(section)), section, {name: data}, composed)
         return found[1]
-    data = envmod.shown_env(spec.env) if name == "env" else spec_to_dict(section)
+    data = envvars.shown_env(spec.env) if name == "env" else spec_to_dict(section)
     key = (name, json.dumps(data, default=repr))
     found = _SECTION_TEXTS.get(key)
     return (found or _keep(key, key, {name: data}))[1]

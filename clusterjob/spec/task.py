@@ -12,7 +12,6 @@ import os
 from typing import Optional
 
 from clusterjob.core import slurmctl, sweep
-from clusterjob.core.env import SlurmJob
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import SPEC_FILE
 from clusterjob.spec.schema import Spec, expand_sweep, load_spec
@@ -27,7 +26,7 @@ def parse(argv: Optional[list[str]], prog: str, description: Optional[str] = Non
     p.add_argument("--run-dir", help="run folder to use (default: the spec's own, else a new one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec key")
     p.add_argument("--point", type=int, help="sweep point to run (default: SLURM_ARRAY_TASK_ID)")
-    # The legacy launcher passes --local_rank; clusterjob.core.env reads it from argv.
+    # The legacy launcher passes --local_rank; the task-side environment reads it from argv.
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.spec is None and args.runs is None:
@@ -35,10 +34,11 @@ def parse(argv: Optional[list[str]], prog: str, description: Optional[str] = Non
     return args
 
 
-def listed_run(runs_file: str, job: Optional[SlurmJob]) -> str:
-    """The spec.yaml of the run folder that ``runs_file`` lists for this array task of
-    ``job`` (task 0 for a job that is no array): a submission's jobs find their runs so."""
-    given = job.array_task_id if job is not None and job.array_task_id is not None else "0"
+def listed_run(runs_file: str, array_task: Optional[str]) -> str:
+    """The spec.yaml of the run folder that ``runs_file`` lists for this job's array task
+    (``array_task``; task 0 for a job that is no array): a submission's jobs find their
+    runs so."""
+    given = array_task if array_task is not None else "0"
     index = slurmctl.number(str(given))  # ASCII digits only, as --point's
     if index is None:
         raise BadInput(f"--runs {runs_file}: array task id {given!r} is not a number")
@@ -48,13 +48,13 @@ def listed_run(runs_file: str, job: Optional[SlurmJob]) -> str:
         raise BadInput(f"--runs: {err}") from None
 
 
-def point(args: argparse.Namespace, job: Optional[SlurmJob]) -> tuple[Spec, dict]:
+def point(args: argparse.Namespace, array_task: Optional[str]) -> tuple[Spec, dict]:
     """The spec of this run and its params; a sweep spec runs the point of --point or
-    the array task of ``job``."""
+    this job's array task (``array_task``)."""
     points = expand_sweep(load_spec(args.spec, args.set))
     if len(points) == 1:
         return points[0].spec, points[0].run_params
-    given = args.point if args.point is not None else (job.array_task_id if job else None)
+    given = args.point if args.point is not None else array_task
     index = None if given is None else slurmctl.number(str(given))  # ASCII digits only: "²" is no index
     if index is None or not 0 <= index < len(points):
         raise BadInput(f"{args.spec} is a sweep of {len(points)} runs; pass --point 0..{len(points) - 1}, "

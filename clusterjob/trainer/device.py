@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from clusterjob.core import precision
-from clusterjob.core.env import cuda_index
 from clusterjob.core.errors import BadInput
+from clusterjob.core.ranks import cuda_index
 
 # Backends whose collectives need CUDA tensors; "cuda:gloo" is gloo restricted to CUDA,
 # the same device rule as NCCL, and lets two ranks share one GPU (scripts/gpu-check).
@@ -135,7 +135,7 @@ def check_same_backend(facts: Sequence[RankFacts]) -> None:
 
 def detect_plan(spec, env) -> DevicePlan:
     """``plan_device`` with this machine's CUDA facts; selects the plan's GPU for this
-    process. ``env`` is a clusterjob.core.env.DistEnv."""
+    process. ``env`` is a clusterjob.core.ranks.DistEnv."""
     import torch
 
     wants_gpu = spec.resources.gpus_per_node > 0  # else CPU: CUDA is not even asked

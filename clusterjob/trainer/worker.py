@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from clusterjob.core import metrics, units
-from clusterjob.core.env import DistEnv
+from clusterjob.core.ranks import DistEnv
 from clusterjob.core.rundir import RunDir
 from clusterjob.runner import checkpoint, dist, runrecord, sinks
 from clusterjob.runner.preempt import StopSignal
@@ -192,7 +192,7 @@ def _stopped(run: RunDir, spec: Spec, stop: StopSignal, metric_sinks: "sinks.Sin
     job soon), records why and requeues the Slurm job (or task)."""
     metric_sinks.close("stopped")
     if dist.is_main():
-        runrecord.record_stop(run, spec.resources.max_requeues, stop.signal)
+        runrecord.record_stop(run, spec, stop.signal)
     dist.barrier()  # no rank exits before the requeue is on record
     return "stopped"
 

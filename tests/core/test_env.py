@@ -1,24 +1,19 @@
 """Distributed environment detection on faked environments."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from clusterjob.core import env as envmod
-from clusterjob.core.env import (
-    DEFAULT_MASTER_PORT,
-    DistEnv,
-    SlurmJob,
-    clean_environ,
-    describe,
-    detect,
-    export,
-    master_port_for_job,
-    slurm_job,
-)
+from clusterjob.core import ranks
 from clusterjob.core.errors import BadInput, EnvError
+from clusterjob.core.ranks import DistEnv, clean_environ, describe, export
+from clusterjob.spec import envvars
+from clusterjob.taskenv.environment import detect
+from clusterjob.taskenv.slurmjob import SlurmJob, master_port_for_job, slurm_job
+from clusterjob.taskenv.torchrun import DEFAULT_MASTER_PORT
 
 # What rank 0 of `srun` inside `sbatch -N2 --ntasks-per-node=2` sees (SLURM-LOCAL.md).
 SLURM_2X2 = {
@@ -209,7 +204,7 @@ def test_slurm_ignores_a_leaked_master_addr():
 def test_master_port_is_stable_across_processes_and_versions():
     # A literal value: Python's salted hash() would change it from one process to the next.
     assert master_port_for_job("4") == 26214
-    code = "from clusterjob.core.env import master_port_for_job as p; print(p('4'), p('9', '100', '3'))"
+    code = "from clusterjob.taskenv.slurmjob import master_port_for_job as p; print(p('4'), p('9', '100', '3'))"
     outputs = {
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -393,8 +388,8 @@ def test_single_process_master_port_override():
 
 
 def test_detect_defaults_to_process_environment(monkeypatch):
-    monkeypatch.setattr(envmod.os, "environ", {"RANK": "1", "WORLD_SIZE": "2"})
-    monkeypatch.setattr(envmod.sys, "argv", ["train.py", "--local-rank=1"])
+    monkeypatch.setattr(os, "environ", {"RANK": "1", "WORLD_SIZE": "2"})
+    monkeypatch.setattr(sys, "argv", ["train.py", "--local-rank=1"])
     got = detect()
     assert (got.source, got.rank, got.local_rank) == ("torchrun", 1, 1)
 
@@ -557,7 +552,7 @@ def test_export_round_trips_through_detect():
 
 def test_export_defaults_to_process_environment(monkeypatch):
     fake = {}
-    monkeypatch.setattr(envmod.os, "environ", fake)
+    monkeypatch.setattr(os, "environ", fake)
     export(detect({}, argv=[]))
     assert (fake["RANK"], fake["WORLD_SIZE"], fake["MASTER_ADDR"]) == ("0", "1", "127.0.0.1")
 
@@ -615,7 +610,8 @@ def test_to_dict_is_json_ready():
 
 
 def test_env_module_does_not_import_torch():
-    code = "import sys, clusterjob.core.env; print('torch' in sys.modules)"
+    code = ("import sys, clusterjob.core.ranks, clusterjob.taskenv.environment, clusterjob.taskenv.slurm; "
+            "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -625,11 +621,11 @@ def test_env_module_does_not_import_torch():
 
 def test_apply_env_sets_each_value_and_takes_a_hidden_one_from_the_environment():
     environ = {"HF_TOKEN": "real", "NCCL_DEBUG": "WARN"}
-    envmod.apply_env({"NCCL_DEBUG": "INFO", "HF_TOKEN": "***", "MY_EMPTY": ""}, environ)
+    envvars.apply_env({"NCCL_DEBUG": "INFO", "HF_TOKEN": "***", "MY_EMPTY": ""}, environ)
     assert environ == {"HF_TOKEN": "real", "NCCL_DEBUG": "INFO", "MY_EMPTY": ""}  # the spec wins over the shell
 
 
-@pytest.mark.parametrize("apply", [envmod.apply_env, envmod.hand_down_secrets])
+@pytest.mark.parametrize("apply", [envvars.apply_env, envvars.hand_down_secrets])
 def test_a_hidden_value_missing_from_the_environment_is_one_line_naming_it(apply):
     environ = {"PATH": "/bin"}
     with pytest.raises(EnvError) as caught:
@@ -642,17 +638,17 @@ def test_a_hidden_value_missing_from_the_environment_is_one_line_naming_it(apply
 
 def test_hand_down_secrets_puts_only_the_secrets_into_the_submitting_environment():
     environ = {"HF_TOKEN": "old", "PATH": "/bin"}
-    envmod.hand_down_secrets({"HF_TOKEN": "new", "WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "PATH": "/x"}, environ)
+    envvars.hand_down_secrets({"HF_TOKEN": "new", "WANDB_API_KEY": "k", "NCCL_DEBUG": "INFO", "PATH": "/x"}, environ)
     # NCCL_DEBUG and PATH reach the ranks through spec.yaml; the submitting process keeps its own
     assert environ == {"HF_TOKEN": "new", "WANDB_API_KEY": "k", "PATH": "/bin"}
 
 
 def test_shown_env_hides_secret_values_only():
-    assert envmod.shown_env({"HF_TOKEN": "t", "my_api_key": "k", "NCCL_DEBUG": "INFO"}) == {
+    assert envvars.shown_env({"HF_TOKEN": "t", "my_api_key": "k", "NCCL_DEBUG": "INFO"}) == {
         "HF_TOKEN": "***", "my_api_key": "***", "NCCL_DEBUG": "INFO"}
 
 
-@pytest.mark.parametrize("name", sorted(envmod._LEAKING_NAMES) + ["SLURM_CONF", "SLURM_PROCID", "CLUSTERJOB_X",
+@pytest.mark.parametrize("name", sorted(ranks._LEAKING_NAMES) + ["SLURM_CONF", "SLURM_PROCID", "CLUSTERJOB_X",
                                                                   "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "LD_PRELOAD"])
 def test_every_variable_the_launcher_sets_or_scrubs_is_refused_in_a_spec(name):
-    assert envmod.refused(name) is not None
+    assert envvars.refused(name) is not None

@@ -12,14 +12,15 @@ from datetime import datetime, timedelta
 
 import pytest
 import yaml
+from fakeslurm import in_job
 
 from clusterjob.core import retry, slurmctl
-from clusterjob.core.env import SlurmJob
 from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.launch.resources import SESSION_MARK
 from clusterjob.runner import runrecord
+from clusterjob.taskenv.slurmjob import SlurmJob
 
 SPEC = {"name": "exp", "resources": {"max_retries": 2, "retry_backoff_s": 45}}
 
@@ -62,7 +63,7 @@ def test_with_no_retry_left_the_attempt_is_recorded_and_the_run_stays_as_it_was(
 def node_failed(run, monkeypatch):
     """The run's job in its second session, Slurm having requeued it after NODE_FAIL
     ``ago`` seconds before (its SubmitTime)."""
-    monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40", restart_count=1))
+    monkeypatch.setattr(runrecord.taskenv, "current", lambda: in_job(SlurmJob("40", restart_count=1)))
     monkeypatch.setattr(slurmctl, "previous_state", lambda job: "NODE_FAIL")
 
     def requeued(ago: float):

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from clirun import cli
+from fakeslurm import in_job
 from trainutil import run_info
 
 from clusterjob.core import procs, slurmctl
@@ -157,17 +158,17 @@ def test_cancel_marks_cancelled_and_later_writes_keep_it(tmp_path, monkeypatch):
 
 
 def test_requeue_cap_fails_the_run_instead_of_requeueing(tmp_path, monkeypatch):
-    from clusterjob.core.env import SlurmJob
     from clusterjob.runner import runrecord
+    from clusterjob.taskenv.slurmjob import SlurmJob
 
     requeued = []
-    monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40"))
+    monkeypatch.setattr(runrecord.taskenv, "current", lambda: in_job(SlurmJob("40")))
     monkeypatch.setattr(slurmctl, "requeue", lambda job: requeued.append(job) or True)
     monkeypatch.setattr(slurmctl, "time_left_s", lambda job: 3000)
     run = make_run(tmp_path, status="running", requeues=0)
-    assert runrecord.record_stop(run, 1, "SIGUSR2").requeue
+    assert runrecord.record_stop(run, spec_from_dict({"name": "t", "resources": {"max_requeues": 1}}), "SIGUSR2").requeue
     assert run_info(run.path)["status"] == "preempted" and run_info(run.path)["requeues"] == 1 and requeued == ["40"]
-    runrecord.record_stop(run, 1, "SIGUSR2")
+    runrecord.record_stop(run, spec_from_dict({"name": "t", "resources": {"max_requeues": 1}}), "SIGUSR2")
     info = run_info(run.path)
     assert info["status"] == "failed" and "max_requeues=1 reached" in info["error"]["message"]
     assert "clusterjob resume" in info["error"]["message"]
@@ -189,7 +190,7 @@ def test_requeue_cap_fails_the_run_instead_of_requeueing(tmp_path, monkeypatch):
 def test_stop_outcome(signal, requeues, cap, left, in_slurm, expected):
     from clusterjob.runner.runrecord import stop_outcome
 
-    outcome = stop_outcome(signal, requeues, cap, left, in_slurm=in_slurm)
+    outcome = stop_outcome(signal, requeues, cap, left, can_requeue=in_slurm)
     assert (outcome.status, outcome.requeue) == expected
     assert (outcome.error is not None) == (expected[0] == "failed")
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from clusterjob.core import plugins
 from clusterjob.core.errors import BadInput
 from clusterjob.core.record import Job, RunRecord
 from clusterjob.launch import executor, executors
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
 from clusterjob.spec import options
-from clusterjob.spec.options import SlurmOptions
+from clusterjob.taskenv.slurm import SlurmOptions
 
 PLUGIN = '''
 from clusterjob.launch.executor import Executor, register
@@ -46,7 +47,13 @@ def test_the_registry_names_every_executor_auto_first():
 def test_the_built_in_executors_options_are_those_every_task_reads():
     declared = {name: executor.get(name).options for name in executor.names()}
     assert declared == {"slurm": SlurmOptions, "local": None}
-    assert set(options.BUILT_IN) == {found for found in declared.values() if found is not None}
+    assert set(options.built_in()) == {found for found in declared.values() if found is not None}
+
+
+def test_each_built_in_executor_is_a_pair_with_the_task_side_every_task_finds():
+    sides = {side.name: side for side in plugins.task_sides()}
+    assert {name: executor.get(name).environment for name in executor.names()} == sides
+    assert all(executor.get(name).options is side.options for name, side in sides.items())
 
 
 def test_auto_takes_the_first_available(monkeypatch):

@@ -2,7 +2,8 @@
 (toyexec.py beside this file), installed for the test as a dist-info folder on PYTHONPATH,
 submits, shows its runs in status and cancels them through the real command line, and
 its own key (resources.toy_slots) is checked and written like clusterjob's, on the login
-side and by the task's own reading of the spec. No file of clusterjob/ names it."""
+side and by the task's own reading of the spec. Its task side runs a 2-rank job through
+the runner, found by the same entry point. No file of clusterjob/ names it."""
 
 from __future__ import annotations
 
@@ -122,6 +123,30 @@ def test_an_entry_point_that_cannot_be_loaded_is_one_line_naming_its_package(tmp
     assert done.stderr == ("clusterjob: error: executor 'broken': the entry point 'nosuchmodule:Executor' of "
                            "clusterjob.executors cannot be loaded (ModuleNotFoundError: No module named "
                            "'nosuchmodule'); reinstall or uninstall clusterjob-toy\n")
+
+
+def test_the_toys_task_side_runs_a_two_rank_job(tmp_path, toy_site):
+    """The runner asks the toy's task side (its ``environment``, found through its entry
+    point) for the ranks and the job: two local processes meet over gloo, and run.json
+    records the toy's job as the run's."""
+    import toyexec
+    from trainutil import TINY, merge
+
+    spec = merge(TINY, {"name": "toyrun", "output": {"root": str(tmp_path / "results")},
+                        "resources": {"tasks_per_node": 2, "toy_slots": 1}, "dist": {"backend": "gloo"}})
+    (tmp_path / "toyrun.yaml").write_text(yaml.safe_dump(spec))
+    done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", env=env(toy_site))
+    assert done.returncode == 0, done.stderr
+    (run,) = [p for p in (tmp_path / "results" / "toyrun").iterdir() if not p.name.startswith(".")]
+    ranks = toyexec.serve(run, 2, env(toy_site))
+    assert [code for code, _ in ranks] == [0, 0], [said[-3000:] for _, said in ranks]
+    record = json.loads((run / "run.json").read_text())
+    assert (record["status"], record["executor"], record["world_size"], record["backend"]) == (
+        "completed", "toy", 2, "gloo")
+    assert (record["job"], record["slurm_job_id"]) == ({"executor": "toy", "id": "toy-0"}, None)
+    assert [session["job"] for session in record["sessions"]] == ["toy-0"]
+    shown = cli(tmp_path, "status", "results/toyrun", env=env(toy_site))
+    assert shown.returncode == 0 and f"toyrun/{run.name}" in shown.stdout and "completed" in shown.stdout, shown.stdout
 
 
 def test_no_file_of_clusterjob_names_the_toy():

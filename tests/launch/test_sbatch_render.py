@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterjob.core.env import master_port_for_job
 from clusterjob.core.errors import BadInput, SpecError
 from clusterjob.launch import resources, sbatch
 from clusterjob.spec.schema import spec_from_dict
+from clusterjob.taskenv.slurmjob import master_port_for_job
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -22,7 +22,7 @@ from clirun import REPO
 from secretscan import files_holding
 from slurmcluster import submit
 
-from clusterjob.core.env import clean_environ
+from clusterjob.core.ranks import clean_environ
 
 pytestmark = pytest.mark.slurm
 

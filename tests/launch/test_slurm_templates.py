@@ -26,7 +26,7 @@ import pytest
 import yaml
 from clirun import cli
 
-from clusterjob.core.env import clean_environ
+from clusterjob.core.ranks import clean_environ
 from clusterjob.launch import sbatch
 from clusterjob.spec.schema import load_spec
 

@@ -105,8 +105,8 @@ def test_a_completed_run_exits_0_and_a_job_without_a_run_keeps_srun_status(job, 
 
 def test_the_job_run_is_found_as_the_runner_finds_it(tmp_path):
     """A requeued job (restart count 1) continues the newest folder recording its id."""
-    from clusterjob.core import jobrun
-    from clusterjob.core.env import SlurmJob
+    from clusterjob.taskenv import jobrun
+    from clusterjob.taskenv.slurmjob import SlurmJob
 
     parent = tmp_path / "exp"
     for name, job_id in (("slurm-7", "7"), ("slurm-7-2", "7"), ("slurm-7-3", "8")):

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import pytest
+from fakeslurm import in_job
 
 from clusterjob.core import slurmctl
-from clusterjob.core.env import SlurmJob
 from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.runner import runrecord
+from clusterjob.taskenv.slurmjob import SlurmJob
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def requeued(tmp_path, monkeypatch):
     """A run of job 40 in its second session, after a first that ended as ``state``."""
     run = create_run(tmp_path, "exp", "r1", "name: exp\n", {}, executor="slurm", job=Job("slurm", "40"))
     run.update(status="running", hosts=["node1", "node2"])
-    monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40", restart_count=1))
+    monkeypatch.setattr(runrecord.taskenv, "current", lambda: in_job(SlurmJob("40", restart_count=1)))
 
     def set_state(state):
         monkeypatch.setattr(slurmctl, "previous_state", lambda job: state if job == "40" else None)
@@ -39,7 +40,7 @@ def test_a_node_failure_is_a_retry(requeued):
 def test_a_node_failure_with_no_retry_left_fails_the_run(requeued, monkeypatch):
     run = requeued("NODE_FAIL")
     run.update(retries=1, requeues=0)
-    monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40", restart_count=2))
+    monkeypatch.setattr(runrecord.taskenv, "current", lambda: in_job(SlurmJob("40", restart_count=2)))
     assert runrecord.after_requeue(run, max_retries=1) == "failed"
     info = run.read()
     assert info.status == "failed" and "resources.max_retries=1 reached" in info.error.message

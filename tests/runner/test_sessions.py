@@ -7,18 +7,20 @@ import os
 from datetime import datetime, timezone
 
 import pytest
+from fakeslurm import in_job
 
-from clusterjob.core.env import SlurmJob, detect
 from clusterjob.core.record import Job
 from clusterjob.core.rundir import create_run
 from clusterjob.runner import runrecord
+from clusterjob.taskenv.environment import detect
+from clusterjob.taskenv.slurmjob import SlurmJob
 
 ENV = detect({})  # one process, no job
 
 
 @pytest.fixture
 def run(tmp_path, monkeypatch):
-    monkeypatch.setattr(runrecord.envmod, "slurm_job", lambda environ=None: SlurmJob("40_2", restart_count=0))
+    monkeypatch.setattr(runrecord.taskenv, "current", lambda: in_job(SlurmJob("40_2", restart_count=0)))
     return create_run(tmp_path, "exp", "r1", "name: exp\n", {}, executor="slurm", job=Job("slurm", "40_2"))
 
 

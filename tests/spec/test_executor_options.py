@@ -9,8 +9,8 @@ import yaml
 
 from clusterjob.core.errors import SpecError
 from clusterjob.spec import options
-from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import ResourcesSpec, Spec, dump_spec, load_spec, spec_from_dict
+from clusterjob.taskenv.slurm import SlurmOptions
 
 SLURM_KEYS = ("partition", "account", "qos", "constraint", "max_requeues")
 
@@ -23,7 +23,7 @@ def error_of(resources: dict) -> str:
 
 def test_the_slurm_keys_are_the_slurm_executors_and_no_longer_resources_own():
     assert SlurmOptions.keys() == SLURM_KEYS
-    assert options.BUILT_IN == (SlurmOptions,)
+    assert options.built_in() == (SlurmOptions,)
     assert not set(SLURM_KEYS) & {name for name in ResourcesSpec.__dataclass_fields__ if name != "options"}
     assert "array_parallelism" in ResourcesSpec.__dataclass_fields__  # every executor honours it: resources' own
 
@@ -31,7 +31,8 @@ def test_the_slurm_keys_are_the_slurm_executors_and_no_longer_resources_own():
 def test_a_spec_holds_them_where_it_always_wrote_them_and_the_executor_reads_them_typed():
     spec = spec_from_dict({"name": "t", "resources": {"partition": "gpu", "max_requeues": 1, "nodes": 2}})
     assert SlurmOptions.of(spec) == SlurmOptions(partition="gpu", max_requeues=1)
-    assert (spec.resources.partition, spec.resources.max_requeues, spec.resources.qos) == ("gpu", 1, None)
+    held = SlurmOptions.of(spec)
+    assert (held.partition, held.max_requeues, held.qos) == ("gpu", 1, None)
     assert spec.resources.nodes == 2
     assert SlurmOptions.of(spec_from_dict({"name": "t"})) == SlurmOptions()  # the defaults
     assert Spec(name="t") == spec_from_dict({"name": "t"})  # built in code or read: the same spec
@@ -72,4 +73,4 @@ def test_set_keeps_a_text_key_as_typed(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("name: t\n")
     spec = load_spec(path, ["resources.partition=0123", "resources.max_requeues=5"])
-    assert (spec.resources.partition, spec.resources.max_requeues) == ("0123", 5)
+    assert (SlurmOptions.of(spec).partition, SlurmOptions.of(spec).max_requeues) == ("0123", 5)

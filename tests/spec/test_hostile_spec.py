@@ -21,8 +21,8 @@ import pytest
 import yaml
 from clirun import cli
 
-from clusterjob.core.env import clean_environ
 from clusterjob.core.errors import SpecError
+from clusterjob.core.ranks import clean_environ
 from clusterjob.spec import schema as specmod
 from clusterjob.spec.schema import check_paths, expand_sweep, load_spec, spec_from_dict
 

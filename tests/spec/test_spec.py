@@ -13,6 +13,7 @@ from clusterjob.spec.schema import (
     spec_to_dict,
 )
 from clusterjob.spec.yamlfile import apply_overrides, parse_yaml
+from clusterjob.taskenv.slurm import SlurmOptions
 
 
 def build(**sections):
@@ -39,7 +40,8 @@ def test_defaults_match_the_design():
     assert (spec.dist.backend, spec.dist.init_method, spec.dist.timeout_s) == ("auto", "env", 600)
     r = spec.resources
     assert (r.nodes, r.tasks_per_node, r.gpus_per_node, r.cpus_per_task, r.mem_gb, r.time_min) == (1, 1, 0, 2, 16, 60)
-    assert (r.partition, r.account, r.qos, r.constraint, r.setup) == (None, None, None, None, ())
+    slurm = SlurmOptions.of(spec)
+    assert (slurm.partition, slurm.account, slurm.qos, slurm.constraint, r.setup) == (None, None, None, None, ())
     assert (spec.checkpoint.every_epochs, spec.checkpoint.keep_last) == (1, 2)
     assert spec.sweep == {} and spec.output.root == "results"
 

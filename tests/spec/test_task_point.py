@@ -4,7 +4,6 @@ import argparse
 
 import pytest
 
-from clusterjob.core.env import SlurmJob
 from clusterjob.core.errors import BadInput
 from clusterjob.spec import task
 
@@ -18,7 +17,7 @@ def sweep_spec(tmp_path):
 @pytest.mark.parametrize("given", ["1", 1])
 def test_the_point_is_the_array_task_or_point(tmp_path, given):
     args = argparse.Namespace(spec=str(sweep_spec(tmp_path)), set=[], point=None)
-    spec, params = task.point(args, SlurmJob("7", "7", str(given)))
+    spec, params = task.point(args, str(given))
     assert params == {"train.lr": 0.2} and spec.train.lr == 0.2
     args.point = given if isinstance(given, int) else int(given)
     assert task.point(args, None)[1] == {"train.lr": 0.2}
@@ -28,4 +27,4 @@ def test_the_point_is_the_array_task_or_point(tmp_path, given):
 def test_an_index_that_is_no_point_is_bad_input(tmp_path, given):
     args = argparse.Namespace(spec=str(sweep_spec(tmp_path)), set=[], point=None)
     with pytest.raises(BadInput, match="is a sweep of 3 runs; pass --point 0..2"):
-        task.point(args, SlurmJob("7", "7", given))
+        task.point(args, given)

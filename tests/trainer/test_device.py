@@ -4,8 +4,8 @@
 import pytest
 
 from clusterjob.core import precision
-from clusterjob.core.env import cuda_index
 from clusterjob.core.errors import BadInput
+from clusterjob.core.ranks import cuda_index
 from clusterjob.spec.schema import spec_from_dict
 from clusterjob.trainer.device import (
     RankFacts,

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from clusterjob.core.env import DistEnv
+from clusterjob.core.ranks import DistEnv
 from clusterjob.runner import checkpoint, dist
 from clusterjob.spec.schema import spec_from_dict
 from clusterjob.trainer import train

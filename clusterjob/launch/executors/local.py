@@ -40,6 +40,7 @@ from clusterjob.launch.executor import (
 from clusterjob.launch.progress import Line, ProgressTail, started_line
 from clusterjob.launch.slots import gpus_here, visible_gpus  # noqa: F401  (the GPU facts, where check reads them)
 from clusterjob.spec.schema import Spec
+from clusterjob.taskenv.local import LocalEnvironment
 
 CANCEL_POLL_S = 1.0
 SUPERVISOR_GONE = "supervisor gone"
@@ -51,6 +52,7 @@ class LocalExecutor(Executor):
 
     name = "local"
     ranks_here = True
+    environment = LocalEnvironment
 
     @classmethod
     def unavailable(cls) -> Optional[str]:

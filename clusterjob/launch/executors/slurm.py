@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from clusterjob.core import claim, procs, retry, runstate, slurmctl, stalls, sweep
-from clusterjob.core import env as envmod
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
+from clusterjob.core.ranks import scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.launch import arrays, chain
@@ -51,8 +51,8 @@ from clusterjob.launch.executor import (
 )
 from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
-from clusterjob.spec.options import SlurmOptions
 from clusterjob.spec.schema import Spec, load_spec
+from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
 
 UNREACHABLE = "Slurm unreachable"
 POLL_FIRST_S, POLL_MAX_S = 2.0, 30.0  # `submit --wait` polls back off from the first to the longest wait
@@ -67,6 +67,7 @@ class SlurmExecutor(Executor):
     name = "slurm"
     auto_rank = 10
     options = SlurmOptions
+    environment = SlurmEnvironment
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -359,16 +360,37 @@ def _teardown(runs_file: Path) -> list[str]:
     return [f'{shlex.join(command)} "${{SLURM_ARRAY_TASK_ID:-0}}" "$?"']
 
 
+@dataclass(frozen=True)
+class Request:
+    """What a submission sends to Slurm: one sbatch script per part of its runs (a job
+    array, or one job), each given to ``sbatch --parsable`` in turn. ``--dry-run`` prints
+    it; ``start`` builds it by the same function (``request``) and sends it."""
+
+    scripts: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return list(self.scripts)
+
+
+def request(spec: Spec, folder: Path, name: str, parts: Sequence[tuple[Path, Optional[int]]],
+            after_jobs: Sequence[str] = ()) -> Request:
+    """The request of ``parts`` (each: the runs file its tasks read, and its array's task
+    count, None for one job) of a submission named ``name`` (its sweep's id), each job
+    waiting for ``after_jobs``."""
+    return Request(tuple(_render(spec, folder, runs_file, array, after_jobs, name) for runs_file, array in parts))
+
+
 def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (),
             array_max: Optional[int] = None) -> list[str]:
-    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``), each
-    array at most ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
+    """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``: the
+    runs file and the sweep's stamp are named, not made), each array at most
+    ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
     from clusterjob.launch.preflight import array_size
 
     size = array_size(points) if array_max is None else array_max
     runs_file = folder / "<stamp>.p<part>.runs.json"
-    return [_render(spec, folder, runs_file, len(part) if points > 1 else None, after_jobs,
-                    sweep.sweep_id(spec.name, "<stamp>")) for part in chunks(list(range(points)), size)]
+    parts = [(runs_file, len(part) if points > 1 else None) for part in chunks(list(range(points)), size)]
+    return request(spec, folder, sweep.sweep_id(spec.name, "<stamp>"), parts, after_jobs).lines()
 
 
 def _render(spec: Spec, folder: Path, runs_file: Path, array: Optional[int], after_jobs: Sequence[str],
@@ -397,9 +419,10 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) 
     where = sweep.member(runs[0].path)
     name = sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
     planned = arrays.plan(runs, array_size(len(runs)), folder)
-    with envmod.scrubbed_environ():
-        return arrays.submit(planned, lambda part: _render(spec, folder, part.runs_file, len(part.runs) if len(
-            part.runs) > 1 else None, after_jobs, name), lambda said: refusal(spec, said))
+    with scrubbed_environ():
+        sent = request(spec, folder, name, [(part.runs_file, len(part.runs) if len(part.runs) > 1 else None)
+                                            for part in planned], after_jobs)
+        return arrays.submit(planned, sent.scripts, lambda said: refusal(spec, said))
 
 
 # sbatch's words for a request this cluster cannot take, and the spec key that asked for it
@@ -422,7 +445,8 @@ def refusal(spec: Spec, said: str) -> Exception:
         return Failure(f"sbatch failed: {reason}")
     key = next((key for word, key in _REFUSED_KEYS if word in reason.lower()), "resources")
     name = key.partition(".")[2]
-    value = f" ({key}: {getattr(spec.resources, name)!r})" if name else ""
+    holder = SlurmOptions.of(spec) if name in SlurmOptions.keys() else spec.resources
+    value = f" ({key}: {getattr(holder, name)!r})" if name else ""
     return BadInput(f"{key}: sbatch refused the job: {reason}{value}; use a value this cluster offers "
                     "(sinfo, sacctmgr show assoc user=$USER) or leave it out for the default")
 
