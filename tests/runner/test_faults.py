@@ -113,8 +113,8 @@ def test_a_second_ctrl_c_does_not_wait_for_the_checkpoint(tmp_path):
     said = tmp_path.parent / f"{tmp_path.name}.err"  # submit's stderr, read while it runs
     with said.open("w") as err:
         proc = submit(tmp_path, spec, "--wait", stderr=err)
-    wait_for(lambda: any(only_run(tmp_path, "twice").glob("logs/rank1.proc.json"))
-             if (tmp_path / "results" / "twice").exists() else False, what="the ranks")
+    # the experiment's folder is made before its run's folder: wait for the rank's file itself
+    wait_for(lambda: any((tmp_path / "results" / "twice").glob("*/logs/rank1.proc.json")), what="the ranks")
     wait_for(lambda: info(only_run(tmp_path, "twice")).get("status") == "running", what="the ranks to train")
     proc.send_signal(signal.SIGINT)
     wait_for(lambda: "Ctrl-C again to kill them now" in said.read_text(), what="the first Ctrl-C to be taken")
