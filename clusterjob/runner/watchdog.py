@@ -9,7 +9,9 @@ and torch's NCCL flight recorder beside them under NCCL), and ends its rank when
 stall's verdict is retry or stop. It signals only its own rank, the process that
 started it, verified by clusterjob.core.procs, and it ends with its rank: its stdin is a
 pipe from the rank (closed by the rank's end, however it ends), the kernel sends it
-SIGTERM when the rank dies (PR_SET_PDEATHSIG), and it looks at its parent every second.
+SIGTERM when the rank dies (PR_SET_PDEATHSIG), and it looks at its parent every second,
+from a thread of its own that ends the process a few seconds after the rank whatever its
+main thread is blocked in.
 
 The leader (rank 0's watcher; the lowest rank still running once rank 0 ended) also
 notes, on its own clock, when each rank's progress marks changed (its beat file, and
@@ -49,6 +51,7 @@ from clusterjob.runner import stacks
 from clusterjob.runner.watchconfig import WatchConfig
 
 POLL_S = 1.0
+ENDING_GRACE_S = 5.0  # the main thread's time to end on its own once the rank is gone
 ANSWER_WAIT_S = 15.0  # the leader waits this long for every rank's stacks
 STRAGGLER_EVERY_S = 10.0  # how often the leader reads the ranks' waits
 STRAGGLER_RECORD_S = 60.0  # run.json's straggler is rewritten at most this often
@@ -399,6 +402,19 @@ def _arm_parent_death(parent: int, gone: threading.Event) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
         gone.set()
+    threading.Thread(target=_lifeline, args=(parent, gone), daemon=True, name="lifeline").start()
+
+
+def _lifeline(parent: int, gone: threading.Event) -> None:
+    """Ends this process ENDING_GRACE_S after its rank is gone, wherever the main thread is:
+    a signal handler runs only between the main thread's calls, and a main thread blocked
+    in a lock (run.json's, held by a stopped process), a write to a full pipe or a stuck
+    py-spy would otherwise keep the watcher alive, SIGTERM and all, long after its rank."""
+    while not gone.wait(POLL_S):
+        if os.getppid() != parent:
+            gone.set()
+    time.sleep(ENDING_GRACE_S)  # the main thread's own end (the rank's ended file) comes first
+    os._exit(0)
 
 
 def main(argv: list[str]) -> int:

@@ -4,10 +4,11 @@ in ``Popen(...).wait()`` on a sleeping child is failed by a stall and its child 
 child's own child, in a session of its own) ended; the same after a retry and after
 ``clusterjob cancel``; a ``kill -9`` (or SIGSTOP) of rank 0's watcher, then a hang on
 rank 1, still ends the run as stalled; a watcher that keeps dying leaves a warning that
-``status`` shows."""
+``status`` shows; a watcher whose main thread is blocked for good ends with its rank."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -191,4 +192,30 @@ def test_a_watcher_that_keeps_dying_leaves_a_warning_status_shows(tmp_path):
     done = cli(tmp_path, "cancel", str(run), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     wait_for(lambda: info(run)["status"] == "cancelled", 60, "the run cancelled")
+    assert_nothing_left(run)
+
+
+def test_a_watcher_blocked_in_a_lock_ends_with_its_rank(tmp_path):
+    """The leader's main thread blocked for good (run.json's lock held by another process,
+    as one stopped while holding it would): its rank's kill -9 still ends it within
+    seconds, not when the lock comes free."""
+    project(tmp_path, STEPPER, health={"stall_s": 5, "on_stall": "stop"})
+    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
+    run = the_run(tmp_path)
+    wait_for(lambda: "rank 1 step 3" in log(run, 1) and watchers(run, 0), 180, "both ranks stepping")
+    rank0 = procs.load(run / "logs" / "rank0.proc.json")
+    assert rank0 is not None and procs.check(rank0) is None
+    fd = os.open(run / "run.json.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (run / "logs" / "hang").touch()
+        # the leader asked for stacks, got rank 1's and now waits for the lock to record the stall
+        wait_for(lambda: (run / "logs" / "stall-1" / "rank1.txt").exists(), 120, "the stall's stacks")
+        (leader,) = watchers(run, 0)
+        os.kill(rank0.pid, signal.SIGKILL)
+        wait_for(lambda: leader not in watchers(run, 0), 30, f"rank 0's watcher {leader} to end with its rank")
+    finally:
+        os.close(fd)
+    out, err = waiting.communicate(timeout=240)
+    assert waiting.returncode == 1 and info(run)["status"] == "failed", out + err
     assert_nothing_left(run)
