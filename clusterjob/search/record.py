@@ -3,7 +3,7 @@ and the values the random method draws for a trial.
 
 A search lives in ``<output.root>/<name>/<id>/``: ``spec.yaml`` (the search's resolved
 spec), ``search.json`` (the search as it was resolved, and what runs it), the study
-(``study.jsonl``, or Optuna's journal ``study.optuna.log`` for tpe), the records of its
+(``study.jsonl``), the records of its
 pruner (``rungs.jsonl``, clusterjob.search.asha) and one ordinary run folder per trial,
 ``<id>-NNN``: the ids a sweep's runs have, so loggers and the report see the trials of one
 search as one sweep.
@@ -31,8 +31,7 @@ from clusterjob.core.files import NO_LOCKS, loads, locked, open_lock, read_text,
 from clusterjob.core.rundir import SEARCH_FILE
 from clusterjob.spec.searchspec import DISTRIBUTIONS
 
-STUDY_FILE = "study.jsonl"  # the built-in study (method random)
-OPTUNA_FILE = "study.optuna.log"  # Optuna's JournalStorage file (method tpe)
+STUDY_FILE = "study.jsonl"  # the study, whatever the method (clusterjob.search.study)
 RUNGS_FILE = "rungs.jsonl"  # the pruner's decisions (clusterjob.search.asha)
 STUDY_LOCK = "study.lock"  # taken by every change of the study and the rungs
 MAX_SEARCH_BYTES = 4 * 2**20

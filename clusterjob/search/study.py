@@ -8,24 +8,24 @@ search) takes back the trial it holds and continues it from its checkpoint, neve
 one. A trial held by a slot that no longer exists (a resumed local search with fewer
 slots) or by none (a take cut short) is adopted by the next slot that asks.
 
-Two stores, one contract:
+One store, ``study.jsonl``: one JSON line per event (``new`` with the trial's values,
+``slot`` for a new holder, ``end`` with its state, metric and rung values), appended
+under the lock. Only the draw of a new trial's values differs by method:
 
-- ``FileStudy`` (method random): ``study.jsonl``, one JSON line per event, under the lock;
-  trial n's values drawn from a generator seeded by (seed, n). Stdlib only: a random
-  search needs no Optuna.
-- ``OptunaStudy`` (method tpe): Optuna's JournalStorage with its file backend
-  (``study.optuna.log``). Each trial is an Optuna trial (its slot a system attribute),
-  its values drawn by a TPESampler of its own seeded by (seed, number): one sampler
-  seeded once would draw the same values in every slot's process and again after a
-  resume (its first trials are random draws). A pruned trial is told PRUNED with the
-  values of its rungs as intermediate values, so TPE sees it as pruned. ``optuna.load_study`` (and
-  optuna-dashboard) open it as any Optuna study.
+- ``RandomDraw`` (method random): a generator seeded by (seed, n); stdlib only, so a
+  random search needs no Optuna.
+- ``TpeDraw`` (method tpe): Optuna's TPESampler, seeded by (seed, n), asked on an Optuna
+  study in memory rebuilt from study.jsonl (``optuna_study``): one sampler seeded once
+  would draw the same values in every slot's process and again after a resume (its first
+  trials are random draws). A pruned trial is PRUNED there with the values of its rungs
+  as intermediate values, so TPE sees it as pruned.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,19 +43,26 @@ ENDS = (runstate.COMPLETED, runstate.PRUNED, runstate.FAILED, runstate.CANCELLED
 @dataclass(frozen=True)
 class Trial:
     """One trial as the study holds it: its number, values, the slot that holds it (None:
-    none) and its state (RUNNING until its slot told how it ended)."""
+    none), its state (RUNNING until its slot told how it ended) and how it ended."""
 
     number: int
     params: dict
     slot: Optional[int]
     state: str = RUNNING
+    value: Optional[float] = None  # the search metric it ended with (None: none logged, or not ended)
+    rungs: tuple = ()  # (position, value) of each rung it reached, once ended
 
 
-class Study(abc.ABC):
-    """The trials of the search in ``folder`` (its record ``record``)."""
+class Study:
+    """The trials of the search in ``folder`` (its record ``record``), kept in study.jsonl;
+    new trials' values drawn by ``draw`` (by the search's method)."""
 
-    def __init__(self, folder: Path, record: searchmod.SearchRecord):
-        self.folder, self.record = Path(folder), record
+    def __init__(self, folder: Path, record: searchmod.SearchRecord, draw: "Draw"):
+        self.folder, self.record, self.draw = Path(folder), record, draw
+
+    @property
+    def journal(self) -> Path:
+        return self.folder / searchmod.STUDY_FILE
 
     def take(self, slot: int, slots: int) -> Optional[Trial]:
         """The trial slot ``slot`` (of ``slots`` that exist now) runs next: the one it
@@ -69,170 +76,146 @@ class Study(abc.ABC):
                 return own
             orphan = next((t for t in running if t.slot is None or t.slot >= slots), None)
             if orphan is not None:
-                return self._assign(orphan, slot)
+                searchmod.append_line(self.journal, {"op": "slot", "trial": orphan.number, "slot": slot,
+                                                     "at": now_iso()})
+                return replace(orphan, slot=slot)
             limit = searchmod.read(self.folder)[0].trials or self.record.trials or 0  # resume may raise it
             if len(trials) >= limit:
                 return None
-            return self._new(len(trials), slot)
+            params = self.draw.values(len(trials), trials)
+            searchmod.append_line(self.journal, {"op": "new", "trial": len(trials), "slot": slot, "params": params,
+                                                 "at": now_iso()})
+            return Trial(len(trials), params, slot)
 
     def finish(self, number: int, state: str, value: Optional[float]) -> None:
         """Trial ``number`` ended ``state`` (one of ENDS) with the search metric's ``value``
-        (None: not logged); once: a trial told already stays as it was told."""
+        (None: not logged), and the values of the rungs it reached; once: a trial told
+        already stays as it was told."""
         with searchmod.study_lock(self.folder):
             trial = next((t for t in self._trials() if t.number == number), None)
             if trial is None or trial.state != RUNNING:
                 return
-            rungs = [v for v in asha.verdicts(self.folder) if v.trial == number]
-            self._end(trial, state, value, rungs)
+            rungs = {str(int(v.position)): v.value for v in asha.verdicts(self.folder) if v.trial == number}
+            searchmod.append_line(self.journal, {"op": "end", "trial": number, "state": state, "value": value,
+                                                 "rungs": rungs, "at": now_iso()})
 
     def trials(self) -> list[Trial]:
         with searchmod.study_lock(self.folder):
             return self._trials()
 
-    @abc.abstractmethod
     def _trials(self) -> list[Trial]:
-        """Every trial, by number (the lock is held)."""
+        """Every trial, by number, as study.jsonl tells (the lock is held)."""
+        return trials_in(self.journal)
 
-    @abc.abstractmethod
-    def _new(self, number: int, slot: int) -> Trial:
-        """A new trial ``number`` held by ``slot``, its values drawn (the lock is held)."""
 
-    @abc.abstractmethod
-    def _assign(self, trial: Trial, slot: int) -> Trial:
-        """``trial`` now held by ``slot`` (the lock is held)."""
-
-    @abc.abstractmethod
-    def _end(self, trial: Trial, state: str, value: Optional[float], rungs: list) -> None:
-        """Record how ``trial`` ended (the lock is held)."""
+def trials_in(journal: Path) -> list[Trial]:
+    """The trials study.jsonl ``journal`` tells of; a line that does not fit is skipped."""
+    found: dict[int, Trial] = {}
+    for line in searchmod.read_lines(journal):
+        number, op = line.get("trial"), line.get("op")
+        if not isinstance(number, int) or isinstance(number, bool):
+            continue
+        if op == "new" and number not in found and isinstance(line.get("params"), dict):
+            found[number] = Trial(number, line["params"], _slot(line.get("slot")))
+        elif op == "slot" and number in found:
+            found[number] = replace(found[number], slot=_slot(line.get("slot")))
+        elif op == "end" and number in found and line.get("state") in ENDS:
+            found[number] = replace(found[number], state=line["state"], value=_number(line.get("value")),
+                                    rungs=_rungs(line.get("rungs")))
+    return [found[n] for n in sorted(found)]
 
 
 def open_study(folder: "str | Path", record: Optional[searchmod.SearchRecord] = None) -> Study:
-    """The study of the search in ``folder``, by its method."""
+    """The study of the search in ``folder``, drawing by its method."""
     record = record if record is not None else searchmod.read(folder)[0]
-    if record.method == "tpe":
-        return OptunaStudy(Path(folder), record)
-    return FileStudy(Path(folder), record)
+    draw: Draw = TpeDraw(record) if record.method == "tpe" else RandomDraw(record)
+    return Study(Path(folder), record, draw)
 
 
 def create(folder: Path, record: searchmod.SearchRecord) -> None:
-    """Make the study of a new search (Optuna's, for tpe: made once here, so that the
-    slots only load it)."""
+    """Make the study of a new search (and refuse tpe at once where Optuna is missing)."""
     if record.method == "tpe":
-        OptunaStudy.create(folder, record)
-    else:
-        (folder / searchmod.STUDY_FILE).touch()
-
-
-# ----------------------------------------------------------------------------- the built-in store
-
-
-class FileStudy(Study):
-    """study.jsonl: ``new`` (number, slot, values), ``slot`` (a new holder), ``end``
-    (state, value) lines, appended under the study's lock."""
-
-    @property
-    def journal(self) -> Path:
-        return self.folder / searchmod.STUDY_FILE
-
-    def _trials(self) -> list[Trial]:
-        found: dict[int, Trial] = {}
-        for line in searchmod.read_lines(self.journal):
-            number, op = line.get("trial"), line.get("op")
-            if not isinstance(number, int) or isinstance(number, bool):
-                continue
-            if op == "new" and number not in found and isinstance(line.get("params"), dict):
-                found[number] = Trial(number, line["params"], _slot(line.get("slot")))
-            elif op == "slot" and number in found:
-                found[number] = Trial(number, found[number].params, _slot(line.get("slot")), found[number].state)
-            elif op == "end" and number in found and line.get("state") in ENDS:
-                found[number] = Trial(number, found[number].params, found[number].slot, line["state"])
-        return [found[n] for n in sorted(found)]
-
-    def _new(self, number: int, slot: int) -> Trial:
-        params = searchmod.draw(self.record.dimensions, self.record.seed or 0, number)
-        searchmod.append_line(self.journal, {"op": "new", "trial": number, "slot": slot, "params": params,
-                                             "at": now_iso()})
-        return Trial(number, params, slot)
-
-    def _assign(self, trial: Trial, slot: int) -> Trial:
-        searchmod.append_line(self.journal, {"op": "slot", "trial": trial.number, "slot": slot, "at": now_iso()})
-        return Trial(trial.number, trial.params, slot)
-
-    def _end(self, trial: Trial, state: str, value: Optional[float], rungs: list) -> None:
-        searchmod.append_line(self.journal, {"op": "end", "trial": trial.number, "state": state, "value": value,
-                                             "at": now_iso()})
+        _optuna()
+    (folder / searchmod.STUDY_FILE).touch()
 
 
 def _slot(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-# ----------------------------------------------------------------------------- Optuna's store
+def _number(value: Any) -> Optional[float]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _rungs(value: Any) -> tuple:
+    """(position, value) pairs of an end line's rungs; what does not fit is left out."""
+    if not isinstance(value, dict):
+        return ()
+    pairs = [(int(k), _number(v)) for k, v in value.items() if isinstance(k, str) and k.isdigit()]
+    return tuple(sorted((k, v) for k, v in pairs if v is not None))
+
+
+# ----------------------------------------------------------------------------- the draws
+
+
+class Draw(abc.ABC):
+    """How a new trial's values are drawn."""
+
+    def __init__(self, record: searchmod.SearchRecord):
+        self.record = record
+
+    @abc.abstractmethod
+    def values(self, number: int, trials: list[Trial]) -> dict:
+        """Trial ``number``'s values, the study's ``trials`` so far known (the lock is held)."""
+
+
+class RandomDraw(Draw):
+    def values(self, number: int, trials: list[Trial]) -> dict:
+        return searchmod.draw(self.record.dimensions, self.record.seed or 0, number)
+
+
+class TpeDraw(Draw):
+    """Optuna's TPESampler of trial ``number`` (module docstring); Optuna is imported here only."""
+
+    def values(self, number: int, trials: list[Trial]) -> dict:
+        optuna = _optuna()
+        sampler = optuna.samplers.TPESampler(seed=searchmod.trial_seed(self.record.seed or 0, number))
+        study = in_memory(self.record, trials, sampler)
+        return dict(study.ask(distributions(self.record.dimensions)).params)
+
 
 SLOT_ATTR = "clusterjob_slot"
 STATE_ATTR = "clusterjob_state"
 
 
-class OptunaStudy(Study):
-    """Optuna's JournalStorage (file backend) and TPESampler; Optuna is imported here only."""
+def optuna_study(folder: "str | Path") -> Any:
+    """The study of the search in ``folder`` as an Optuna study in memory (what TPE draws
+    from; for Optuna's plots): each trial with its values, its slot as a system attribute,
+    its state (a completed trial without its metric is FAIL there), its rung values."""
+    record = searchmod.read(folder)[0]
+    return in_memory(record, trials_in(Path(folder) / searchmod.STUDY_FILE), None)
 
-    def __init__(self, folder: Path, record: searchmod.SearchRecord):
-        super().__init__(folder, record)
-        self.optuna = _optuna()
-        self.study = self.optuna.load_study(study_name=record.id, storage=_storage(folder),
-                                            sampler=self._sampler(0))
-        self.distributions = distributions(record.dimensions)
 
-    def _sampler(self, number: int) -> Any:
-        """Trial ``number``'s own TPESampler (module docstring)."""
-        return self.optuna.samplers.TPESampler(seed=searchmod.trial_seed(self.record.seed or 0, number))
+def in_memory(record: searchmod.SearchRecord, trials: list[Trial], sampler: Any) -> Any:
+    optuna = _optuna()
+    from optuna.trial import TrialState
 
-    @classmethod
-    def create(cls, folder: Path, record: searchmod.SearchRecord) -> None:
-        optuna = _optuna()
-        optuna.create_study(study_name=record.id, storage=_storage(folder),
-                            direction="maximize" if record.mode == "max" else "minimize")
-
-    def _trials(self) -> list[Trial]:
-        from optuna.trial import TrialState
-
-        states = {TrialState.COMPLETE: runstate.COMPLETED, TrialState.PRUNED: runstate.PRUNED,
-                  TrialState.FAIL: runstate.FAILED}
-        found = []
-        for t in self.study.get_trials(deepcopy=False):
-            state = t.user_attrs.get(STATE_ATTR) or states.get(t.state, RUNNING)
-            found.append(Trial(t.number, dict(t.params), _slot(t.system_attrs.get(SLOT_ATTR)),
-                               state if state in ENDS else RUNNING))
-        return found
-
-    def _new(self, number: int, slot: int) -> Trial:
-        self.study.sampler = self._sampler(number)
-        trial = self.study.ask(self.distributions)
-        self.study._storage.set_trial_system_attr(trial._trial_id, SLOT_ATTR, slot)
-        return Trial(trial.number, dict(trial.params), slot)
-
-    def _assign(self, trial: Trial, slot: int) -> Trial:
-        """An orphan (a take cut short between Optuna's steps may have left some of its
-        values undrawn): its values completed, its slot set."""
-        frozen = self.study.get_trials(deepcopy=False)[trial.number]
-        self.study.sampler = self._sampler(trial.number)
-        live = self.optuna.trial.Trial(self.study, frozen._trial_id)
-        params = {name: live._suggest(name, dist) for name, dist in self.distributions.items()}
-        self.study._storage.set_trial_system_attr(frozen._trial_id, SLOT_ATTR, slot)
-        return Trial(trial.number, params, slot)
-
-    def _end(self, trial: Trial, state: str, value: Optional[float], rungs: list) -> None:
-        from optuna.trial import TrialState
-
-        frozen = self.study.get_trials(deepcopy=False)[trial.number]
-        storage = self.study._storage
-        for verdict in rungs:
-            storage.set_trial_intermediate_value(frozen._trial_id, int(verdict.position), verdict.value)
-        storage.set_trial_user_attr(frozen._trial_id, STATE_ATTR, state)
-        if state == runstate.COMPLETED and value is not None:
-            self.study.tell(trial.number, value)
-        else:
-            self.study.tell(trial.number, state=TrialState.PRUNED if state == runstate.PRUNED else TrialState.FAIL)
+    states = {runstate.PRUNED: TrialState.PRUNED, RUNNING: TrialState.RUNNING}
+    study = optuna.create_study(direction="maximize" if record.mode == "max" else "minimize", sampler=sampler)
+    space = distributions(record.dimensions)
+    for t in trials:
+        state = states.get(t.state, TrialState.FAIL)
+        if t.state == runstate.COMPLETED and t.value is not None:
+            state = TrialState.COMPLETE
+        try:
+            study.add_trial(optuna.trial.create_trial(
+                state=state, value=t.value if state == TrialState.COMPLETE else None, params=t.params,
+                distributions={k: v for k, v in space.items() if k in t.params}, intermediate_values=dict(t.rungs),
+                system_attrs={SLOT_ATTR: t.slot}, user_attrs={} if t.state == RUNNING else {STATE_ATTR: t.state}))
+        except ValueError:  # values outside today's space (a study edited by hand): TPE learns nothing from it
+            continue
+    return study
 
 
 def _optuna() -> Any:
@@ -243,13 +226,6 @@ def _optuna() -> Any:
                        'pip install "clusterjob[search]" (or search with method: random)') from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
-
-
-def _storage(folder: Path) -> Any:
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    return JournalStorage(JournalFileBackend(str(folder / searchmod.OPTUNA_FILE)))
 
 
 def distributions(space: list) -> dict:

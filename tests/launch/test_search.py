@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -272,15 +271,12 @@ TPE = {"method": "tpe", "trials": 6, "parallel": 2, "seed": 7,
 
 
 def optuna_journal(found: Path, scratch: Path) -> list:
-    """The trials of the search's study as Optuna reads its journal, from a copy (nothing
-    in the search's folder is opened for writing)."""
-    optuna = pytest.importorskip("optuna")
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    """The trials of the search's study as Optuna reads them (study.jsonl, the one store,
+    as an Optuna study in memory: what TPE draws from)."""
+    pytest.importorskip("optuna")
+    from clusterjob.search.study import optuna_study
 
-    copy = scratch / "journal-copy.log"
-    shutil.copyfile(found / "study.optuna.log", copy)
-    return optuna.load_study(study_name=found.name, storage=JournalStorage(JournalFileBackend(str(copy)))).get_trials()
+    return optuna_study(found).get_trials()
 
 
 def tpe_proposal(number: int) -> dict:
@@ -297,7 +293,7 @@ def tpe_proposal(number: int) -> dict:
 
 def check_tpe(found: Path, scratch: Path, count: int) -> list:
     """Every trial of a finished tpe search run once, its values within the space, drawn
-    by Optuna for its number and none twice; Optuna's journal holds each trial with its
+    by Optuna for its number and none twice; the study holds each trial with its
     run's end (the metric, or the rung values it was pruned by). The runs' records."""
     optuna = pytest.importorskip("optuna")
     held, runs = optuna_journal(found, scratch), trials(found)
@@ -333,7 +329,7 @@ def test_local_tpe_search_and_its_resume(tmp_path):
     done = cli(tmp_path, "submit", "s.yaml", "--executor", "local", "--wait", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     found = search_folder(tmp_path)
-    assert (found / "study.optuna.log").is_file() and not (found / "study.jsonl").exists()
+    assert (found / "study.jsonl").is_file() and not (found / "study.optuna.log").exists()
     records = check_tpe(found, tmp_path, 6)
     counts = {status: sum(r["status"] == status for r in records) for status in ("completed", "pruned")}
     status = cli(tmp_path, "status", str(found))

@@ -1,9 +1,9 @@
-"""The study of a tpe search (clusterjob.search.study.OptunaStudy, docs/design.md
+"""The study of a tpe search (clusterjob.search.study, its TpeDraw; docs/design.md
 "Search"), without training: each slot's process opens the study on its own, so two
 openings of one folder stand for two slots (or a slot and the resumed search). Trial n's
 values come from Optuna's TPESampler seeded by (seed, n): never the same in two
 processes, never again after a resume; a slot started again takes back the trial it
-holds; how a trial ended reaches Optuna's journal as Optuna's own states."""
+holds; how a trial ended reaches the Optuna study TPE draws from as Optuna's own states."""
 
 from __future__ import annotations
 
@@ -32,12 +32,8 @@ def new_search(folder: Path, trials: int = 6, seed: int = 3, prune: bool = True)
 
 
 def journal(folder: Path) -> list:
-    """The trials of the study as Optuna itself reads its journal."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    storage = JournalStorage(JournalFileBackend(str(folder / searchmod.OPTUNA_FILE)))
-    return optuna.load_study(study_name=searchmod.read(folder)[0].id, storage=storage).get_trials()
+    """The trials of the study as Optuna reads them (the study TPE draws from)."""
+    return studymod.optuna_study(folder).get_trials()
 
 
 def within(params: dict) -> bool:
@@ -83,7 +79,7 @@ def test_a_slot_started_again_takes_back_its_trial_and_an_orphan_is_adopted(tmp_
     adopted = again.take(0, 1)  # slot 1 is gone: its trial goes to slot 0, its values kept
     assert (adopted.number, adopted.params, adopted.slot) == (1, orphan.params, 0)
     assert journal(tmp_path)[1].system_attrs[studymod.SLOT_ATTR] == 0
-    assert len(journal(tmp_path)) == 2  # nothing new was asked of Optuna
+    assert len(journal(tmp_path)) == 2  # no new trial was drawn
 
 
 def test_how_each_trial_ended_is_optunas_state_told_once(tmp_path):
