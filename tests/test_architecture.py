@@ -266,15 +266,16 @@ def test_a_search_is_a_client_of_its_executor():
 # executors' task sides (taskenv).
 LAYERS = {
     "core": {"core"},
+    "health": {"core", "health"},  # the health of running ranks: stalls, stacks, telemetry
     "spec": {"core", "spec"},
     # the executors' task sides (and their keys), which both sides ask: a task may not
     # import the login side of its executor, and the login side reads the same keys
     "taskenv": {"core", "spec", "taskenv"},
     "search": {"core", "spec", "search"},  # what both sides read of a search: its record, study, pruner, trials
-    "report": {"core", "spec", "search", "report"},
-    "launch": {"core", "spec", "taskenv", "search", "report", "launch"},
-    "cli": {"core", "spec", "taskenv", "search", "report", "launch", "cli"},
-    "runner": {"core", "spec", "taskenv", "search", "runner"},
+    "report": {"core", "health", "spec", "search", "report"},
+    "launch": {"core", "health", "spec", "taskenv", "search", "report", "launch"},
+    "cli": {"core", "health", "spec", "taskenv", "search", "report", "launch", "cli"},
+    "runner": {"core", "health", "spec", "taskenv", "search", "runner"},
     "trainer": {"core", "spec", "taskenv", "runner", "trainer"},
     "run": {"core", "spec", "taskenv", "runner", "trainer"},
     "": {"core", "runner"},  # the package itself: its version and your code's API
@@ -299,6 +300,26 @@ def test_each_part_imports_only_the_layers_below_it():
         if bad:
             offenders[name] = bad
     assert offenders == {}
+
+
+# clusterjob.core is the foundation every part stands on, and holds no feature: the
+# health of ranks (clusterjob.health), searches (clusterjob.search), an executor's task
+# side (clusterjob.taskenv) each live in a package above it. A module added to core is
+# added here on purpose. unmade is the run store's (a Slurm sweep's runs read before
+# their tasks make them), so every reader of run.json needs it.
+FOUNDATION = {"claim", "errors", "files", "hostlist", "metrics", "plugins", "precision", "procs", "provenance",
+              "ranks", "record", "retry", "rundir", "runstate", "slurmctl", "sweep", "sweepnames", "units", "unmade"}
+FEATURES = ("clusterjob.health", "clusterjob.search", "clusterjob.taskenv", "clusterjob.report",
+            "clusterjob.launch", "clusterjob.runner", "clusterjob.trainer")
+
+
+def test_core_holds_the_foundation_and_imports_no_feature():
+    trees = modules()
+    core = {name.split(".")[2] for name in trees if name.startswith("clusterjob.core.")}
+    assert core == FOUNDATION
+    reached = {name: sorted(m for m in imported(tree) if m.startswith(FEATURES))
+               for name, tree in trees.items() if part_of(name) == "core"}
+    assert {k: v for k, v in reached.items() if v} == {}
 
 
 def test_the_top_level_is_a_handful_of_modules():

@@ -531,7 +531,7 @@ def _mapping_field(raw: dict, key: str, problems: list, wanted: str = "a mapping
     return None
 
 
-# The error of a run the health watchdog's verdict ended (clusterjob.core.stalls): what tells
+# The error of a run the health watchdog's verdict ended (clusterjob.health.stalls): what tells
 # such a run in a run.json written before the record had its ``reason``.
 STALLED_ERROR = "stalled: "
 

@@ -32,7 +32,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 TENSORBOARD = "tensorboard"  # the TensorBoard event files
 WANDB = "wandb"  # W&B's own folder (its offline runs)
-TELEMETRY_FILE = "telemetry.jsonl"  # each rank's GPU samples (clusterjob.core.telemetry)
+TELEMETRY_FILE = "telemetry.jsonl"  # each rank's GPU samples (clusterjob.health.telemetry)
 SEARCH_FILE = "search.json"  # a search's record (clusterjob.search.record): its trials are the runs in its folder
 
 

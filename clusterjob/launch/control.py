@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, rankhealth, runstate, stalls, sweep, telemetry, units, unmade
+from clusterjob.core import claim, runstate, sweep, units, unmade
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import many_reads, open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
 from clusterjob.core.rundir import RunDir, find_runs, first_error, natural_key, no_runs
 from clusterjob.core.runstate import FINAL_STATUSES, STATUSES, UNKNOWN
+from clusterjob.health import rankhealth, stalls, telemetry
 from clusterjob.launch import chain, executor
 from clusterjob.launch.executor import BEING_SUBMITTED, RunView
 

@@ -2,7 +2,7 @@
 running run's ranks (docs/design.md, "Hung and slow ranks"). Read-only: nothing in the
 run folder changes (the ranks append their dump to their own stacks file, as for a stall).
 
-Each rank is asked the way the watchdog asks it (clusterjob.core.stackdump): a signal to
+Each rank is asked the way the watchdog asks it (clusterjob.health.stackdump): a signal to
 the verified process its health file names, where its C-level handler writes the stacks,
 only when that process catches the signal; a rank that cannot answer (stopped, no
 handler) has its stacks read from outside by py-spy where it is installed, its state
@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import rankhealth, runstate, stackdump
+from clusterjob.core import runstate
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.record import is_job_id
 from clusterjob.core.rundir import RunDir
+from clusterjob.health import rankhealth, stackdump
 
 SRUN_WAIT_S = 60.0
 

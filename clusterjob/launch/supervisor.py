@@ -59,11 +59,12 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
-from clusterjob.core import claim, procs, retry, runstate, stalls
+from clusterjob.core import claim, procs, retry, runstate
 from clusterjob.core.files import now_iso
 from clusterjob.core.ranks import DistEnv, clean_environ, export
 from clusterjob.core.record import RunError, RunRecord
 from clusterjob.core.rundir import RunDir, first_error, last_words, mark_failed, rank_errors
+from clusterjob.health import stalls
 from clusterjob.launch import chain, progress, slots
 from clusterjob.launch.slots import WHOLE, Slot
 from clusterjob.spec.schema import ResourcesSpec, load_spec

@@ -8,7 +8,7 @@ Per run: ``gpu_util_pct`` (the time-weighted mean utilisation over all its GPUs)
 mean. Per group: the mean over its runs' GPU-hours, the highest peak, the sum of the idle
 GPU-hours (over the runs that have samples). NaN where a run has no sample. A run whose
 GPUs stayed under its spec's ``health.low_util_pct`` for 10 minutes gets ``gpu_warning``
-(clusterjob.core.telemetry.low_util_warning). Nothing here writes. ``PROVIDER`` gives the
+(clusterjob.health.telemetry.low_util_warning). Nothing here writes. ``PROVIDER`` gives the
 columns, the warnings and the curves to the report (``provider.Provider``).
 """
 
@@ -22,9 +22,10 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from clusterjob.core import telemetry, units
+from clusterjob.core import units
 from clusterjob.core.errors import escape
 from clusterjob.core.rundir import TELEMETRY_FILE, RunDir
+from clusterjob.health import telemetry
 from clusterjob.report.provider import PROBLEMS, Provider, Runs
 from clusterjob.report.termtable import Column
 

@@ -1,7 +1,7 @@
 """Each rank's GPU sampler (docs/design.md, "GPU efficiency"): a thread of the runner,
 never of the training loop, reads through NVML (``nvidia-ml-py``, the ``[gpu]`` extra)
 every ``health.gpu_sample_s`` the utilisation, memory used and power draw of the GPU
-the rank uses, and appends them to ``<run>/telemetry.jsonl`` (clusterjob.core.telemetry).
+the rank uses, and appends them to ``<run>/telemetry.jsonl`` (clusterjob.health.telemetry).
 
 The rank's GPU is the CUDA device it trains on, found as CUDA finds it: among the
 entries of CUDA_VISIBLE_DEVICES (a UUID names its GPU, an index is NVML's; unset: every
@@ -37,12 +37,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from clusterjob.core import telemetry
 from clusterjob.core.errors import BadInput
 from clusterjob.core.files import open_regular
 from clusterjob.core.ranks import DistEnv, cuda_index, listed_gpus
 from clusterjob.core.rundir import RunDir
-from clusterjob.core.telemetry import Sample
+from clusterjob.health import telemetry
+from clusterjob.health.telemetry import Sample
 from clusterjob.spec.schema import Spec
 
 FAKE_GPUS = "CLUSTERJOB_FAKE_GPUS"

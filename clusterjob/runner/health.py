@@ -4,10 +4,10 @@
   (rank 0), ``clusterjob.heartbeat()`` and ``clusterjob.should_stop()``. It touches
   ``logs/rank<R>.beat`` at most once a second; between touches it costs one clock read
   and a compare, no host sync, no collective.
-- **Stacks on request.** A C-level handler (``faulthandler.register``) writes every
-  thread's Python stack to ``logs/rank<R>.stacks`` on a real-time signal, named in the
-  rank's health file: it needs no Python code to run, so it answers while the rank is
-  blocked in a C call and while it spins holding the GIL. The signal restarts the
+- **Stacks on request.** A real-time signal, named in the rank's health file, appends
+  every thread's Python stack to ``logs/rank<R>.stacks`` (clusterjob.runner.stackhandler:
+  a C-level handler wakes a thread that dumps them under the GIL), so it answers while
+  the rank is blocked in a C call and while it spins in Python. The signal restarts the
   system calls it interrupts (SA_RESTART), and the handler stays until the process
   ends, so a late request never meets the signal's default action (the end of the
   process).
@@ -39,7 +39,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import faulthandler
 import os
 import random
 import re
@@ -53,10 +52,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
-from clusterjob.core import procs, provenance, rankhealth, telemetry
+from clusterjob.core import procs, provenance
 from clusterjob.core.ranks import DistEnv
 from clusterjob.core.rundir import RunDir
-from clusterjob.runner import gpusampler, stacks
+from clusterjob.health import rankhealth, telemetry
+from clusterjob.runner import gpusampler, stackhandler, stacks
 from clusterjob.runner.watchconfig import WatchConfig
 
 if TYPE_CHECKING:  # the spec (and YAML) is not loaded by ``clusterjob.heartbeat()`` outside a run
@@ -173,7 +173,7 @@ class Health:
     def start(self) -> "Health":
         global _beat_path, _current
         self.run.logs.mkdir(parents=True, exist_ok=True)
-        _register_stacks(self.run.stacks_file(self.env.rank))
+        stackhandler.register(STACK_SIGNAL, self.run.stacks_file(self.env.rank))
         beat_file = self.run.beat_file(self.env.rank)
         beat_file.touch()
         _beat_path = str(beat_file)
@@ -386,13 +386,6 @@ def _quiet_errors() -> contextlib.suppress:
 def _node(env: DistEnv) -> str:
     """The rank's node as its executor names it (what ``--exclude`` takes), else its host name."""
     return env.node or socket.gethostname()
-
-
-def _register_stacks(path: "os.PathLike") -> None:
-    """STACK_SIGNAL writes every thread's stack to ``path`` from C (see the module's doc)."""
-    stacks = open(path, "ab", buffering=0)  # kept open to the end of the process: the handler writes to it
-    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-    signal.siginterrupt(STACK_SIGNAL, False)  # SA_RESTART: an interrupted read or wait goes on
 
 
 def nccl_environ(run: RunDir, environ: Any) -> None:

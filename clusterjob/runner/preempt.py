@@ -19,7 +19,7 @@ catches it to test its best model, as pytorch/examples' word_language_model does
 on to its own end), and the other stops raise ``StopRequested`` (its ``finally`` blocks
 run; ``except Exception`` does not swallow it); if it is still alive ``grace_s`` later
 the process is killed. The kill is armed by a thread woken through the signal wakeup
-fd, so it comes even while the main thread is stuck in C code (a collective waiting for
+fd (clusterjob.runner.wakeups), so it comes even while the main thread is stuck in C code (a collective waiting for
 a dead peer) and never gets to run the Python handler. NCCL takes SIGUSR1 for itself,
 so USR1 is never used.
 """
@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 
 from clusterjob.core import runstate
 from clusterjob.core.rundir import RunDir
-from clusterjob.runner import dist
+from clusterjob.runner import dist, wakeups
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 CTRL_C = "SIGINT"  # the stop that a plain script sees as KeyboardInterrupt
@@ -80,10 +80,7 @@ class StopSignal:
     def install(self) -> "StopSignal":
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
-        read, write = os.pipe()
-        os.set_blocking(write, False)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        threading.Thread(target=self._wakeups, args=(read,), daemon=True, name="clusterjob-stop").start()
+        wakeups.on(STOP_SIGNALS, self._woken)
         os.register_at_fork(after_in_child=_forget_in_child)
         chained = sys.unraisablehook
 
@@ -144,14 +141,11 @@ class StopSignal:
             self._raised_exc = KeyboardInterrupt() if self.signal == CTRL_C else StopRequested(self.signal)
             raise self._raised_exc
 
-    def _wakeups(self, read: int) -> None:
-        """Woken by every signal, even while the main thread is stuck in C code: arm the
-        kill of a plain script that got a stop signal."""
-        stops = {int(sig) for sig in STOP_SIGNALS}
-        while True:
-            got = os.read(read, 64)
-            if any(byte in stops for byte in got) and self.is_plain_script():
-                self._arm_kill()
+    def _woken(self) -> None:
+        """A stop signal, even while the main thread is stuck in C code: arm the kill of
+        a plain script."""
+        if self.is_plain_script():
+            self._arm_kill()
 
     def _arm_kill(self) -> None:
         """Start the grace period of a plain script, once."""
@@ -212,7 +206,7 @@ def _forget_in_child() -> None:
     a SIGTERM that ends the worker must not read as this rank's stop, and the worker
     dies of it (or gets its KeyboardInterrupt) as it would without clusterjob."""
     try:
-        signal.set_wakeup_fd(-1)
+        wakeups.forget_in_child()
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     except ValueError:  # forked from a thread other than the main one: nothing was set there

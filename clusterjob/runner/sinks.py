@@ -32,7 +32,7 @@ from clusterjob.core import metrics, runstate, units
 from clusterjob.core.files import is_number, shown
 from clusterjob.core.record import parse_time
 from clusterjob.core.rundir import RunDir
-from clusterjob.core.telemetry import Sample
+from clusterjob.health.telemetry import Sample
 from clusterjob.runner import gpusampler, health
 from clusterjob.runner import loggers as loggermod
 from clusterjob.runner.preempt import StopSignal

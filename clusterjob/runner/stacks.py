@@ -21,7 +21,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Optional
 
-from clusterjob.core.stackdump import CHILD_MARK, STACK_HEADER, THREAD_HEADER, state_in
+from clusterjob.health.stackdump import CHILD_MARK, STACK_HEADER, THREAD_HEADER, state_in
 
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _CALL = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)*)\s*\(")

@@ -20,7 +20,7 @@ its output with ``health.output_is_progress``): no change on any rank for
 (clusterjob.runner.stacks), records the stall in run.json and its verdict beside the
 stacks; with retry or stop it marks the run failed with ``stalled: <line>`` first, so
 the launcher that sees the ranks end knows why (retrying through clusterjob.core.retry).
-Every few seconds it also reads the ranks' waits in collectives (clusterjob.core.rankhealth),
+Every few seconds it also reads the ranks' waits in collectives (clusterjob.health.rankhealth),
 records the rank the others wait for, and warns once when they wait more than
 ``health.straggler_wait_pct`` of their time over a minute.
 """
@@ -43,10 +43,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import procs, pyspy, rankhealth, runstate, stackdump, stalls
+from clusterjob.core import procs, runstate
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import Stall, Straggler
 from clusterjob.core.rundir import RunDir
+from clusterjob.health import pyspy, rankhealth, stackdump, stalls
 from clusterjob.runner import stacks
 from clusterjob.runner.watchconfig import WatchConfig
 

@@ -1,4 +1,4 @@
-"""What the health watchdog leaves for every reader (clusterjob.core.stalls, rankhealth,
+"""What the health watchdog leaves for every reader (clusterjob.health.stalls, rankhealth,
 stackdump): the verdict that ended a session, the open stall and its words, the rank the
 others wait for, and a rank's stacks taken from outside, only from its verified process."""
 
@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from clirun import wait_for
 
-from clusterjob.core import procs, rankhealth, stackdump, stalls
+from clusterjob.core import procs
 from clusterjob.core.record import RunError, RunRecord, Stall
 from clusterjob.core.rundir import RunDir
+from clusterjob.health import rankhealth, stackdump, stalls
 
 LINE = "rank 1 on node2: time.sleep at train.py:40; rank 0 in all_reduce"
 

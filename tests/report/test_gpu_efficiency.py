@@ -12,8 +12,8 @@ import pytest
 import yaml
 from clirun import cli
 
-from clusterjob.core import telemetry
 from clusterjob.core.rundir import create_run
+from clusterjob.health import telemetry
 
 HOST = socket.gethostname()
 

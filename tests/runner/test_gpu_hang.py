@@ -14,8 +14,8 @@ from clirun import cli, ended, start, wait_for
 from gpufake import fake_env
 from trainutil import write_spec
 
-from clusterjob.core import rankhealth
 from clusterjob.core.rundir import RunDir
+from clusterjob.health import rankhealth
 from clusterjob.runner.gpusampler import NVML_DEADLINE_S
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from loggerread import (
 )
 from trainutil import run_info, write_spec
 
-from clusterjob.core import telemetry
+from clusterjob.health import telemetry
 
 pytestmark = pytest.mark.slow
 

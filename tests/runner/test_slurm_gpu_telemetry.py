@@ -12,7 +12,7 @@ from gpufake import fake_env, records
 from slurmcluster import submit, wait_for
 from trainutil import run_info, write_spec
 
-from clusterjob.core import telemetry
+from clusterjob.health import telemetry
 
 pytestmark = pytest.mark.slurm
 

@@ -22,9 +22,10 @@ import pytest
 from clirun import checkout_env
 from healthutil import assert_nothing_left, cli, info, log, project, start, the_run, wait_for
 
-from clusterjob.core import procs, pyspy, rankhealth
+from clusterjob.core import procs
 from clusterjob.core.files import now_iso
 from clusterjob.core.rundir import RunDir, make_runs
+from clusterjob.health import pyspy, rankhealth
 from clusterjob.runner.health import STACK_SIGNAL
 
 HOST = socket.gethostname()
@@ -256,3 +257,47 @@ def stopped_rank_seen(tmp_path: Path, run: Path, health: list, no_py_spy: list) 
         f"(no stacks: rank 1 (pid {stopped}) is stopped (T): it cannot run its stack handler until it is "
         f"continued (SIGCONT); {pyspy.ABSENT})")
     return steps
+
+
+# Threads come and go all the time (a logger's, a pool's): the main thread prints (line 10)
+# and waits (line 11).
+CHURNER = """import threading, time
+def churn():
+    while True:
+        t = threading.Thread(target=lambda: sum(range(100)))
+        t.start(); t.join()
+for _ in range(2):
+    threading.Thread(target=churn, daemon=True).start()
+step = 0
+while True:
+    print(f"step {step}", flush=True); step += 1
+    time.sleep(0.05)
+"""
+
+
+def test_stack_requests_never_kill_a_rank_whose_threads_come_and_go(tmp_path):
+    """faulthandler's all-threads dump from its signal handler reads the other threads'
+    frames without the GIL and died of SIGSEGV within a few hundred requests here: the
+    rank answers every request under the GIL, and lives."""
+    project(tmp_path, CHURNER, tasks=1)
+    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
+    run = the_run(tmp_path)
+    wait_for(lambda: "step 3" in log(run, 0), 120, "the rank stepping")
+    wait_for(lambda: rankhealth.read(RunDir(run), 0) is not None, 60, "its health file")
+    rank = rankhealth.read(RunDir(run), 0)
+    assert rank is not None and rank.ref is not None and rank.stack_signal == SIG
+    for _ in range(400):  # as many as a long stall's watchers and a user's ``stack`` calls send
+        assert procs.terminate(rank.ref, SIG) is None
+        time.sleep(0.005)
+    shown = cli(tmp_path, "stack", str(run))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"==> rank 0 on {HOST}, pid {rank.ref.pid} <==" and lines[1].startswith("Current thread")
+    assert threads_in(shown.stdout)[0] == rank.main_thread
+    assert re.match(r'  File "\S+/train\.py", line 1[01] in <module>$', lines[2]), shown.stdout
+    assert procs.check(rank.ref) is None and info(run)["status"] == "running"
+    cancelled = cli(tmp_path, "cancel", str(run), timeout=120)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    waiting.communicate(timeout=120)
+    assert info(run)["status"] == "cancelled"
+    assert_nothing_left(run)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from clusterjob.core import pyspy, stackdump
+from clusterjob.health import pyspy, stackdump
 from clusterjob.runner import stacks
 from clusterjob.runner.stacks import RankDump
 

@@ -3,8 +3,8 @@ own clock, the straggler recorded and warned about once a whole minute says so."
 
 from __future__ import annotations
 
-from clusterjob.core import rankhealth
 from clusterjob.core.rundir import RunDir, create_run
+from clusterjob.health import rankhealth
 from clusterjob.runner import watchdog
 from clusterjob.runner.watchconfig import WatchConfig
 

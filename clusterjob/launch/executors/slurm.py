@@ -29,12 +29,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core import claim, procs, retry, runstate, slurmctl, stalls, sweep
+from clusterjob.core import claim, procs, retry, runstate, slurmctl, sweep
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
 from clusterjob.core.ranks import scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
+from clusterjob.health import stalls
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
     WAITING,

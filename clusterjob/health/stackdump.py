@@ -6,7 +6,7 @@ in the rank has to run Python for it. The signal goes only to the very process t
 rank's health file names (clusterjob.core.procs verifies it), only when that process
 said it takes the signal and only when /proc/PID/status says it catches it (SigCgt): an
 uncaught real-time signal would end it. A rank that cannot run its handler (stopped by
-SIGSTOP, not caught, no answer) has its stacks read by py-spy (clusterjob.core.pyspy),
+SIGSTOP, not caught, no answer) has its stacks read by py-spy (clusterjob.health.pyspy),
 its process state named (``stopped (T)``). Used by the watchdog on the rank's node and
 by ``clusterjob stack``. Stdlib only.
 """
@@ -20,8 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import procs, pyspy
-from clusterjob.core.rankhealth import RankHealth
+from clusterjob.core import procs
+from clusterjob.health import pyspy
+from clusterjob.health.rankhealth import RankHealth
 
 WAIT_S = 5.0  # the most a dump may take to be written
 _SETTLED_S = 0.2  # a dump is complete once the file stopped growing for this long

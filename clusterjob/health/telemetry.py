@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from clusterjob.core import rankhealth
 from clusterjob.core.files import Head, Tail, is_number, loads
 from clusterjob.core.rundir import TELEMETRY_FILE, RunDir
+from clusterjob.health import rankhealth
 
 RECENT_S = 60.0  # status's window: the last minute
 LOW_UTIL_S = 600.0  # a run under health.low_util_pct this long is warned about
