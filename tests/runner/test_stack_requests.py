@@ -284,20 +284,21 @@ def test_stack_requests_never_kill_a_rank_whose_threads_come_and_go(tmp_path):
     run = the_run(tmp_path)
     wait_for(lambda: "step 3" in log(run, 0), 120, "the rank stepping")
     wait_for(lambda: rankhealth.read(RunDir(run), 0) is not None, 60, "its health file")
-    rank = rankhealth.read(RunDir(run), 0)
-    assert rank is not None and rank.ref is not None and rank.stack_signal == SIG
-    for _ in range(400):  # as many as a long stall's watchers and a user's ``stack`` calls send
-        assert procs.terminate(rank.ref, SIG) is None
-        time.sleep(0.005)
-    shown = cli(tmp_path, "stack", str(run))
-    assert shown.returncode == 0, shown.stderr
-    lines = shown.stdout.splitlines()
-    assert lines[0] == f"==> rank 0 on {HOST}, pid {rank.ref.pid} <==" and lines[1].startswith("Current thread")
-    assert threads_in(shown.stdout)[0] == rank.main_thread
-    assert re.match(r'  File "\S+/train\.py", line 1[01] in <module>$', lines[2]), shown.stdout
-    assert procs.check(rank.ref) is None and info(run)["status"] == "running"
-    cancelled = cli(tmp_path, "cancel", str(run), timeout=120)
-    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    waiting.communicate(timeout=120)
-    assert info(run)["status"] == "cancelled"
+    try:
+        rank = rankhealth.read(RunDir(run), 0)
+        assert rank is not None and rank.ref is not None and rank.stack_signal == SIG
+        for _ in range(400):  # as many as a long stall's watchers and a user's ``stack`` calls send
+            assert procs.terminate(rank.ref, SIG) is None
+            time.sleep(0.005)
+        shown = cli(tmp_path, "stack", str(run))
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert lines[0] == f"==> rank 0 on {HOST}, pid {rank.ref.pid} <==" and lines[1].startswith("Current thread")
+        assert threads_in(shown.stdout)[0] == rank.main_thread
+        assert re.match(r'  File "\S+/train\.py", line 1[01] in <module>$', lines[2]), shown.stdout
+        assert procs.check(rank.ref) is None and info(run)["status"] == "running"
+    finally:  # a failure above leaves no run behind
+        cancelled = cli(tmp_path, "cancel", str(run), timeout=120)
+        waiting.communicate(timeout=120)
+    assert cancelled.returncode == 0 and info(run)["status"] == "cancelled", cancelled.stdout + cancelled.stderr
     assert_nothing_left(run)
