@@ -36,6 +36,12 @@ class Planned:
     number: Optional[int]
 
 
+def array_of(count: int) -> Optional[int]:
+    """The array size of a part of ``count`` runs: None (one job, no array) for a single
+    run, the last part of a split sweep too; the dry run and the submit both ask here."""
+    return count if count > 1 else None
+
+
 def plan(runs: list[RunDir], size: int, folder: Path) -> list[Planned]:
     """The parts of ``runs`` (at most ``size`` each), their runs files written and the
     parts added to the sweep's record, not yet with a job; not synced (the caller's batch)."""
@@ -46,7 +52,8 @@ def plan(runs: list[RunDir], size: int, folder: Path) -> list[Planned]:
     for part, path in zip(parts, files):
         sweep.write_runs_file(path, [run.path for run in part])
     me = procs.current()
-    made = [sweep.new_part([run.path for run in part], array=len(part) > 1, by=me, runs_file=str(path))
+    made = [sweep.new_part([run.path for run in part], array=array_of(len(part)) is not None, by=me,
+                           runs_file=str(path))
             for part, path in zip(parts, files)]
     numbers: list[Optional[int]] = [None] * len(parts)
     found = [each for each in made if each is not None]

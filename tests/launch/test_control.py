@@ -201,7 +201,8 @@ def test_sweeps_larger_than_max_array_size_are_chunked(monkeypatch, tmp_path, ca
                            "resources": {"array_parallelism": 4}, "output": {"root": str(tmp_path)}})
     out = "\n".join(slurm_launch.scripts(spec, len(expand_sweep(spec)), tmp_path / ".slurm"))
     assert out.count("#!/bin/bash") == 3
-    assert out.count("#SBATCH --array=0-1%2") == 2 and out.count("#SBATCH --array=0-0%1") == 1
+    # the last part's one run is one job, as submit sends it (the dry run is what is submitted)
+    assert out.count("#SBATCH --array=0-1%2") == 2 and out.count("#SBATCH --array") == 2
     assert not any(tmp_path.iterdir())
     assert slurm_launch.chunks(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
 

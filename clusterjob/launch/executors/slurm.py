@@ -390,7 +390,7 @@ def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (
 
     size = array_size(points) if array_max is None else array_max
     runs_file = folder / "<stamp>.p<part>.runs.json"
-    parts = [(runs_file, len(part) if points > 1 else None) for part in chunks(list(range(points)), size)]
+    parts = [(runs_file, arrays.array_of(len(part))) for part in chunks(list(range(points)), size)]
     return request(spec, folder, sweep.sweep_id(spec.name, "<stamp>"), parts, after_jobs).lines()
 
 
@@ -421,8 +421,8 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) 
     name = sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
     planned = arrays.plan(runs, array_size(len(runs)), folder)
     with scrubbed_environ():
-        sent = request(spec, folder, name, [(part.runs_file, len(part.runs) if len(part.runs) > 1 else None)
-                                            for part in planned], after_jobs)
+        parts = [(part.runs_file, arrays.array_of(len(part.runs))) for part in planned]
+        sent = request(spec, folder, name, parts, after_jobs)
         return arrays.submit(planned, sent.scripts, lambda said: refusal(spec, said))
 
 
