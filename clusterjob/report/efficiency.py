@@ -26,7 +26,8 @@ from clusterjob.core import units
 from clusterjob.core.errors import escape
 from clusterjob.core.rundir import TELEMETRY_FILE, RunDir
 from clusterjob.health import telemetry
-from clusterjob.report.provider import PROBLEMS, Provider, Runs
+from clusterjob.report import plots
+from clusterjob.report.provider import PROBLEMS, Provider, RunCurves, Runs
 from clusterjob.report.termtable import Column
 
 COLUMNS = ("gpu_util_pct", "gpu_mem_peak_gib", "idle_gpu_hours")
@@ -123,6 +124,12 @@ class EfficiencyColumns(Provider):
     legend = TEXT
     group_legend = "Groups: the mean over their runs' GPU-hours, the highest peak, the idle GPU-hours summed."
     notes_heading = "GPU warnings:"
+
+    def curves(self, runs: pd.DataFrame) -> Optional[RunCurves]:
+        """Each run's GPU utilisation over time, one line per GPU."""
+        found = series(runs)
+        return RunCurves("GPU utilisation", "gpu_util", found, plots.gpu_panel, having="sampled their GPUs") \
+            if found else None
 
     def columns(self, runs: Runs) -> pd.DataFrame:
         """COLUMNS, WEIGHT, WARNING, BUSY and SERIES of every run, from its telemetry.jsonl

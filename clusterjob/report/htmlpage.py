@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import html
 
-from clusterjob.report import efficiency, loggerlinks, plots, searchplots
+from clusterjob.report import loggerlinks, plots, searchplots
 from clusterjob.report.cells import (
     group_display,
     group_legend,
@@ -24,6 +24,7 @@ from clusterjob.report.cells import (
     runs_display,
     runs_legend,
 )
+from clusterjob.report.provider import RunCurves
 from clusterjob.report.stats import Experiment, Report, status_line
 
 _CSS = """
@@ -202,18 +203,18 @@ def _search_figure(alt: str, attribute: str, name: str, svg: bytes) -> str:
             f'src="data:image/svg+xml;base64,{base64.b64encode(svg).decode("ascii")}"></figure>')
 
 
-def _gpu_curves(experiment: Experiment, series: dict) -> str:
-    """Each run's GPU utilisation over time, one line per GPU (the first runs of the table;
-    ``series``: efficiency.series)."""
+def _run_curves(experiment: Experiment, curves: RunCurves) -> str:
+    """A family's curve of each run over time (the first runs of the table)."""
     if not plots.available():
-        return '<p class="note">The GPU curves need matplotlib: <code>pip install \'clusterjob[plots]\'</code></p>'
-    paths = [p for p in experiment.runs["path"] if p in series][:plots.MAX_GPU_RUNS]
+        return (f'<p class="note">The {html.escape(curves.heading)} curves need matplotlib: '
+                "<code>pip install 'clusterjob[plots]'</code></p>")
+    paths = [p for p in experiment.runs["path"] if p in curves.series][:plots.MAX_GPU_RUNS]
     ids = dict(zip(experiment.runs["path"], experiment.runs["run_id"]))
-    figures = "".join(_panel("gpu_util", f"{ids[path]}: GPU utilisation", plots.gpu_panel(
-        f"{ids[path]}: GPU utilisation", series[path]), "second") for path in paths)
-    more = len(series) - len(paths)
-    note = f'<p class="legend">The first {len(paths)} runs are drawn; {more} more sampled their GPUs.</p>' if more \
-        else ""
+    figures = "".join(_panel(curves.metric, f"{ids[path]}: {curves.heading}", curves.draw(
+        f"{ids[path]}: {curves.heading}", curves.series[path]), curves.x) for path in paths)
+    more = len(curves.series) - len(paths)
+    note = f'<p class="legend">The first {len(paths)} runs are drawn; {more} more {html.escape(curves.having)}.</p>' \
+        if more else ""
     return f'<div class="curvebox"><div class="panels">{figures}</div></div>{note}'
 
 
@@ -247,9 +248,10 @@ def _experiment(experiment: Experiment, runs: bool, heading: str, fold: str) -> 
     ]
     if runs:
         sections = [sections[2], sections[0], sections[1]]
-    series = efficiency.series(experiment.runs)
-    if series:
-        sections.append(("GPU utilisation", _gpu_curves(experiment, series)))
+    for provider in experiment.providers:
+        curves = provider.curves(experiment.runs)
+        if curves is not None:
+            sections.append((curves.heading, _run_curves(experiment, curves)))
     return said + "".join(f"<{heading}>{name}</{heading}>{content}" for name, content in sections)
 
 

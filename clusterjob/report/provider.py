@@ -4,11 +4,12 @@ gives, and how its cells are written.
 A provider (cost, efficiency, searchcost) gives every run's columns at once
 (``columns(runs) -> DataFrame``), how a group's values come from its runs' (``group``),
 its names and order in each table's data (``run_columns``, ``group_columns``), its
-display columns and legend (``cells``, ``legend``), a note per run (``notes``) and a line
-per experiment (``summary``). The registered ones are ``assemble.PROVIDERS``; the
-grouping (stats) and the writers (cells, build, htmlpage) take whichever the report has
-and name none of them. Every hook has a default that adds nothing, so a family that only
-adds a column or two overrides only what it has.
+display columns and legend (``cells``, ``legend``), a note per run (``notes``), a line
+per experiment (``summary``) and curves of each run for the html page (``curves``).
+The registered ones are ``assemble.PROVIDERS``; the grouping (stats) and the writers
+(cells, build, htmlpage) take whichever the report has and name none of them. Every hook
+has a default that adds nothing, so a family that only adds a column or two overrides
+only what it has.
 """
 
 from __future__ import annotations
@@ -54,6 +55,21 @@ class Runs:
     results: Results
     ask: Callable = slurmctl.segments
     table: Optional[pd.DataFrame] = None
+
+
+@dataclass(frozen=True)
+class RunCurves:
+    """A family's curve of each run over time, one panel per run on the html page, under
+    ``heading``: ``series`` {run path: what ``draw`` takes}, ``draw`` (a panel's title,
+    one run's series) -> SVG, ``metric`` the panels' data-metric, ``x`` their unit of
+    time, ``having`` what the runs not drawn did (said under the panels)."""
+
+    heading: str
+    metric: str
+    series: dict
+    draw: Callable[[str, Any], bytes]
+    x: str = "second"
+    having: str = "have curves"
 
 
 class Summary(Protocol):
@@ -110,6 +126,11 @@ class Provider:
 
     def summary(self, runs: Runs) -> Optional[Summary]:
         """Its line on one experiment (``runs.table`` given); None when it has none."""
+        return None
+
+    def curves(self, runs: pd.DataFrame) -> Optional[RunCurves]:
+        """Its curves of each run of an experiment's runs table for the html page; None
+        when it has none."""
         return None
 
 

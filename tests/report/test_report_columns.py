@@ -1,7 +1,8 @@
 """A family of report columns is one module (clusterjob.report.provider): a provider
 registered beside the others shows its columns in the grouped and the per-run table, in
 md, csv, json and html, its legend, its notes and its line, with nothing else of the
-report changed; the grouping and the writers name no provider."""
+report changed (its curves on the html page too); the grouping and the writers name no
+provider."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from test_results import sweep
 
 from clusterjob.report import assemble
 from clusterjob.report.build import build_report, render
-from clusterjob.report.provider import Provider, Runs
+from clusterjob.report.provider import Provider, RunCurves, Runs
 from clusterjob.report.termtable import Column
 
 
@@ -45,6 +46,11 @@ class Ranks(Provider):
     def summary(self, runs: Runs) -> "RanksLine":
         assert runs.table is not None
         return RanksLine(int(runs.table["ranks"].sum()))
+
+    def curves(self, runs: pd.DataFrame) -> RunCurves:
+        return RunCurves("Ranks over time", "ranks", {path: ranks for path, ranks in zip(runs["path"], runs["ranks"])},
+                         lambda title, ranks: f'<svg xmlns="http://www.w3.org/2000/svg"><text>{ranks:g}</text></svg>'
+                         .encode(), having="had ranks")
 
 
 class RanksLine:
@@ -95,9 +101,11 @@ def test_its_cells_legend_notes_and_line_are_in_md_json_and_html(reports):
     assert "ranks_all" not in json.loads(render(plain, "json"))
     page = render(ranked, "html")
     assert "12 ranks in all" in page and "its ranks waited" in page and "Groups sum them." in page
+    assert "<h2>Ranks over time</h2>" in page and page.count('data-metric="ranks"') == 6  # a panel per run
+    assert "Ranks over time" not in render(plain, "html")
 
 
-GROUPING_AND_WRITERS = ("stats", "cells", "build", "tables", "reading")
+GROUPING_AND_WRITERS = ("stats", "cells", "build", "tables", "reading", "htmlpage")
 
 
 def test_the_grouping_and_the_writers_import_no_provider():
