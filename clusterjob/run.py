@@ -43,11 +43,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Exit status 0 when the run completed or stopped to be resumed, 2 on bad input,
     1 when it failed."""
     faulthandler.enable(all_threads=True)  # an abort (NCCL's watchdog) still leaves a traceback in the log
+    parent = os.getppid()
     try:
         run_task(argv)
     except BadInput as err:
         print(f"clusterjob.run: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        taskenv.current().end_own(parent)  # what it started, where its executor would not end it
     return 0
 
 

@@ -126,6 +126,11 @@ class TaskEnvironment:
         decides ("Slurm requeues or ends the job"); None: ``resume`` continues it."""
         return None
 
+    def end_own(self, parent: int) -> None:
+        """As the task ends (``parent``: its parent's pid at its start): end what it
+        started that its executor would not end with it (nothing where the executor does:
+        a Slurm step's cgroup, a launch by hand)."""
+
     def own_run(self, parent: Path, spec_text: str, make: MakeRun) -> Optional[RunDir]:
         """The run folder under ``parent`` this job runs in, when the task was given none
         (a job of a raw script that is started again finds its run again), made with

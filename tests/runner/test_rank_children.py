@@ -4,7 +4,8 @@ in ``Popen(...).wait()`` on a sleeping child is failed by a stall and its child 
 child's own child, in a session of its own) ended; the same after a retry and after
 ``clusterjob cancel``; a ``kill -9`` (or SIGSTOP) of rank 0's watcher, then a hang on
 rank 1, still ends the run as stalled; a watcher that keeps dying leaves a warning that
-``status`` shows; a watcher whose main thread is blocked for good ends with its rank."""
+``status`` shows; a watcher whose main thread is blocked for good ends with its rank; a
+supervisor killed with kill -9 leaves no process in its ranks' groups."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from healthutil import assert_nothing_left, cli, info, log, project, start, the_run, wait_for
+from healthutil import assert_nothing_left, cli, info, log, processes_of, project, start, the_run, wait_for
 
 from clusterjob.core import procs
 from clusterjob.runner import health
@@ -109,6 +110,26 @@ def test_cancel_ends_the_processes_a_rank_started(tmp_path):
     wait_for(lambda: info(run)["status"] == "cancelled", 60, "the run cancelled")
     assert_ended(refs)
     assert_nothing_left(run)
+
+
+def test_a_killed_supervisor_leaves_no_process_in_a_ranks_group(tmp_path):
+    """kill -9 of the supervisor: its ranks end (their parent's death), and each ends
+    the rest of its process group (the child its rank 0 waits for) on its way out. The
+    grandchild, in a session of its own, only a live supervisor finds: ended here by
+    the test."""
+    project(tmp_path, spawner(0), health=None)
+    assert start(tmp_path, "submit", "h.yaml", "--executor", "local").communicate(timeout=60)[0]
+    run = the_run(tmp_path)
+    child, grandchild = started(run)
+    try:
+        os.kill(info(run)["launcher"]["pid"], signal.SIGKILL)
+        assert_ended([child], within_s=60)
+        wait_for(lambda: not [line for line in processes_of(run) if "clusterjob.run " in line], 60,
+                 "the ranks to end with their supervisor")
+        assert info(run)["status"] == "preempted"  # resumable, as any run whose supervisor died
+    finally:  # what the test itself leaves, whatever failed
+        for ref in (child, grandchild):
+            procs.terminate(ref, signal.SIGKILL)
 
 
 # Both ranks step every 0.2 s; rank 1 hangs once logs/hang exists.
