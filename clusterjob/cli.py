@@ -105,9 +105,17 @@ def _closed_outputs() -> list[int]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from clusterjob.spec.schema import load_spec
+
+    spec = load_spec(args.spec, args.set)
+    if spec.search is not None:  # a search: its slots run through its executor
+        from clusterjob.search import commands
+
+        return commands.submit(spec, args.executor, wait=args.wait, dry_run=args.dry_run,
+                               preflight=not args.no_preflight, after=args.after)
     from clusterjob.launch.submit import submit
 
-    return submit(args.spec, args.set, executor_name=args.executor, wait=args.wait, dry_run=args.dry_run,
+    return submit(spec, executor_name=args.executor, wait=args.wait, dry_run=args.dry_run,
                   preflight=not args.no_preflight, after=args.after)
 
 
@@ -118,9 +126,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if is_search(args.run):
         from pathlib import Path
 
-        from clusterjob.launch import searchcmd
+        from clusterjob.search import commands
 
-        return searchcmd.resume(Path(args.run), args.wait, args.set)
+        return commands.resume(Path(args.run), args.wait, args.set)
     if args.set:
         raise BadInput(f"--set {args.set[0]}: resume takes --set only for a search (search.trials=N); a run resumes "
                        "with the spec it has")
@@ -229,7 +237,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if is_search(args.dir):
         from pathlib import Path
 
-        from clusterjob.launch.searchcmd import summary
+        from clusterjob.search.commands import summary
 
         return control.cmd_status(args.dir, summary(Path(args.dir)), listed=args.runs, only=args.only)
     return control.cmd_status(args.dir, listed=args.runs, only=args.only)
@@ -256,9 +264,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if is_search(args.run):  # a search's folder: every slot of it
         from pathlib import Path
 
-        from clusterjob.launch import searchcmd
+        from clusterjob.search import commands
 
-        return searchcmd.cancel(Path(args.run))
+        return commands.cancel(Path(args.run))
     from clusterjob.launch import control
 
     return control.cmd_cancel(args.run, only=args.only)

@@ -247,7 +247,7 @@ def test_executors_do_not_reach_back_into_submit_control_or_report():
 def test_a_search_is_a_client_of_its_executor():
     """The executor protocol has no search method: no function or method of the
     executors and their helpers is named for a search, and none of them imports the
-    search (its slots run through clusterjob.launch.searchslots)."""
+    search (its slots run through clusterjob.search.slots, a client of the executors)."""
     from clusterjob.launch.executor import Executor
 
     assert [name for name in dir(Executor) if "search" in name.lower()] == []
@@ -274,7 +274,8 @@ LAYERS = {
     "search": {"core", "spec", "search"},  # what both sides read of a search: its record, study, pruner, trials
     "report": {"core", "health", "spec", "search", "report"},
     "launch": {"core", "health", "spec", "taskenv", "search", "report", "launch"},
-    "cli": {"core", "health", "spec", "taskenv", "search", "report", "launch", "cli"},
+    "search drivers": {"core", "health", "spec", "taskenv", "search", "report", "launch", "search drivers"},
+    "cli": {"core", "health", "spec", "taskenv", "search", "report", "launch", "search drivers", "cli"},
     "runner": {"core", "health", "spec", "taskenv", "search", "runner"},
     "trainer": {"core", "spec", "taskenv", "runner", "trainer"},
     "run": {"core", "spec", "taskenv", "runner", "trainer"},
@@ -282,11 +283,21 @@ LAYERS = {
 }
 
 
+# What drives a search (its slots run through the executors; its submit, status, cancel
+# and resume): the part of clusterjob.search above launch, below the command line. The
+# rest of the package is what both sides read of a search, below the runner.
+SEARCH_DRIVERS = {"clusterjob.search.slots", "clusterjob.search.slurmarray", "clusterjob.search.slotdriver",
+                  "clusterjob.search.commands"}
+
+
 def part_of(name: str) -> str:
-    """The layer of a module: its subpackage, or its own name at the top level."""
+    """The layer of a module: its subpackage (a search's drivers apart), or its own name
+    at the top level."""
     parts = name.split(".")
     if len(parts) == 1:
         return ""
+    if name in SEARCH_DRIVERS:
+        return "search drivers"
     return "cli" if parts[1] == "__main__" else parts[1]
 
 

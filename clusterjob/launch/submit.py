@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from clusterjob.core import claim, metrics, precision, runstate, sweep, units
 from clusterjob.core.errors import BadInput, escape
@@ -28,21 +28,17 @@ from clusterjob.launch.progress import LiveLine
 from clusterjob.spec import envvars
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, expand_sweep, load_spec, spec_parts
 
-if TYPE_CHECKING:  # a search's slots: their module (and every executor's) is imported for a search only
-    from clusterjob.launch.searchslots import Slots
 
-
-def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wait: bool = False,
-           dry_run: bool = False, preflight: bool = True, after: Sequence[str] = ()) -> int:
-    """``clusterjob submit``: exit status 0 when submitted (with --wait: all completed).
-    With ``after`` (``--after``) each run starts once those runs completed."""
-    spec = load_spec(spec_path, overrides)
-    if spec.search is not None:
-        return _submit_search(spec, executor_name, wait, dry_run, preflight, after)
+def submit(spec: Spec, executor_name: str = "auto", wait: bool = False, dry_run: bool = False,
+           preflight: bool = True, after: Sequence[str] = ()) -> int:
+    """``clusterjob submit`` of a spec that is no search (clusterjob.search.commands
+    submits those): exit status 0 when submitted (with --wait: all completed). With
+    ``after`` (``--after``) each run starts once those runs completed."""
+    assert spec.search is None  # the command line picks clusterjob.search.commands.submit for a search
     points = expand_sweep(spec)
     check_paths(spec)
     deps = dependencies(spec, chain.resolve(after))
-    chosen = _dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
+    chosen = dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
     chosen.check(spec, len(points), preflight=preflight and not dry_run, after=deps)
     if dry_run:
         for line in chosen.preview(spec, len(points), deps):
@@ -71,60 +67,6 @@ def submit(spec_path: str, overrides: list[str], executor_name: str = "auto", wa
     return _follow(spec, runs, chosen, wait)
 
 
-def _submit_search(spec: Spec, executor_name: str, wait: bool, dry_run: bool, preflight: bool,
-                   after: Sequence[str]) -> int:
-    """A search (docs/design.md, "Search"): its folder, study and slots, which its
-    executor runs (clusterjob.launch.searchslots); its trials are made as the slots take
-    them (clusterjob.search.trials)."""
-    from clusterjob.launch import searchslots
-    from clusterjob.search import trials
-
-    if after:
-        raise BadInput("--after: a search cannot wait for other runs yet; submit it once they completed")
-    check_paths(spec)
-    chosen = _dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
-    slots = searchslots.of(chosen)
-    slots.check(spec, preflight=preflight and not dry_run)
-    if dry_run:
-        for line in slots.preview(spec, Path(spec.output.root) / spec.name / "<search-id>"):
-            print(line)
-        return 0
-    envvars.hand_down_secrets(spec.env)
-    folder = trials.make(spec, chosen.name, claim_as="clusterjob submit")
-    try:
-        lines = slots.start(spec, folder, follow=wait)
-    except BaseException:  # nothing started (sbatch refused the array, Ctrl-C): nothing left behind
-        claim.release(folder)
-        trials.remove(folder)
-        raise
-    for line in [*lines, *trials.started_lines(folder)]:
-        print(line, flush=True)
-    return wait_search(spec, folder, slots) if wait else 0
-
-
-def wait_search(spec: Spec, folder: Path, slots: Slots) -> int:
-    """Follow a search in this process: each trial's summary as it ends, then the report
-    of its trials; 0 when every trial completed or was pruned."""
-    from clusterjob.search import trials
-
-    live = LiveLine(sys.stdout)
-
-    def ended(run: RunDir, info: RunRecord) -> None:
-        live.clear()
-        print(summary_line(info, run))
-
-    try:
-        waited = slots.wait(spec, folder, Watch(progress=live.show, ended=ended))
-    finally:
-        claim.release(folder)
-    runs = trials.trial_runs(folder)
-    if runs:
-        print_report(runs)
-    if waited.stop_signal:
-        return 128 + waited.stop_signal
-    return 0 if all(run.read().status in (runstate.COMPLETED, runstate.PRUNED) for run in runs) else 1
-
-
 def amp_lines(specs: Sequence[Spec], ranks_here: bool) -> list[str]:
     """What ``train.amp`` will be, once per distinct answer: the built-in trainer's runs
     only (your own code sets its own precision)."""
@@ -133,7 +75,7 @@ def amp_lines(specs: Sequence[Spec], ranks_here: bool) -> list[str]:
     return list(dict.fromkeys(line for line in lines if line is not None))
 
 
-def _dry_run_executor(requested: str) -> Executor:
+def dry_run_executor(requested: str) -> Executor:
     """The executor a dry run shows: a named one even where it cannot run (a dry run
     sends nothing, so it needs no cluster), with a note on stderr of what went unchecked."""
     if requested == "auto":

@@ -1,8 +1,8 @@
 """A search's folder and its trials as run folders (docs/design.md, "Search"): what
 ``submit`` makes, what its slots take (the local supervisor's and each Slurm slot's
 ``Feed``), and what ``resume`` reopens. The commands themselves (submit, resume, cancel,
-status) are clusterjob.launch.submit's and clusterjob.launch.searchcmd's; how each
-executor runs the slots is clusterjob.launch.searchslots'.
+status) are clusterjob.search.commands'; how each
+executor runs the slots is clusterjob.search.slots'.
 
 A trial is an ordinary run: a folder ``<search>/<id>-NNN`` with its spec.yaml (the
 search's spec without its search, the trial's values applied), run.json (its params, and

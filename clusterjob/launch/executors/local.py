@@ -105,7 +105,7 @@ class LocalExecutor(Executor):
     def supervise(self, spec: Spec, runs: list[RunDir], watch: Watch, slots: list,
                   feed: Optional[sup.Feed] = None) -> tuple[sup.Supervisor, list[RunRecord]]:
         """A supervisor in this process runs ``runs`` (and the runs ``feed`` gives its free
-        slots: a search's trials, clusterjob.launch.searchslots) in ``slots``, showing their
+        slots: a search's trials, clusterjob.search.slots) in ``slots``, showing their
         progress; with several slots each line starts with its run's id."""
         stall_s = spec.health.stall_s if spec.health is not None else None
         tail = ProgressTail(runs, own_code=spec.entrypoint is not None, stall_s=stall_s)

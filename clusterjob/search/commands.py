@@ -2,22 +2,32 @@
 folder (a summary of its trials above their table), ``cancel`` of its folder (every slot
 stops; no trial is taken after it) and ``resume`` of its folder (the trials that did not
 end go on from their checkpoints, then the slots take new ones; ``--set
-search.trials=N`` raises the count). ``submit`` of a search is clusterjob.launch.submit's.
+search.trials=N`` raises the count) and ``submit`` of a search (its folder, study and
+slots, followed with ``--wait``).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from clusterjob.core import claim, runstate, units
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir
 from clusterjob.core.runstate import STATUSES, UNKNOWN
 from clusterjob.launch import executor
+from clusterjob.launch import submit as submitting
+from clusterjob.launch.executor import Watch
+from clusterjob.launch.progress import LiveLine
 from clusterjob.search import record as searchmod
+from clusterjob.search import slots as slotsmod
 from clusterjob.search import trials as trialmod
-from clusterjob.spec.schema import check_paths, load_spec
+from clusterjob.search.slots import Slots
+from clusterjob.spec import envvars
+from clusterjob.spec.schema import Spec, check_paths, load_spec
 from clusterjob.spec.yamlfile import override_value
 
 COUNTED = (runstate.COMPLETED, runstate.RUNNING, runstate.PRUNED, runstate.FAILED, runstate.CANCELLED)
@@ -68,13 +78,11 @@ def best_trial(folder: Path) -> Optional[tuple]:
 def cancel(folder: Path) -> int:
     """``clusterjob cancel SEARCH``: the request in search.json (no slot takes a trial
     after it), then every unfinished trial cancelled through the search's executor."""
-    from clusterjob.launch import searchslots
-
     record, _ = searchmod.read(folder)
     owner = executor.get(record.executor) if record.executor else None
     if owner is None:
         raise BadInput(f"{folder}: its search.json names no executor this clusterjob has; stop its processes by hand")
-    slots = searchslots.of(owner)
+    slots = slotsmod.of(owner)
     if all(run.read().status in runstate.FINAL_STATUSES for run in trialmod.trial_runs(folder)) \
             and slots.live(folder, record) is None:
         raise BadInput(f"{folder}: the search runs no trial; there is nothing to cancel")
@@ -88,11 +96,9 @@ def cancel(folder: Path) -> int:
 def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
     """``clusterjob resume SEARCH [--set search.trials=N]``: refused while a slot of it
     runs; else its stopped trials reopened and its slots started again."""
-    from clusterjob.launch import searchslots
-
     trials = _trials_override(overrides)
     record, _ = searchmod.read(folder)
-    slots = searchslots.of(executor.choose(record.executor or "local"))
+    slots = slotsmod.of(executor.choose(record.executor or "local"))
     spec = load_spec(folder / trialmod.SPEC_FILE)
     check_paths(spec)
     with claim.claimed(folder, "clusterjob resume"):
@@ -109,8 +115,6 @@ def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
             print(line)
         if not wait:
             return 0
-        from clusterjob.launch.submit import wait_search
-
         return wait_search(spec, folder, slots)
 
 
@@ -140,3 +144,52 @@ def _trials_override(overrides: list[str]) -> Optional[int]:
             raise BadInput(f"--set {text}: resume of a search takes only search.trials=N (a whole number above 0)")
         trials = value
     return trials
+
+
+def submit(spec: Spec, executor_name: str, wait: bool, dry_run: bool, preflight: bool,
+           after: Sequence[str]) -> int:
+    """A search (docs/design.md, "Search"): its folder, study and slots, which its
+    executor runs (clusterjob.search.slots); its trials are made as the slots take
+    them (clusterjob.search.trials)."""
+    if after:
+        raise BadInput("--after: a search cannot wait for other runs yet; submit it once they completed")
+    check_paths(spec)
+    chosen = submitting.dry_run_executor(executor_name) if dry_run else executor.choose(executor_name)
+    slots = slotsmod.of(chosen)
+    slots.check(spec, preflight=preflight and not dry_run)
+    if dry_run:
+        for line in slots.preview(spec, Path(spec.output.root) / spec.name / "<search-id>"):
+            print(line)
+        return 0
+    envvars.hand_down_secrets(spec.env)
+    folder = trialmod.make(spec, chosen.name, claim_as="clusterjob submit")
+    try:
+        lines = slots.start(spec, folder, follow=wait)
+    except BaseException:  # nothing started (sbatch refused the array, Ctrl-C): nothing left behind
+        claim.release(folder)
+        trialmod.remove(folder)
+        raise
+    for line in [*lines, *trialmod.started_lines(folder)]:
+        print(line, flush=True)
+    return wait_search(spec, folder, slots) if wait else 0
+
+
+def wait_search(spec: Spec, folder: Path, slots: Slots) -> int:
+    """Follow a search in this process: each trial's summary as it ends, then the report
+    of its trials; 0 when every trial completed or was pruned."""
+    live = LiveLine(sys.stdout)
+
+    def ended(run: RunDir, info: RunRecord) -> None:
+        live.clear()
+        print(submitting.summary_line(info, run))
+
+    try:
+        waited = slots.wait(spec, folder, Watch(progress=live.show, ended=ended))
+    finally:
+        claim.release(folder)
+    runs = trialmod.trial_runs(folder)
+    if runs:
+        submitting.print_report(runs)
+    if waited.stop_signal:
+        return 128 + waited.stop_signal
+    return 0 if all(run.read().status in (runstate.COMPLETED, runstate.PRUNED) for run in runs) else 1

@@ -1,6 +1,6 @@
 """A search's Slurm array (docs/design.md, "Search"): one job array of
 ``search.parallel`` tasks, each a slot whose batch script runs the slot driver
-(clusterjob.launch.searchslot) on its first node. Submitted with sbatch (``--parsable``),
+(clusterjob.search.slotdriver) on its first node. Submitted with sbatch (``--parsable``),
 its id recorded in search.json; followed, refused while queued, and cancelled once for all
 its slots. The array task id is the slot's number.
 """
@@ -24,7 +24,7 @@ from clusterjob.spec.schema import Spec
 
 SLOTS = "slots"  # the slots' own logs, in the search's folder
 SCRIPT = "slots.sbatch"
-DRIVER = "clusterjob.launch.searchslot"
+DRIVER = "clusterjob.search.slotdriver"
 POLL_S = 2.0
 
 

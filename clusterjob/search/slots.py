@@ -6,7 +6,7 @@ the study (clusterjob.search.trials.Feed) and runs each as an ordinary run.
   ``search.parallel`` slots of the machine each take their next trial as they come free,
   every trial supervised as any local run is (clusterjob.launch.supervisor);
 - slurm: one job array of ``search.parallel`` tasks, each a slot whose batch script runs
-  the slot driver (clusterjob.launch.searcharray, clusterjob.launch.searchslot).
+  the slot driver (clusterjob.search.slurmarray, clusterjob.search.slotdriver).
 
 Another package's executor runs no search: ``of`` says so at submit, before anything is
 written. The checks and the cancel of single runs are the executor's own (``check``,
@@ -24,18 +24,18 @@ from typing import Optional
 from clusterjob.core import claim, procs, slurmctl
 from clusterjob.core.errors import BadInput
 from clusterjob.core.runstate import FINAL_STATUSES
-from clusterjob.launch import searcharray
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.executor import Executor, Waited, Watch, views
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
 from clusterjob.launch.slots import Slot
 from clusterjob.search import record as searchmod
+from clusterjob.search import slurmarray
 from clusterjob.search.record import SearchRecord
 from clusterjob.search.trials import SPEC_FILE, Feed, trial_runs
 from clusterjob.spec.schema import Spec, load_spec
 
-LOCAL_SUPERVISOR = "clusterjob.launch.searchslots"  # python -m: the detached supervisor of a local search
+LOCAL_SUPERVISOR = "clusterjob.search.slots"  # python -m: the detached supervisor of a local search
 
 
 class Slots(abc.ABC):
@@ -162,7 +162,7 @@ def _ref_dict(ref: Optional[procs.ProcessRef]) -> Optional[dict]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m clusterjob.launch.searchslots CLAIM_FD SEARCH``: the detached supervisor
+    """``python -m clusterjob.search.slots CLAIM_FD SEARCH``: the detached supervisor
     of a local search. It holds the search's claim (handed over by ``submit`` or
     ``resume``: -1 for none) while it runs, and ends once every trial is taken and ended
     (or it was stopped)."""
@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
 
 
 class SlurmSlots(Slots):
-    """One job array of ``search.parallel`` tasks, each a slot (clusterjob.launch.searcharray)."""
+    """One job array of ``search.parallel`` tasks, each a slot (clusterjob.search.slurmarray)."""
 
     def check(self, spec: Spec, preflight: bool = True) -> None:
         assert spec.search is not None  # only a search is checked here
@@ -193,17 +193,17 @@ class SlurmSlots(Slots):
                                f"MaxArraySize ({most}), the most tasks of one array; set parallel to at most {most}")
 
     def preview(self, spec: Spec, folder: Path) -> list[str]:
-        return searcharray.preview(spec, folder)
+        return slurmarray.preview(spec, folder)
 
     def start(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        lines = searcharray.start(spec, folder)
+        lines = slurmarray.start(spec, folder)
         claim.release(folder)  # handed over: the queue says whether it runs
         return lines
 
     def wait(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
         """Until no slot is in the queue; each trial's summary then."""
         try:
-            searcharray.wait(folder)
+            slurmarray.wait(folder)
         except KeyboardInterrupt:
             print(f"\nstopped waiting; the search goes on: clusterjob status {folder}", file=sys.stderr)
             raise
@@ -214,10 +214,10 @@ class SlurmSlots(Slots):
         return Waited(records)
 
     def live(self, folder: Path, record: SearchRecord) -> Optional[str]:
-        return searcharray.live(folder)
+        return slurmarray.live(folder)
 
     def cancel(self, folder: Path, record: SearchRecord, wait_s: float) -> list[str]:
-        return searcharray.cancel(folder, trial_runs(folder), wait_s)
+        return slurmarray.cancel(folder, trial_runs(folder), wait_s)
 
 
 if __name__ == "__main__":

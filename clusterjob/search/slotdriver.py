@@ -1,7 +1,7 @@
 """A search's slots on Slurm (docs/design.md, "Search"): one job array of
 ``search.parallel`` tasks, whose batch script runs the slot driver
 
-    python -m clusterjob.launch.searchslot SEARCH_FOLDER
+    python -m clusterjob.search.slotdriver SEARCH_FOLDER
 
 on the array task's first node. The driver (stdlib and the spec, no torch) loops: it
 takes its slot's next trial from the study (the one it holds, if any: a requeued task
@@ -28,8 +28,8 @@ from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir
 from clusterjob.launch.executors import slurm
 from clusterjob.launch.resources import SESSION_MARK
-from clusterjob.launch.searcharray import escaped
 from clusterjob.search import record as searchmod
+from clusterjob.search.slurmarray import escaped
 from clusterjob.search.study import ENDS
 from clusterjob.search.trials import Feed
 from clusterjob.spec.schema import Spec
