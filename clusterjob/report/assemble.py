@@ -129,7 +129,8 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
     derives it (``reading.with_states``); BadInput for a bad DIR, key, metric or mode.
     Writes nothing: ``Report.save_cache`` does."""
     try:
-        results = with_states(collect(root, cache=cache), states)
+        fields = [name for provider in providers for name in provider.fields]
+        results = with_states(collect(root, cache=cache, fields=fields), states)
     except FileNotFoundError:
         raise no_runs(root) from None
     if not results.infos:

@@ -236,6 +236,7 @@ class CostColumns(Provider):
     """compute, queued and lost of each run (and summed over a group's runs), when some run
     of the report ran in a Slurm job."""
 
+    fields = ("slurm_job_id", "sessions", "search")  # the jobs a run held, a search's trials not billed
     run_columns = COLUMNS
     group_columns = tuple(f"{column}_sum" for column in COLUMNS)
     reserved = COLUMNS  # a metric named gpu_hours is not the cost

@@ -119,6 +119,7 @@ class EfficiencyColumns(Provider):
     """gpu_util, gpu_mem_peak and idle GPU-h of each run (and of each group), when some run
     of the experiment sampled its GPUs; the low-utilisation warning of each run."""
 
+    fields = ("world_size",)  # the ranks the input wait is averaged over
     run_columns = (*COLUMNS, WARNING)
     group_columns = COLUMNS
     legend = TEXT

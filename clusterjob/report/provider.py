@@ -91,8 +91,11 @@ class Provider:
       group's come from its runs', after it in the grouped table's.
     - ``notes_heading``: the heading of its per-run notes under the md table.
     - ``summary_key``: the json key of its line on an experiment ("" for none).
+    - ``fields``: the run.json fields it reads from each run's row beyond the tables' own
+      (``reading.TABLE_FIELDS``); the report reads every provider's.
     """
 
+    fields: tuple = ()
     run_columns: tuple = ()
     group_columns: tuple = ()
     reserved: tuple = ()

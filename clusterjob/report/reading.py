@@ -34,7 +34,7 @@ from clusterjob.core.rundir import METRICS_FILE, NO_STAMP, FoundRun, file_stamp,
 from clusterjob.core.runstate import FINAL_STATUSES, UNKNOWN
 from clusterjob.report import specfile
 
-__all__ = ["ResultsWarning", "Results", "RunStates", "collect", "with_states"]
+__all__ = ["ResultsWarning", "Results", "RunStates", "collect", "row_fields", "with_states"]
 
 # The records of run folders as their executors see them now (the queue, the processes):
 # clusterjob.launch.executor.records, the one derivation ``status`` and ``logs -f`` use,
@@ -43,8 +43,9 @@ RunStates = Callable[[list], list]
 
 CACHE_NAME = ".clusterjob-cache.npz"
 # 3: the lines of one step meet in one row (each metric at its own steps); 4: sessions;
-# 5: the spec's values, stopped_at and attempts; 6: straggler; 7: a trial's search and prune verdict
-CACHE_VERSION = 7
+# 5: the spec's values, stopped_at and attempts; 6: straggler; 7: a trial's search and prune verdict;
+# 8: the row fields it holds named in its header
+CACHE_VERSION = 8
 
 
 class ResultsWarning(UserWarning):
@@ -70,6 +71,7 @@ class CachePlan:
     parsed: list
     names: list
     matrix: np.ndarray
+    fields: tuple  # the run.json fields of each row
 
 
 @dataclass
@@ -129,12 +131,28 @@ class Results:
 # ---------------------------------------------------------------- one run
 
 
-_ROW_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
-               "finished_at", "stopped_at", "final", "sessions", "attempts", "straggler", "search", "pruned")
+# The run.json fields of every run's row that the tables read (tables.runs_frame, stats); a
+# report provider names the others it reads (``Provider.fields``), and ``collect`` adds
+# them: a new family of columns never edits this list.
+TABLE_FIELDS = ("params", "slurm_job_id", "world_size", "requeues", "backend", "amp", "git_sha", "started_at",
+                "finished_at", "stopped_at", "final", "sessions", "attempts", "straggler", "search", "pruned")
+# its fields and what it derives from them (slurm_job_id, from its job)
+_RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(record.RunRecord)) | frozenset(
+    name for name, value in vars(record.RunRecord).items() if isinstance(value, property))
 
 
-def _info(info: record.RunRecord, run: FoundRun, spec: Optional[dict]) -> dict:
-    """The run's row of fields (the tables want mappings), gaps filled from the folder names."""
+def row_fields(more: Sequence[str] = ()) -> tuple:
+    """The run.json fields a row carries: the tables' and ``more`` (in that order, once
+    each). Raises ValueError for a name that is no field of run.json (a provider's typo
+    would otherwise be a column of None)."""
+    unknown = sorted(set(more) - _RECORD_FIELDS)
+    if unknown:
+        raise ValueError(f"not fields of {record.INFO_FILE}: {', '.join(unknown)}")
+    return tuple(dict.fromkeys((*TABLE_FIELDS, *more)))
+
+
+def _info(info: record.RunRecord, run: FoundRun, spec: Optional[dict], fields: Sequence[str]) -> dict:
+    """The run's row of ``fields`` (the tables want mappings), gaps filled from the folder names."""
     folder = Path(os.path.abspath(run.path))  # string work only: no syscalls per run
     error = info.error or record.RunError(None, None)
     return {
@@ -142,14 +160,14 @@ def _info(info: record.RunRecord, run: FoundRun, spec: Optional[dict]) -> dict:
         "run_id": info.run_id or folder.name,
         "name": info.name or folder.parent.name,
         "status": info.status or UNKNOWN,
-        **{key: record.to_json(getattr(info, key)) for key in _ROW_FIELDS},  # sessions as run.json holds them
+        **{key: record.to_json(getattr(info, key)) for key in fields},  # sessions as run.json holds them
         "error": error.message,
         "error_rank": error.rank,
         "spec": spec,
     }
 
 
-def _parse_run(run: FoundRun, specs: specfile.Reader, lines: tuple) -> ParsedRun:
+def _parse_run(run: FoundRun, specs: specfile.Reader, lines: tuple, fields: Sequence[str]) -> ParsedRun:
     """Read one run folder (its spec.yaml through ``specs``; ``lines``: its metrics.jsonl
     as ``metrics.read_matrices`` read it); never raises for damaged files."""
     reading = record.read(record.info_path(run.path))
@@ -157,7 +175,7 @@ def _parse_run(run: FoundRun, specs: specfile.Reader, lines: tuple) -> ParsedRun
     problems = reading.file_problems
     if problems and reading.empty and not names:
         problems = [f"{record.INFO_FILE} and {METRICS_FILE} are both unreadable"]
-    info = _info(reading.record, run, specs.read(run.path))
+    info = _info(reading.record, run, specs.read(run.path), fields)
     return ParsedRun(info, problems + reading.field_problems + more, names, matrix)
 
 
@@ -166,18 +184,20 @@ def _parse_run(run: FoundRun, specs: specfile.Reader, lines: tuple) -> ParsedRun
 
 @dataclass
 class Cache:
-    """The parsed runs of a root as last saved: {key: (stamp, ParsedRun)} and the
-    stacked matrix they came from."""
+    """The parsed runs of a root as last saved: {key: (stamp, ParsedRun)}, the stacked
+    matrix they came from and the run.json fields each row holds."""
 
     runs: dict
     names: list
     matrix: np.ndarray
+    fields: tuple
 
 
-def _load_cache(root: Path) -> Optional[Cache]:
-    """The root's cache; None when absent, unreadable, or not exactly what ``_save_cache``
-    writes. The folder may be shared: a foreign or tampered file must cost a re-read of
-    the runs, never a crash, so every array, type and count is checked before use."""
+def _load_cache(root: Path, fields: tuple = TABLE_FIELDS) -> Optional[Cache]:
+    """The root's cache; None when absent, unreadable, not exactly what ``_save_cache``
+    writes, or when its rows lack one of ``fields``. The folder may be shared: a foreign or
+    tampered file must cost a re-read of the runs, never a crash, so every array, type and
+    count is checked before use."""
     path = root / CACHE_NAME
     if file_stamp(str(path)) == NO_STAMP:  # absent, or a FIFO or device np.load would block on
         return None
@@ -187,9 +207,9 @@ def _load_cache(root: Path) -> Optional[Cache]:
                 return None
             header = _header(npz["header"])
             matrix = npz["values"]
-        if header is None or not _fits(header, matrix):
+        if header is None or not _fits(header, matrix) or not set(fields) <= set(header["fields"]):
             return None
-        return Cache(_runs_from_cache(header, matrix), header["names"], matrix)
+        return Cache(_runs_from_cache(header, matrix), header["names"], matrix, tuple(header["fields"]))
     except Exception:  # any unreadable cache is only a slower start, never an error
         return None
 
@@ -206,7 +226,11 @@ def _header(raw: np.ndarray) -> Optional[dict]:
         return None
     if not (isinstance(bases, dict) and all(isinstance(b, dict) and specfile.is_flat_spec(b) for b in bases.values())):
         return None
-    return header if isinstance(runs, list) and all(map(_entry_ok, runs)) else None
+    fields = header.get("fields")
+    if not (isinstance(fields, list) and all(isinstance(f, str) for f in fields) and set(fields) <= _RECORD_FIELDS):
+        return None
+    keys = _FIXED_KEYS | set(fields)
+    return header if isinstance(runs, list) and all(_entry_ok(entry, keys) for entry in runs) else None
 
 
 def _fits(header: dict, matrix: np.ndarray) -> bool:
@@ -223,10 +247,10 @@ def _fits(header: dict, matrix: np.ndarray) -> bool:
 
 _ENTRY_INFO: dict[str, Any] = {"path": str, "run_id": str, "name": str, "status": str, "error": (str, type(None)),
                "error_rank": (int, type(None))}
-_INFO_KEYS = frozenset(_ENTRY_INFO) | frozenset(_ROW_FIELDS) | {"spec"}  # exactly what _info returns
+_FIXED_KEYS = frozenset(_ENTRY_INFO) | {"spec"}  # what _info returns besides the row fields
 
 
-def _entry_ok(entry: object) -> bool:
+def _entry_ok(entry: object, keys: frozenset) -> bool:
     """Whether one cached run is what ``_save_cache`` writes: key, stamp, a run's fields as
     ``_info`` makes them (run.json's fields passing ``record.checked`` with no problem),
     problems as text, and its rows and columns."""
@@ -240,18 +264,19 @@ def _entry_ok(entry: object) -> bool:
     if not all(type(c) is int and c >= 0 for c in cols) or len(set(cols)) != len(cols):
         return False
     problems = entry.get("problems")
-    return isinstance(problems, list) and all(isinstance(p, str) for p in problems) and _info_ok(entry.get("info"))
+    texts = isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+    return texts and _info_ok(entry.get("info"), keys)
 
 
-def _info_ok(info: object) -> bool:
-    if not isinstance(info, dict) or set(info) != _INFO_KEYS:
+def _info_ok(info: object, keys: frozenset) -> bool:
+    if not isinstance(info, dict) or set(info) != keys:
         return False
     if not all(isinstance(info[key], kind) and type(info[key]) is not bool for key, kind in _ENTRY_INFO.items()):
         return False
     if not specfile.is_encoded(info["spec"]):
         return False
     checked, problems = record.checked({k: v for k, v in info.items() if k not in _ENTRY_INFO and k != "spec"})
-    return not problems and checked.final == info["final"] and checked.params == info["params"]
+    return not problems and checked.final == info.get("final") and checked.params == info.get("params")
 
 
 def _runs_from_cache(header: dict, matrix: np.ndarray) -> dict:
@@ -289,7 +314,8 @@ def _save_cache(plan: CachePlan) -> None:
     ]
     tmp = plan.root / f"{CACHE_NAME}.{os.getpid()}.tmp"
     try:
-        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "spec_bases": bases, "runs": entries},
+        header = json.dumps({"version": CACHE_VERSION, "names": plan.names, "spec_bases": bases, "runs": entries,
+                             "fields": list(plan.fields)},
                             separators=(",", ":"), check_circular=False)  # plain data: no cycle to look for
         with open(tmp, "wb") as f:
             np.savez(f, header=np.frombuffer(header.encode("utf-8"), np.uint8), values=plan.matrix)
@@ -322,14 +348,15 @@ def _stack(parsed: list, names: list) -> np.ndarray:
     return out
 
 
-def _parse_all(runs: list, cached: dict) -> tuple:
-    """Parsed runs (from the cache where the stamps match) and whether any was re-read."""
+def _parse_all(runs: list, cached: dict, fields: tuple) -> tuple:
+    """Parsed runs (from the cache where the stamps match; the others with ``fields``) and
+    whether any was re-read."""
     hits = [cached.get(run.key) for run in runs]
     missed = [run for run, hit in zip(runs, hits) if hit is None or hit[0] != run.stamp]
     # every metrics.jsonl read afresh at once: files of one layout are parsed together
     lines = iter(metrics.read_matrices([os.path.join(run.path, METRICS_FILE) for run in missed]))
     specs = specfile.Reader()  # a sweep's specs differ in a line or two: read as such
-    parsed = [hit[1] if hit is not None and hit[0] == run.stamp else _parse_run(run, specs, next(lines))
+    parsed = [hit[1] if hit is not None and hit[0] == run.stamp else _parse_run(run, specs, next(lines), fields)
               for run, hit in zip(runs, hits)]
     return parsed, bool(missed)
 
@@ -347,21 +374,24 @@ def _runs_of(root: "str | os.PathLike | Sequence") -> tuple[Path, list[FoundRun]
     return root, runs, not (len(runs) == 1 and runs[0].key == ".")
 
 
-def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results:
+def collect(root: "str | os.PathLike | Sequence", cache: bool = True, fields: Sequence[str] = ()) -> Results:
     """Read every run under ``root``; the basis of load_runs, load_epochs and reports.
 
     ``root`` may also be a list of run folders (as ``submit --wait`` has): those
     runs only, without a cache. With ``cache`` the cache is read, and
-    ``Results.save_cache()`` writes it back when it changed. Emits no warnings
-    itself (see ``Results.warnings``); raises FileNotFoundError when ``root`` is
-    not a folder.
+    ``Results.save_cache()`` writes it back when it changed. Each run's row holds
+    the tables' run.json fields and ``fields`` (``row_fields``); a cache whose rows
+    lack one is read afresh. Emits no warnings itself (see ``Results.warnings``);
+    raises FileNotFoundError when ``root`` is not a folder.
     """
+    wanted = row_fields(fields)
     with many_reads():
         root, runs, use_cache = _runs_of(root)
         use_cache = use_cache and cache
-        saved = _load_cache(root) if use_cache else None
+        saved = _load_cache(root, wanted) if use_cache else None
         cached = saved.runs if saved else {}
-        parsed, fresh = _parse_all(runs, cached)
+        wanted = saved.fields if saved else wanted  # the runs read afresh match the cached rows
+        parsed, fresh = _parse_all(runs, cached, wanted)
     unchanged = saved is not None and not fresh and list(cached) == [run.key for run in runs]
     if unchanged:  # the cached matrix is exactly what _stack would build
         assert saved is not None  # unchanged says so
@@ -369,7 +399,7 @@ def collect(root: "str | os.PathLike | Sequence", cache: bool = True) -> Results
     else:
         names = _union_names(parsed)
         matrix = _stack(parsed, names)
-    plan = CachePlan(root, runs, parsed, names, matrix) if use_cache and not unchanged else None
+    plan = CachePlan(root, runs, parsed, names, matrix, wanted) if use_cache and not unchanged else None
     columns = {name: matrix[:, i] for i, name in enumerate(names)}
     lengths = np.array([len(p.values) for p in parsed], dtype=np.int64)
     return Results(root, [p.info for p in parsed], [p.problems for p in parsed], lengths, columns, plan)

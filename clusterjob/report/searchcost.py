@@ -166,6 +166,7 @@ class SearchHoursLine(Provider):
     """The line of a search's hours above its experiment's tables, and json's ``search_hours``."""
 
     summary_key = "search_hours"
+    fields = cost.CostColumns.fields  # the search's hours are its trials' jobs, as the cost's
 
     def summary(self, runs: Runs) -> Optional[SearchHours]:
         """The search's hours, when the experiment's runs are the trials of one search."""

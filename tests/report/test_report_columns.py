@@ -126,3 +126,36 @@ def test_a_provider_that_adds_nothing_leaves_every_format_as_it_was(reports):
     for fmt in ("md", "csv", "json", "html"):
         for runs in (False, True):
             assert render(bare, fmt, runs) == render(plain, fmt, runs), (fmt, runs)
+
+
+class Hosts(Provider):
+    """A family that reads a run.json field the tables do not (``hosts``), named in ``fields``."""
+
+    fields = ("hosts",)
+    run_columns = ("hosts_seen",)
+
+    def columns(self, runs: Runs) -> pd.DataFrame:
+        return pd.DataFrame({"hosts_seen": [",".join(info["hosts"]) for info in runs.results.infos]})
+
+
+def test_a_provider_reads_the_run_fields_it_names_through_the_cache_of_a_report_without_it(tmp_path):
+    root = sweep(tmp_path / "results")
+    plain = build_report(root)  # its cache holds the tables' fields only
+    plain.save_cache()
+    assert "hosts" not in plain.results.infos[0]
+    first = build_report(root, providers=(*assemble.PROVIDERS, Hosts()))
+    assert first.runs["hosts_seen"].tolist() == ["n1"] * 6
+    first.save_cache()
+    cached = build_report(root, providers=(*assemble.PROVIDERS, Hosts()))
+    assert cached.results.cache_plan is None  # every row read from the cache, hosts and all
+    assert cached.runs["hosts_seen"].tolist() == ["n1"] * 6
+    again = build_report(root)  # the cache's rows hold more than the tables need: still used
+    assert again.results.cache_plan is None and again.runs.equals(plain.runs)
+
+
+def test_a_provider_naming_no_field_of_the_run_record_is_refused(tmp_path):
+    class Typo(Provider):
+        fields = ("hostz",)
+
+    with pytest.raises(ValueError, match="not fields of run.json: hostz"):
+        build_report(sweep(tmp_path / "results"), cache=False, providers=(Typo(),))
