@@ -60,7 +60,7 @@ def run(name: str, command: str, argv: Sequence[str], args: Any) -> int:
     if command == "report" and args.out:
         return _report(session, argv, args.out)
     if any(flag in argv for flag in DETACHED.get(command, ())):
-        base = detached.start(session.conn, session.project, session.command(argv))
+        base = detached.start(session.conn, session.scratch, session.command(argv))
         return detached.follow(session.conn, cluster.python, base, cluster.name)
     done = session.run(argv)
     if done.returncode == LOST:
@@ -98,7 +98,7 @@ def _holds(raw: Mapping, dotted: str) -> bool:
 
 def _report(session: Session, argv: list[str], out: str) -> int:
     """The report written there to a file of its own, then brought back to ``out``."""
-    there = f"{session.project}/{detached.RUNS_FOLDER}/report-{os.getpid()}-{Path(out).name}"
+    there = f"{session.scratch}/report-{os.getpid()}-{Path(out).name}"
     done = session.run([*_without(argv, "--out"), f"--out={there}"])
     if done.returncode != 0:
         return done.returncode

@@ -21,16 +21,14 @@ from clusterjob.remote import follower
 from clusterjob.remote.ssh import LOST, Connection, remote_path
 
 RECONNECT_GIVE_UP_S = 6 * 3600  # a cluster down for longer: follow it again by hand
-RUNS_FOLDER = ".clusterjob-remote"  # under the cluster's workdir: each detached command's files
 
 
-def start(conn: Connection, workdir: str, command: str) -> str:
-    """Start ``command`` (a quoted line) detached; the base path of its files there."""
-    base = f"{workdir}/{RUNS_FOLDER}/{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+def start(conn: Connection, folder: str, command: str) -> str:
+    """Start ``command`` (a quoted line) detached; the base path of its files in ``folder`` there."""
+    base = f"{folder}/{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
     q = shlex.quote
     script = f"{command} >{q(base + '.out')} 2>{q(base + '.err')} </dev/null; echo $? >{q(base + '.rc')}"
-    line = (f"mkdir -p {remote_path(workdir + '/' + RUNS_FOLDER)} && "
-            f"nohup sh -c {q(script)} >/dev/null 2>&1 </dev/null &")
+    line = f"nohup sh -c {q(script)} >/dev/null 2>&1 </dev/null &"
     done = conn.run(line)
     if done.returncode != 0:
         raise Failure(f"could not start the command on {conn.host}: {_last_line(done.stderr)}")

@@ -9,6 +9,7 @@ same folder below it as here, so relative paths (a spec, ``results/...``) mean t
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from clusterjob.remote.clusters import ENV_CLUSTER, Cluster
 from clusterjob.remote.ssh import LOST, Connection, remote_command, remote_path
 
 MARK = "clusterjob-remote:"  # the line before the answers of the first command
+SCRATCH = ".clusterjob-remote"  # under the workdir there: the files of detached commands and reports
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,11 @@ class Session:
     source: Path  # the project here
     project: str  # its folder there, absolute
     cwd: str  # the working folder there
+
+    @property
+    def scratch(self) -> str:
+        """The folder there for the files of detached commands and reports."""
+        return f"{os.path.dirname(self.project)}/{SCRATCH}"
 
     def command(self, argv: Sequence[str]) -> str:
         """``clusterjob ARGV`` there, in the working folder, with no cluster of its own."""
@@ -46,20 +53,22 @@ def open_session(cluster: Cluster) -> Session:
     source = project_root()
     relative = os.path.relpath(os.path.realpath(os.getcwd()), os.path.realpath(source))
     folder = f"{cluster.workdir.rstrip('/')}/{source.name}"
-    line = (f"mkdir -p {remote_path(folder)} && cd {remote_path(folder)} && echo {MARK} && pwd && "
-            f"{remote_path(cluster.python)} -m clusterjob --version")
+    scratch = f"{cluster.workdir.rstrip('/')}/{SCRATCH}"
+    line = (f"mkdir -p {remote_path(folder)} {remote_path(scratch)} && cd {remote_path(folder)} && "
+            f"echo {MARK} && pwd && {remote_path(cluster.python)} -m clusterjob --version")
     done = conn.run(line)
-    out = done.stdout.decode(errors="replace").split(MARK, 1)[-1].split() if done.stdout else []
-    if done.returncode == LOST or not out:
+    said = done.stdout.decode(errors="surrogateescape").split(MARK + "\n", 1) if done.stdout else []
+    if done.returncode == LOST or len(said) < 2:
         raise Failure(f"cannot reach cluster {cluster.name!r} ({cluster.host}): {_said(done.stderr)}")
-    project = out[0]
-    _check_version(cluster, out[1:], done.stderr)
+    project, _, version = said[1].partition("\n")
+    _check_version(cluster, version.split(), done.stderr)
     cwd = project if relative == "." else f"{project}/{relative}"
     return Session(cluster, conn, source, project, cwd)
 
 
 def _check_version(cluster: Cluster, words: list, stderr: Optional[bytes]) -> None:
-    update = (f"ssh {cluster.host} {remote_path(cluster.python)} -m pip install --upgrade 'clusterjob>={VERSION}'")
+    there = f'{remote_path(cluster.python)} -m pip install --upgrade "clusterjob>={VERSION}"'
+    update = f"ssh {shlex.quote(cluster.host)} {shlex.quote(there)}"
     if len(words) < 2 or words[0] != "clusterjob":
         raise Failure(f"no clusterjob on cluster {cluster.name!r} under python {cluster.python!r} "
                       f"({_said(stderr)}); install it there: {update}, or set python: in the clusters file")
