@@ -57,6 +57,7 @@ def run(name: str, command: str, argv: Sequence[str], args: Any) -> int:
         output, data = raw.get("output") or {}, raw.get("data") or {}
         never = never_copied(str(output.get("root", "results")), str(data.get("root", "./data")), session.source)
         ship(session, never, also=[local_spec(args.spec, session.source)])
+        argv = _spec_here(argv, args.spec)
     if command == "report" and args.out:
         return _report(session, argv, args.out)
     if any(flag in argv for flag in DETACHED.get(command, ())):
@@ -77,6 +78,15 @@ def _submit_argv(argv: list[str], args: Any, cluster: clusters.Cluster) -> list[
              if key not in given and not _holds(raw, key)]
     position = argv.index("submit") + 1
     return [*argv[:position], *extra, *argv[position:]]
+
+
+def _spec_here(argv: list[str], spec: str) -> list[str]:
+    """An absolute spec path made relative to the working folder, which is there too."""
+    if not os.path.isabs(spec):
+        return argv
+    position = argv.index(spec, argv.index("submit") + 1)
+    relative = os.path.relpath(os.path.realpath(spec), os.path.realpath(os.getcwd()))
+    return [*argv[:position], relative, *argv[position + 1:]]
 
 
 def _flat(tree: Mapping, prefix: str = "") -> list[tuple[str, Any]]:

@@ -27,7 +27,9 @@ def start(conn: Connection, folder: str, command: str) -> str:
     """Start ``command`` (a quoted line) detached; the base path of its files in ``folder`` there."""
     base = f"{folder}/{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
     q = shlex.quote
-    script = f"{command} >{q(base + '.out')} 2>{q(base + '.err')} </dev/null; echo $? >{q(base + '.rc')}"
+    # the status written whole (a follower never reads a half-written one)
+    script = (f"{{ {command}; }} >{q(base + '.out')} 2>{q(base + '.err')} </dev/null; "
+              f"echo $? >{q(base + '.rc.part')} && mv {q(base + '.rc.part')} {q(base + '.rc')}")
     line = f"nohup sh -c {q(script)} >/dev/null 2>&1 </dev/null &"
     done = conn.run(line)
     if done.returncode != 0:
@@ -48,6 +50,9 @@ def follow(conn: Connection, python: str, base: str, name: str) -> int:
         assert proc.stdout is not None
         try:
             status = _frames(proc.stdout, offsets)
+        except KeyboardInterrupt:
+            _say(f"stopped following; the command goes on on {name}")
+            raise
         finally:
             proc.stdout.close()
             rc = proc.wait()
@@ -73,6 +78,8 @@ def _frames(stream: IO[bytes], offsets: dict) -> Optional[int]:
         key, _, size = header.strip().partition(b" ")
         if key == b"X":
             return int(size)
+        if key not in outputs:  # H: the follower is alive, the command quiet
+            continue
         data = stream.read(int(size))
         if len(data) < int(size):
             return None  # cut in the middle: those bytes come again from the same offset

@@ -1,7 +1,9 @@
 """Runs on the cluster (sent as ``python -c`` source, so that it needs nothing of the
 clusterjob installed there): prints what a detached command wrote to its ``.out`` and
 ``.err`` files from the given offsets on, as frames ``O <n>\\n<n bytes>`` and
-``E <n>\\n<n bytes>``, until its ``.rc`` file appears: then ``X <status>\\n``.
+``E <n>\\n<n bytes>``, until its ``.rc`` file appears: then ``X <status>\\n``. A quiet
+command gets ``H 0\\n`` every few seconds: a follower whose laptop is gone fails to write
+it and ends.
 
 A lost connection ends this follower, never the command; the laptop starts a new one
 from the offsets it received (``remote/detached.py``).
@@ -11,11 +13,14 @@ import os
 import sys
 import time
 
+HEARTBEAT_S = 5.0
+
 
 def main(base: str, out_offset: int, err_offset: int) -> int:
     offsets = {"O": out_offset, "E": err_offset}
     paths = {"O": base + ".out", "E": base + ".err"}
     stream = sys.stdout.buffer
+    quiet_since = time.monotonic()
     while True:
         done = os.path.exists(base + ".rc")  # before the last read: what came before it is sent
         for key, path in paths.items():
@@ -29,6 +34,10 @@ def main(base: str, out_offset: int, err_offset: int) -> int:
                 stream.write(b"%s %d\n" % (key.encode(), len(data)) + data)
                 offsets[key] += len(data)
                 done = False  # more may follow in this file
+                quiet_since = time.monotonic()
+        if time.monotonic() - quiet_since > HEARTBEAT_S:
+            stream.write(b"H 0\n")
+            quiet_since = time.monotonic()
         stream.flush()
         if done:
             with open(base + ".rc") as f:

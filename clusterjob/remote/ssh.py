@@ -28,7 +28,8 @@ from clusterjob.core.errors import Failure
 
 PERSIST_S = 600  # how long the master connection outlives its last command
 LOST = 255  # ssh's exit status when the connection (not the command) failed
-MAX_SOCKET_PATH = 100  # a Unix socket's path is at most 107 bytes; ssh adds a suffix while it starts
+MAX_SOCKET_PATH = 104  # a Unix socket's path is at most 107 bytes
+SOCKET_NAME = 16 + 17  # our name (16 hex digits) and the suffix ssh adds while the master starts
 
 
 def remote_path(path: str) -> str:
@@ -55,7 +56,7 @@ def control_folder(environ: Mapping[str, str] = os.environ) -> Path:
     home_cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clusterjob" / "ssh"
     candidates = [Path(environ["XDG_RUNTIME_DIR"]) / "clusterjob"] if environ.get("XDG_RUNTIME_DIR") else []
     candidates += [home_cache, Path(f"/tmp/clusterjob-ssh-{os.getuid()}")]
-    folder = next(c for c in candidates if len(str(c)) + 18 <= MAX_SOCKET_PATH or c == candidates[-1])
+    folder = next(c for c in candidates if len(str(c)) + 1 + SOCKET_NAME <= MAX_SOCKET_PATH or c == candidates[-1])
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = folder.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():

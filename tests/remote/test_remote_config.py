@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,13 +98,18 @@ def test_a_path_under_the_home_is_left_to_the_remote_shell(tmp_path):
 
 
 def test_the_control_sockets_live_in_a_private_folder(tmp_path):
-    runtime = tmp_path / "run"
-    folder = control_folder({"XDG_RUNTIME_DIR": str(runtime)})
-    assert folder == runtime / "clusterjob" and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    folder.chmod(0o755)  # loosened by hand: made private again
-    assert stat.S_IMODE(control_folder({"XDG_RUNTIME_DIR": str(runtime)}).stat().st_mode) == 0o700
-    cache = control_folder({"XDG_CACHE_HOME": str(tmp_path / "c")})
-    assert cache == tmp_path / "c" / "clusterjob" / "ssh" and stat.S_IMODE(cache.stat().st_mode) == 0o700
+    short = Path(tempfile.mkdtemp(prefix="cj-", dir="/tmp"))  # a socket's path has room for ~100 bytes
+    try:
+        runtime = {"XDG_RUNTIME_DIR": str(short / "run"), "XDG_CACHE_HOME": str(short / "c")}
+        folder = control_folder(runtime)
+        assert folder == short / "run" / "clusterjob" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+        folder.chmod(0o755)  # loosened by hand: made private again
+        assert stat.S_IMODE(control_folder(runtime).stat().st_mode) == 0o700
+        # a runtime folder too deep for a socket: the cache's
+        cache = control_folder({"XDG_RUNTIME_DIR": str(tmp_path / ("x" * 80)), "XDG_CACHE_HOME": str(short / "c")})
+        assert cache == short / "c" / "clusterjob" / "ssh" and stat.S_IMODE(cache.stat().st_mode) == 0o700
+    finally:
+        shutil.rmtree(short)
 
 
 def test_every_ssh_goes_through_the_shared_connection_and_never_prompts_without_a_terminal():

@@ -179,3 +179,34 @@ def test_an_older_clusterjob_there_is_one_line_with_the_command_that_updates_it(
     assert f"reachable, clusterjob {VERSION}" in lines["jump"] and "clusterjob 0.0.9" in lines["old"]
     assert "no clusterjob" in lines["none"] and "unreachable" in lines["shut"]
 
+
+
+def test_logs_follow_survives_a_lost_connection_and_prints_each_line_once(ssh_cluster):
+    here = project(ssh_cluster)
+    done = remote(ssh_cluster, "submit", "q.yaml", "--cluster", "test", *QUICK, "--set", "train.epochs=50", cwd=here)
+    assert done.returncode == 0, done.stderr
+    run = only_run(ssh_cluster.workdir / "proj" / "results")
+    wait_for(lambda: (run / "logs" / "rank0.out").exists(), "rank 0's log")
+    proc = start(here, "logs", "--cluster", "test", f"results/quickstart/{run.name}", "--follow", env=ssh_cluster.env())
+    out: list = []
+    err: list = []
+    threads = [_reader(proc.stdout, out), _reader(proc.stderr, err)]
+    try:
+        wait_for(lambda: len(out) > 2, "the log's first lines here")
+        ssh_cluster.stop()
+        wait_for(lambda: any("lost the connection to test" in line for line in err), "the command to say so")
+        ssh_cluster.start()
+        wait_for(lambda: any("reconnected to test" in line for line in err), "the command to reconnect")
+        seen = len(out)
+        wait_for(lambda: len(out) > seen, "more of the log after the reconnection")
+        cancel = remote(ssh_cluster, "cancel", "--cluster", "test", f"results/quickstart/{run.name}", cwd=here)
+        assert cancel.returncode == 0, cancel.stderr
+        assert proc.wait(timeout=600) == 0, "".join(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for thread in threads:
+        thread.join(timeout=60)
+    text = "".join(out)
+    assert text.count("rank0.out <==") == 1  # the output comes once, across the cut
+    assert (run / "logs" / "rank0.out").read_text() in text
