@@ -210,3 +210,26 @@ def test_logs_follow_survives_a_lost_connection_and_prints_each_line_once(ssh_cl
     text = "".join(out)
     assert text.count("rank0.out <==") == 1  # the output comes once, across the cut
     assert (run / "logs" / "rank0.out").read_text() in text
+
+
+def test_in_a_git_repository_what_git_lists_is_shipped_from_its_root(ssh_cluster):
+    repo = ssh_cluster.root / "repo"
+    (repo / "jobs").mkdir(parents=True)
+    shutil.copy(REPO / "jobs" / "quickstart.yaml", repo / "jobs" / "q.yaml")
+    (repo / "tracked.py").write_text("a = 1\n")
+    (repo / ".gitignore").write_text("secret.txt\nresults/\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "tracked.py", ".gitignore", "jobs/q.yaml"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=repo, check=True)
+    (repo / "untracked.py").write_text("b = 2\n")  # not ignored: shipped, as a snapshot copies it
+    (repo / "secret.txt").write_text("no\n")
+    (repo / "results").mkdir()
+    (repo / "results" / "old.txt").write_text("no\n")
+    done = remote(ssh_cluster, "submit", "q.yaml", "--cluster", "test", "--executor", "local", "--dry-run",
+                  cwd=repo / "jobs")  # from a folder below the root: the same folder below it there
+    assert done.returncode == 0, done.stderr
+    there = ssh_cluster.workdir / "repo"
+    shipped = sorted(str(p.relative_to(there)) for p in there.rglob("*") if p.is_file())
+    assert shipped == [".gitignore", "jobs/q.yaml", "tracked.py", "untracked.py"]
+    assert "shipped 4 of 4 file(s)" in done.stdout
