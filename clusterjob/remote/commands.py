@@ -20,9 +20,6 @@ from clusterjob.remote.session import Session, local_spec, open_session, ship
 from clusterjob.remote.ssh import LOST, Connection, remote_command, remote_path
 from clusterjob.spec.yamlfile import read_spec_file
 
-# The flags that run a command detached (it outlives the connection): their command's.
-DETACHED = {"submit": ("--wait",), "resume": ("--wait",), "logs": ("--follow", "-f")}
-
 
 def _without(argv: Sequence[str], flag: str) -> list[str]:
     """``argv`` without ``FLAG VALUE`` and ``FLAG=VALUE``."""
@@ -49,18 +46,17 @@ def run(name: str, command: str, argv: Sequence[str], args: Any) -> int:
     argv = _without(argv, "--cluster")
     if command == "pull":
         return pull(open_session(cluster), args.target, args.checkpoints)
-    if command == "submit":
-        argv = _submit_argv(argv, args, cluster)
+    raw = read_spec_file(args.spec) if command == "submit" else {}  # a bad spec: before any login
     session = open_session(cluster)
     if command == "submit":
-        raw = read_spec_file(args.spec)
         output, data = raw.get("output") or {}, raw.get("data") or {}
         never = never_copied(str(output.get("root", "results")), str(data.get("root", "./data")), session.source)
         ship(session, never, also=[local_spec(args.spec, session.source)])
-        argv = _spec_here(argv, args.spec)
+        argv = _spec_here(_submit_argv(argv, raw, args.set, cluster), args.spec)
     if command == "report" and args.out:
         return _report(session, argv, args.out)
-    if any(flag in argv for flag in DETACHED.get(command, ())):
+    # these outlive the connection: run detached there, followed from here
+    if getattr(args, "wait", False) or getattr(args, "follow", False):
         base = detached.start(session.conn, session.scratch, session.command(argv))
         return detached.follow(session.conn, cluster.python, base, cluster.name)
     done = session.run(argv)
@@ -69,11 +65,10 @@ def run(name: str, command: str, argv: Sequence[str], args: Any) -> int:
     return done.returncode
 
 
-def _submit_argv(argv: list[str], args: Any, cluster: clusters.Cluster) -> list[str]:
-    """The cluster's defaults as ``--set`` before the user's: each key the spec and the
-    command line leave unset (merged under the spec)."""
-    raw = read_spec_file(args.spec)
-    given = {item.partition("=")[0] for item in args.set}
+def _submit_argv(argv: list[str], raw: Mapping, sets: Sequence[str], cluster: clusters.Cluster) -> list[str]:
+    """The cluster's defaults as ``--set`` before the user's: each key the spec (``raw``)
+    and the command line's ``sets`` leave unset (merged under the spec)."""
+    given = {item.partition("=")[0] for item in sets}
     extra = [f"--set={key}={json.dumps(value)}" for key, value in _flat(cluster.defaults)
              if key not in given and not _holds(raw, key)]
     position = argv.index("submit") + 1

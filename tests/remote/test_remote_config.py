@@ -10,9 +10,9 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+import yaml
 from clirun import cli
 
 from clusterjob.core.errors import BadInput
@@ -128,7 +128,7 @@ def test_the_cluster_flag_is_dropped_and_the_defaults_go_under_the_spec(tmp_path
     spec.write_text("name: x\nresources:\n  account: own\n")
     cluster = clusters.Cluster("mila", "h", defaults={"resources": {"partition": "long", "account": "lab",
                                                                     "qos": "normal"}})
-    args = SimpleNamespace(spec=str(spec), set=["resources.partition=short"])
-    sent = commands._submit_argv(commands._without(argv, "--cluster"), args, cluster)
+    raw = yaml.safe_load(spec.read_text())
+    sent = commands._submit_argv(commands._without(argv, "--cluster"), raw, ["resources.partition=short"], cluster)
     # the spec's account and the command line's partition win; only qos comes from the defaults
     assert sent == ["submit", '--set=resources.qos="normal"', "s.yaml", "--set", "resources.partition=short", "--wait"]
