@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pytest
-from clirun import REPO, cli
+from clirun import REPO, cli, start, wait_for
 from sshserver import make
 
 pytestmark = pytest.mark.slurm
@@ -56,3 +57,30 @@ def test_the_quickstart_on_two_nodes_from_a_laptop_then_five_commands_in_one_log
     assert (pulled / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
     assert (run / "checkpoints").is_dir() and not (pulled / "checkpoints").exists()
     assert ssh_slurm.logins() == 1, ssh_slurm.log.read_text()[-3000:]
+
+
+def test_sshd_stopped_during_wait_the_slurm_job_completes_and_the_command_reconnects(ssh_slurm):
+    here = ssh_slurm.root / "proj"
+    here.mkdir()
+    shutil.copy(REPO / "jobs" / "quickstart.yaml", here / "q.yaml")
+    proc = start(here, "submit", "q.yaml", "--cluster", "test", "--set", "train.epochs=2", "--wait",
+                 env=ssh_slurm.env())
+    err: list = []
+    reader = threading.Thread(target=lambda: err.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        runs = ssh_slurm.workdir / "proj" / "results" / "quickstart"
+        (record,) = wait_for(lambda: list(runs.glob("*/run.json")), "the run folder there")
+        wait_for(lambda: json.loads(record.read_text())["status"] == "running", "the job to run")
+        ssh_slurm.stop()
+        wait_for(lambda: any("lost the connection to test" in line for line in err), "the command to say so")
+        ssh_slurm.start()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=600) == 0, "".join(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=60)
+    assert any("reconnected to test" in line for line in err)
+    info = json.loads(record.read_text())
+    assert info["status"] == "completed" and info["executor"] == "slurm" and record.parent.name in out

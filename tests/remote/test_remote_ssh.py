@@ -152,6 +152,11 @@ def test_hostile_paths_and_values_arrive_unchanged_through_a_proxy_jump(ssh_clus
     cancel = remote(ssh_cluster, "cancel", "--cluster=jump", target, cwd=here)
     assert cancel.returncode == 0, cancel.stderr
     wait_for(lambda: run_json(run)["status"] == "cancelled", "the run cancelled")
+    missing = remote(ssh_cluster, "logs", "--cluster", "jump", f"{root}/no run $(touch pwned3)", cwd=here)
+    assert missing.returncode == 2 and "no run $(touch pwned3)" in missing.stderr  # said there, exit 2 here
+    bad = remote(ssh_cluster, "submit", "q.yaml", "--cluster", "jump", "--set", "train.epochs=0", "--wait", cwd=here)
+    assert bad.returncode == 2 and bad.stderr.startswith("clusterjob: error: train.epochs")  # detached: the same
+    assert len(bad.stderr.splitlines()) == 1, bad.stderr
     assert not list(ssh_cluster.root.rglob("pwned*"))
 
 
