@@ -181,6 +181,7 @@ def _checked(cluster: clusters.Cluster) -> str:
     answers = said[1].split("\n")
     version = next((a.split()[1] for a in answers if a.startswith("clusterjob ")), None)
     slurm = next((a.strip() for a in answers if a.startswith("slurm")), None)
+    # sinfo says "slurm 23.11.4", Debian's "slurm-wlm 22.05.8"
     return (f"reachable, {'clusterjob ' + version if version else 'no clusterjob'}, "
-            f"{slurm.replace('slurm ', 'Slurm ') if slurm else 'no Slurm'}")
+            f"{'Slurm ' + slurm.split()[-1] if slurm else 'no Slurm'}")
 

@@ -12,6 +12,8 @@ import pytest
 from clirun import REPO, cli, start, wait_for
 from sshserver import make
 
+from clusterjob.core.provenance import VERSION
+
 pytestmark = pytest.mark.slurm
 
 
@@ -57,6 +59,9 @@ def test_the_quickstart_on_two_nodes_from_a_laptop_then_five_commands_in_one_log
     assert (pulled / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
     assert (run / "checkpoints").is_dir() and not (pulled / "checkpoints").exists()
     assert ssh_slurm.logins() == 1, ssh_slurm.log.read_text()[-3000:]
+    listed = cli(here, "clusters", env=ssh_slurm.env(), process=True)
+    (line,) = [line for line in listed.stdout.splitlines() if line.startswith("test ")]
+    assert listed.returncode == 0 and f"reachable, clusterjob {VERSION}, Slurm " in line, listed.stdout
 
 
 def test_sshd_stopped_during_wait_the_slurm_job_completes_and_the_command_reconnects(ssh_slurm):
