@@ -95,6 +95,7 @@ def ship(session: Session, never: tuple[str, ...], also: Sequence[str] = ()) -> 
     what changed since the last time travels. Says how many files went."""
     _, files = project_files(never)
     names = list(dict.fromkeys([*files, *also]))
+    _check_size(session.source, names)
     with tempfile.NamedTemporaryFile("wb", prefix="clusterjob-files-") as listing:
         listing.write(b"\0".join(os.fsencode(name) for name in names))
         listing.flush()
@@ -106,6 +107,20 @@ def ship(session: Session, never: tuple[str, ...], also: Sequence[str] = ()) -> 
     sent = [line for line in done.stdout.decode(errors="replace").splitlines() if line.startswith("<f")]
     print(f"clusterjob: shipped {len(sent)} of {len(names)} file(s) to {session.cluster.name}:{session.project}",
           flush=True)
+
+
+MAX_FILES = 50_000
+MAX_BYTES = 2_000_000_000
+
+
+def _check_size(source: Path, names: list[str]) -> None:
+    """A project of more than MAX_FILES files or MAX_BYTES is refused before anything
+    travels: a submit from the home folder would send all of it."""
+    size = sum(os.lstat(source / name).st_size for name in names[:MAX_FILES + 1] if os.path.lexists(source / name))
+    if len(names) > MAX_FILES or size > MAX_BYTES:
+        raise BadInput(f"the project {str(source)!r} holds {len(names)} file(s), {size / 1e6:.0f} MB, which is more "
+                       f"than a cluster is sent ({MAX_FILES} files, {MAX_BYTES / 1e9:.0f} GB): submit from the "
+                       "project's folder (a git repository's or its own), or ignore the data in a .gitignore")
 
 
 def local_spec(path: str, source: Path) -> str:

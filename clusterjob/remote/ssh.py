@@ -57,8 +57,12 @@ def control_folder(environ: Mapping[str, str] = os.environ) -> Path:
     candidates = [Path(environ["XDG_RUNTIME_DIR"]) / "clusterjob"] if environ.get("XDG_RUNTIME_DIR") else []
     candidates += [home_cache, Path(f"/tmp/clusterjob-ssh-{os.getuid()}")]
     folder = next(c for c in candidates if len(str(c)) + 1 + SOCKET_NAME <= MAX_SOCKET_PATH or c == candidates[-1])
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = folder.lstat()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = folder.lstat()
+    except OSError as err:
+        raise Failure(f"cannot make the SSH control folder {folder}: {err.strerror}; make its parent writable "
+                      "or set XDG_RUNTIME_DIR to a folder of yours") from None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise Failure(f"{folder}: the SSH control folder is not a folder of this user; remove it and try again")
     if stat.S_IMODE(info.st_mode) != 0o700:

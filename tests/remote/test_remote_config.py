@@ -132,3 +132,14 @@ def test_the_cluster_flag_is_dropped_and_the_defaults_go_under_the_spec(tmp_path
     sent = commands._submit_argv(commands._without(argv, "--cluster"), raw, ["resources.partition=short"], cluster)
     # the spec's account and the command line's partition win; only qos comes from the defaults
     assert sent == ["submit", '--set=resources.qos="normal"', "s.yaml", "--set", "resources.partition=short", "--wait"]
+
+
+def test_a_project_too_big_to_send_is_refused_before_anything_travels(tmp_path, monkeypatch):
+    from clusterjob.remote import session
+
+    (tmp_path / "a.bin").write_bytes(b"0" * 3000)
+    monkeypatch.setattr(session, "MAX_BYTES", 2000)
+    with pytest.raises(BadInput) as err:
+        session._check_size(tmp_path, ["a.bin"])
+    assert "holds 1 file(s)" in str(err.value) and "submit from the project's folder" in str(err.value)
+    session._check_size(tmp_path, [])  # nothing: fine
