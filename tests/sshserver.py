@@ -12,6 +12,7 @@ CLUSTERJOB_REQUIRE_SSHD=1 (CI), which fails them naming the cause.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from clirun import REPO, checkout_env, wait_for
+from clirun import REPO, checkout_env, cli, wait_for
 
 SSHD = "/usr/sbin/sshd"
 
@@ -82,6 +83,13 @@ class SshCluster:
         """The laptop's shared connections closed (their master processes end)."""
         for socket_path in (self.root / "run" / "clusterjob").glob("*"):
             subprocess.run(["ssh", "-o", f"ControlPath={socket_path}", "-O", "exit", "x"], capture_output=True)
+
+
+def cancel_left_runs(workdir: Path, env: Optional[dict] = None) -> None:
+    """Cancel the runs a failed test left running there (its own, found under its workdir)."""
+    for record in workdir.rglob("run.json"):
+        if json.loads(record.read_text()).get("status") in ("pending", "running"):
+            cli(record.parent, "cancel", str(record.parent), env=env, timeout=120)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -194,6 +202,7 @@ def ssh_cluster():
     cluster = make()
     cluster.start()
     yield cluster
+    cancel_left_runs(cluster.workdir)
     cluster.close_connections()
     cluster.stop()
     shutil.rmtree(cluster.root, ignore_errors=True)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 from clirun import REPO, cli, start, wait_for
-from sshserver import make
+from sshserver import cancel_left_runs, make
 
 from clusterjob.core.provenance import VERSION
 
@@ -22,6 +22,7 @@ def ssh_slurm(slurm_cluster):
     cluster = make(slurm_conf=slurm_cluster.conf)
     cluster.start()
     yield cluster
+    cancel_left_runs(cluster.workdir, dict(slurm_cluster.env(), PYTHONPATH=str(REPO)))
     cluster.close_connections()
     cluster.stop()
     shutil.rmtree(cluster.root, ignore_errors=True)
