@@ -40,7 +40,6 @@ def start(conn: Connection, folder: str, command: str) -> str:
 def follow(conn: Connection, python: str, base: str, name: str) -> int:
     """Print the detached command's output as it comes; its exit status."""
     offsets = {b"O": 0, b"E": 0}
-    lost_since: Optional[float] = None
     source = Path(follower.__file__).read_text()
     while True:
         words = [base, str(offsets[b"O"]), str(offsets[b"E"])]
@@ -58,14 +57,12 @@ def follow(conn: Connection, python: str, base: str, name: str) -> int:
             rc = proc.wait()
         if status is not None:
             return status
-        if rc != LOST and lost_since is None:
+        if rc != LOST:
             why = _last_line(proc.stderr.read() if proc.stderr else b"")
             raise Failure(f"following the command on {name} failed (exit {rc}): {why}")
-        lost_since = lost_since or time.monotonic()
         _say(f"lost the connection to {name}; reconnecting (the job there goes on)")
-        _reconnect(conn, name, lost_since)
+        _reconnect(conn, name, time.monotonic())
         _say(f"reconnected to {name}")
-        lost_since = None
 
 
 def _frames(stream: IO[bytes], offsets: dict) -> Optional[int]:

@@ -143,3 +143,24 @@ def test_a_project_too_big_to_send_is_refused_before_anything_travels(tmp_path, 
         session._check_size(tmp_path, ["a.bin"])
     assert "holds 1 file(s)" in str(err.value) and "submit from the project's folder" in str(err.value)
     session._check_size(tmp_path, [])  # nothing: fine
+
+
+def test_the_follower_sends_each_stream_from_its_offset_then_the_exit_status(tmp_path, capsysbinary):
+    import io
+    import sys
+
+    from clusterjob.remote import detached, follower
+
+    base = str(tmp_path / "cmd")
+    Path(base + ".out").write_bytes(b"line 1\nline 2\n")
+    Path(base + ".err").write_bytes(b"warn\n")
+    Path(base + ".rc").write_text("3\n")
+    done = subprocess.run([sys.executable, "-c", Path(follower.__file__).read_text(), base, "7", "0"],
+                          capture_output=True, check=True, timeout=60)
+    assert done.stdout == b"O 7\nline 2\nE 5\nwarn\nX 3\n"  # what was printed before the cut is not sent again
+    offsets = {b"O": 7, b"E": 0}
+    assert detached._frames(io.BytesIO(done.stdout), offsets) == 3
+    assert offsets == {b"O": 14, b"E": 5}
+    assert capsysbinary.readouterr() == (b"line 2\n", b"warn\n")
+    cut = io.BytesIO(b"O 7\nline")  # the connection cut inside a frame: that frame comes again
+    assert detached._frames(cut, {b"O": 0, b"E": 0}) is None and capsysbinary.readouterr() == (b"", b"")
