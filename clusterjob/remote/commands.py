@@ -62,6 +62,9 @@ def run(name: str, command: str, argv: Sequence[str], args: Any) -> int:
     done = session.run(argv)
     if done.returncode == LOST:
         raise Failure(f"lost the connection to {cluster.name} ({cluster.host}); run the command again")
+    if command == "submit" and done.returncode == 0 and not args.dry_run:
+        print(f"clusterjob: the runs are on {cluster.name}: add --cluster {cluster.name} to status, logs, cancel, "
+              "report and pull", file=sys.stderr)
     return done.returncode
 
 

@@ -114,7 +114,7 @@ class Connection:
             raise Failure("rsync is not installed; install it here and on the cluster (apt install rsync)") from None
 
     def target(self, path: str) -> str:
-        """``host:path`` for rsync, ``path`` protected from rsync's remote shell word split."""
+        """``host:path`` for rsync (whose ``-s`` keeps the remote shell from splitting it)."""
         return f"{self.host}:{path}"
 
 
