@@ -320,6 +320,12 @@ def _add_only(p: argparse.ArgumentParser, what: str, states: str = "failed|cance
     p.add_argument("--only", metavar=states, help=what)
 
 
+def _add_cluster(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", dest="cluster_name", metavar="NAME",
+                   help="run it on this cluster of ~/.config/clusterjob/clusters.yaml over SSH, output here "
+                        "(default: CLUSTERJOB_CLUSTER; see `clusterjob clusters`)")
+
+
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="YAML spec file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -347,6 +353,7 @@ def _add_report_parser(sub) -> None:
                         "ended, Ctrl-C leaves)")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: seconds between redraws "
                                                                        "(default 5)")
+    _add_cluster(p)
     p.set_defaults(func=cmd_report)
 
 
@@ -368,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--after", action="append", default=[], metavar="RUN",
                    help="start only once this run (a run folder) or every run of this folder (results/<name>) "
                         "completed; repeatable. Its folders are {after.run_dir} / {after.run_dirs} in the args")
+    _add_cluster(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("resume", help="restart a stopped, failed or timed-out run (or a sweep's) from its last "
@@ -377,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_only(p, "of a sweep, resume only its runs in this state (default: every run that did not complete)")
     p.add_argument("--set", action="append", default=[], metavar="search.trials=N",
                    help="a search's folder only: raise its number of trials")
+    _add_cluster(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("sbatch", help="print a standalone sbatch script for a spec")
@@ -391,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", action="store_true",
                    help="list every run (a folder of more than 20 runs shows a summary line instead)")
     _add_only(p, "list only the runs in this state")
+    _add_cluster(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("logs", help="a run's per-rank output (of a sweep: each run's)")
@@ -399,16 +409,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", "-f", action="store_true",
                    help="keep printing what is appended until the run ends (Ctrl-C stops); one run only")
     _add_only(p, "of a sweep, only its runs in this state")
+    _add_cluster(p)
     p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("stack", help="the current Python stacks of a running run's ranks (read-only)")
     p.add_argument("run", help="run folder (or run id under results/)")
     p.add_argument("--rank", type=int, help="only this rank (default: all)")
+    _add_cluster(p)
     p.set_defaults(func=cmd_stack)
 
     p = sub.add_parser("cancel", help="cancel a pending or running run, or every run of a sweep")
     p.add_argument("run", help=_TARGET)
     _add_only(p, "of a sweep, cancel only its runs in this state", "pending|running|timeout|preempted")
+    _add_cluster(p)
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("validate", help="check a spec and print the resolved spec of every run")
@@ -426,7 +439,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_report_parser(sub)
     _add_data_parser(sub)
+    _add_remote_parsers(sub)
     return parser
+
+
+def _add_remote_parsers(sub) -> None:
+    p = sub.add_parser("pull", help="copy run folders back from a cluster (metrics, logs, report; resumable)")
+    p.add_argument("target", metavar="RUN_OR_SWEEP", help=_TARGET)
+    p.add_argument("--checkpoints", action="store_true", help="bring the checkpoints too")
+    _add_cluster(p)
+    p.set_defaults(func=cmd_pull)
+    p = sub.add_parser("clusters", help="the clusters of ~/.config/clusterjob/clusters.yaml, each checked: reachable, "
+                                        "its clusterjob, its Slurm")
+    p.set_defaults(func=cmd_clusters)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    raise BadInput("pull copies run folders from a cluster: name it with --cluster NAME (or CLUSTERJOB_CLUSTER)")
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from clusterjob.remote.commands import list_clusters
+
+    return list_clusters()
+
+
+def _on_cluster(args: argparse.Namespace, argv: list[str]) -> Optional[Command]:
+    """The command run on the cluster that --cluster or CLUSTERJOB_CLUSTER names, if any."""
+    if not hasattr(args, "cluster_name"):
+        return None
+    from clusterjob.remote.clusters import chosen
+
+    name = chosen(args.cluster_name)
+    if name is None:
+        return None
+
+    def remote(args: argparse.Namespace) -> int:
+        from clusterjob.remote.commands import run
+
+        return run(name, args.command, argv, args)
+    return remote
 
 
 # Commands that change state: they go on to their end when their output is closed, so a
@@ -442,6 +494,7 @@ def _failed(err: BadInput | Failure) -> int:
 def _run(argv: Optional[list[str]]) -> int:
     """The command's exit status; bad input and failures as one line on stderr. What was
     printed is flushed here, so that a closed output shows inside ``main``."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser().parse_args(argv)
     except BadInput as err:
@@ -453,7 +506,8 @@ def _run(argv: Optional[list[str]]) -> int:
         raise
     with _output_may_close() if args.func in _FINISH_THEIR_WORK else contextlib.nullcontext():
         try:
-            code = args.func(args) or 0
+            func = _on_cluster(args, argv) or args.func
+            code = func(args) or 0
         except (BadInput, Failure) as err:
             code = _failed(err)
         except KeyboardInterrupt:

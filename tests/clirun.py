@@ -84,6 +84,7 @@ def base_env() -> dict:
     """The environment of a launch by hand: this one without any job layout, on CPU even
     on a machine with GPUs (a test that means a GPU sets CUDA_VISIBLE_DEVICES itself)."""
     env = clean_environ(os.environ)
+    env.pop("CLUSTERJOB_CLUSTER", None)  # the commands run here, never on a cluster of the developer's
     env["PYTHONPATH"] = str(REPO)
     env["CUDA_VISIBLE_DEVICES"] = ""
     return env

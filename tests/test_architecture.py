@@ -75,7 +75,7 @@ def test_the_rule_checker_sees_each_way_to_reach_torch_distributed():
 # report, sbatch, cancel and submit (before a task starts), the executors' task sides too
 # (``clusterjob env``, and the keys a submit reads).
 LOGIN_PACKAGES = ("clusterjob.core", "clusterjob.spec", "clusterjob.taskenv", "clusterjob.search", "clusterjob.report",
-                  "clusterjob.launch")
+                  "clusterjob.launch", "clusterjob.remote")
 NO_TORCH = tuple(sorted({"clusterjob", "clusterjob.cli", "clusterjob.runner.api",
                          *(name for name in modules() if name.startswith(LOGIN_PACKAGES))}))
 
@@ -275,7 +275,9 @@ LAYERS = {
     "report": {"core", "health", "spec", "search", "report"},
     "launch": {"core", "health", "spec", "taskenv", "search", "report", "launch"},
     "search drivers": {"core", "health", "spec", "taskenv", "search", "report", "launch", "search drivers"},
-    "cli": {"core", "health", "spec", "taskenv", "search", "report", "launch", "search drivers", "cli"},
+    # from a laptop: clusters by name, one SSH connection, the commands run there
+    "remote": {"core", "spec", "launch", "remote"},
+    "cli": {"core", "health", "spec", "taskenv", "search", "report", "launch", "search drivers", "remote", "cli"},
     "runner": {"core", "health", "spec", "taskenv", "search", "runner"},
     "trainer": {"core", "spec", "taskenv", "runner", "trainer"},
     "run": {"core", "spec", "taskenv", "runner", "trainer"},

@@ -60,7 +60,7 @@ def plan(spec: Spec) -> Plan:
     repo = _git_root()
     source = repo if repo is not None else _code_folder(ep)
     names = _git_files(repo) if repo is not None else _walk(source)
-    kept = _Filter(source, _never_copied(spec, source)).keep(names)
+    kept = _Filter(source, never_copied(spec.output.root, spec.data.root, source)).keep(names)
     files, size, skipped = _sized(source, kept, ep.snapshot_max_file_mb * MB)
     _check_total(ep, source, len(files), size)
     script = ep.script
@@ -70,6 +70,33 @@ def plan(spec: Spec) -> Plan:
                        "entrypoint.snapshot_max_file_mb); stop ignoring it, or set snapshot: false")
     cwd = os.path.relpath(os.getcwd(), source)
     return Plan(source, files, None if cwd.startswith("..") else cwd, size, skipped, ep.snapshot_max_file_mb)
+
+
+def project_files(never: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+    """The project's folder (the repository's root, else the working directory) and its
+    code files relative to it, picked as a snapshot picks them; ``never``: folders
+    relative to it never listed (the output and data roots). What a cluster is sent."""
+    repo = _git_root()
+    source = repo or Path.cwd()
+    names = _git_files(repo) if repo is not None else _walk(source)
+    kept = _Filter(source, never).keep(names)
+    return source, [name for name in kept if os.path.isfile(source / name)]
+
+
+def project_root() -> Path:
+    """The repository holding the working folder, else the working folder."""
+    return _git_root() or Path.cwd()
+
+
+def never_copied(spec_root: str, data_root: str, source: Path) -> tuple[str, ...]:
+    """The output root and the data root (unless it is a Python package, then it is
+    code), as folders relative to ``source`` when they lie below it."""
+    roots = [spec_root]
+    if not os.path.isfile(os.path.join(data_root, "__init__.py")):
+        roots.append(data_root)
+    real = os.path.realpath(source)
+    below = (os.path.relpath(os.path.realpath(root), real) for root in roots)
+    return tuple(rel for rel in below if rel != "." and not rel.startswith(".."))
 
 
 def _git_root() -> Optional[Path]:
@@ -118,17 +145,6 @@ def _walk(source: Path) -> Iterator[str]:
         prefix = rel + "/" if rel else ""
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_FOLDERS and not here.ignored(prefix + d, True))
         yield from (prefix + name for name in sorted(files) if not here.ignored(prefix + name, False))
-
-
-def _never_copied(spec: Spec, source: Path) -> tuple[str, ...]:
-    """The output root and the data root (unless it is a Python package, then it is
-    code), as folders relative to ``source`` when they lie below it."""
-    roots = [spec.output.root]
-    if not os.path.isfile(os.path.join(spec.data.root, "__init__.py")):
-        roots.append(spec.data.root)
-    real = os.path.realpath(source)
-    below = (os.path.relpath(os.path.realpath(root), real) for root in roots)
-    return tuple(rel for rel in below if rel != "." and not rel.startswith(".."))
 
 
 class _Filter:
