@@ -31,6 +31,7 @@ from clusterjob.core.units import default_mode
 from clusterjob.spec import envvars
 from clusterjob.spec import options as executoropts
 from clusterjob.spec.catalog import DATASETS, DatasetName
+from clusterjob.spec.container import ContainerSpec
 from clusterjob.spec.fields import (
     HOLDS_OPTIONS,
     Section,
@@ -501,6 +502,8 @@ class Spec(Section):
     health: Optional[HealthSpec] = opt(HealthSpec, "hung and slow ranks; null: no watchdog, no stack dumps, "
                                                    "no wait timing")
     entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
+    container: Optional[ContainerSpec] = opt(None, "the image every rank runs in (docs/design.md, \"Containers\"); "
+                                                   "null: the ranks run on the host")
     params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
     def check(self) -> None:
@@ -562,9 +565,10 @@ def check_swept_key(where: str, key: Any, own_code: bool) -> None:
     elif not (isinstance(key, str) and _is_key(key)):
         raise SpecError(where, f"{brief(key)} is not a spec key{did_you_mean(key, _leaf_keys(Spec))}")
     if key in ("name", "sweep", "search") or key.startswith(("resources.", "output.", "entrypoint.", "logging.",
-                                                             "search.")):
+                                                             "search.", "container.")):
         unit = "trial" if where.startswith("search.") else "sweep point"
-        raise SpecError(where, f"name, resources, output, entrypoint and logging are per submission, not per {unit}; "
+        raise SpecError(where, f"name, resources, output, entrypoint, logging and container are per submission, "
+                               f"not per {unit}; "
                                "submit a spec per value instead")
     if own_code and key.split(".")[0] in TRAINER_SECTIONS:
         raise SpecError(where, _trainer_key_message(key))

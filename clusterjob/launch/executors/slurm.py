@@ -37,6 +37,7 @@ from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_i
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.health import stalls
 from clusterjob.launch import arrays, chain
+from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.executor import (
     WAITING,
     Dependency,
@@ -53,6 +54,7 @@ from clusterjob.launch.executor import (
 from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
 from clusterjob.spec.schema import Spec, load_spec
+from clusterjob.taskenv.container import host_command
 from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
 
 UNREACHABLE = "Slurm unreachable"
@@ -95,6 +97,8 @@ class SlurmExecutor(Executor):
             if self.unavailable() is None:  # a dry run without a cluster: preview splits at the default
                 array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
             return
+        if spec.container is not None:  # the runtime it picks and why, or one line and exit 2
+            print(containers.check(spec, slurm=True)[1], file=sys.stderr)
         failed = [check for check in self.checks(spec, points) if not check.ok]
         for check in failed:
             print(check.line(), file=sys.stderr)
@@ -404,8 +408,22 @@ def _render(spec: Spec, folder: Path, runs_file: Path, array: Optional[int], aft
     from submitit.slurm import slurm
 
     params = {**submitit_parameters(spec, _teardown(runs_file), after_jobs), "job_name": name}
-    command = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", "--runs", str(runs_file)])
+    args = ["--runs", str(runs_file)]
+    if spec.container is None:
+        command = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", *args])
+    else:
+        command, srun_options = _in_container(spec, args)
+        params["srun_args"] = [*params["srun_args"], *srun_options]
     return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, **params)
+
+
+def _in_container(spec: Spec, args: list[str]) -> tuple[str, tuple[str, ...]]:
+    """Each task's command in the spec's container, and the options srun gets for it
+    (pyxis): a runtime other than pyxis is started by the task's host side, which
+    carries clusterjob's variables in (clusterjob.taskenv.container)."""
+    wrapped = containers.wrapped(spec, containers.chosen(spec, slurm=True))
+    host = host_command(spec.env) if wrapped.carried_by_host else []
+    return shlex.join([*host, *wrapped.command(args)]), wrapped.srun_options
 
 
 def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) -> list[str]:
