@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sys
 from typing import Iterable, Mapping, Optional
 
@@ -39,8 +40,10 @@ def carried(environ: Mapping[str, str], names: Iterable[str] = ()) -> dict[str, 
 
 
 def carry(environ: Mapping[str, str], names: Iterable[str] = ()) -> dict[str, str]:
-    """``environ`` with the carried variables added as one JSON variable."""
-    return {**environ, CARRIED_VAR: json.dumps(carried(environ, names), sort_keys=True)}
+    """``environ`` with the carried variables added as one JSON variable, and USER set
+    where a shell without a login left it out (ch-run refuses to start without it)."""
+    user = {} if environ.get("USER") else {"USER": pwd.getpwuid(os.getuid()).pw_name}
+    return {**environ, **user, CARRIED_VAR: json.dumps(carried(environ, names), sort_keys=True)}
 
 
 def host_command(names: Iterable[str]) -> list[str]:
