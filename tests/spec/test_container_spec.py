@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from clirun import cli
 
 from clusterjob.core.errors import SpecError
 from clusterjob.spec.container import ContainerSpec
 from clusterjob.spec.schema import spec_from_dict
-from clirun import cli
 
 
 def test_a_container_spec_keeps_its_values_and_makes_a_file_image_absolute(tmp_path, monkeypatch):
