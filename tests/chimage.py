@@ -1,4 +1,5 @@
-"""A Charliecloud image for the container tests: a folder with etc/passwd, etc/group and
+"""A Charliecloud image for the container tests: a folder with etc/passwd, etc/group,
+etc/hosts, etc/resolv.conf (ch-run binds the host's files over them) and
 the mount points, whose Python is the host's (its /usr, this venv and the interpreter's
 prefix bound in with -b), so a rank runs this checkout's clusterjob inside a real
 ``ch-run`` container. ``environment`` becomes the image's own ``/ch/environment``.
@@ -37,7 +38,7 @@ def make_image(folder: Path, environment: Optional[Mapping[str, str]] = None) ->
     image = folder / "image"
     for part in ("etc", "usr", "dev", "proc", "sys", "tmp", "home", "root", "ch", "opt"):
         (image / part).mkdir(parents=True, exist_ok=True)
-    for name in ("passwd", "group"):
+    for name in ("passwd", "group", "hosts", "resolv.conf"):  # ch-run binds the host's over each
         (image / "etc" / name).touch()
     for link in ("bin", "lib", "lib64"):
         if not (image / link).is_symlink():
