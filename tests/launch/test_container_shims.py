@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
