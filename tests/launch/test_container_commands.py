@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from clirun import cli
 
 from clusterjob.core.errors import BadInput
 from clusterjob.launch.containers import plan as containers
@@ -120,3 +121,32 @@ def test_an_image_without_pyyaml_fails_in_one_line_naming_the_image_and_the_modu
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"clusterjob: the image pytorch:24 lacks the Python module yaml ({sys.executable}); a "
                            "rank needs Python >= 3.9, torch and PyYAML in the image\n")
+
+
+def _spec_file(tmp_path, runtime: str) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: c\nenv: {{NCCL_DEBUG: INFO}}\ncontainer: {{image: 'img:1', runtime: {runtime}}}\n")
+    return str(path)
+
+
+def test_the_sbatch_template_starts_each_task_in_the_container_as_submit_does(tmp_path):
+    done = cli(tmp_path, "sbatch", _spec_file(tmp_path, "charliecloud"))
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if "ch-run" in x]
+    assert line.strip().startswith('"$PYTHON" -m clusterjob.taskenv.container --names NCCL_DEBUG -- ch-run --bind=')
+    assert line.strip().endswith(f"--cd={tmp_path} img:1 -- python {SIDE} img:1 -- \"$@\" || status=$?")
+    pyxis = cli(tmp_path, "sbatch", _spec_file(tmp_path, "pyxis")).stdout
+    assert "srun --container-image=img:1 --container-mounts=" in pyxis and "--container-env=NCCL_DEBUG " in pyxis
+    assert f"python {SIDE} img:1 --unset " in pyxis and "clusterjob.taskenv.container" not in pyxis
+    torchrun = cli(tmp_path, "sbatch", _spec_file(tmp_path, "podman"), "--style", "torchrun")
+    assert torchrun.returncode == 2 and torchrun.stderr.count("\n") == 1
+    assert "container: a run in a container is rendered with --style srun" in torchrun.stderr
+
+
+def test_submits_dry_run_shows_the_runtimes_command_of_each_task(tmp_path):
+    done = cli(tmp_path, "submit", _spec_file(tmp_path, "pyxis"), "--executor", "slurm", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    (srun,) = [x for x in done.stdout.splitlines() if x.startswith("srun ")]
+    assert "--kill-on-bad-exit=1 --container-image=img:1 --container-mounts=" in srun
+    assert f"--container-env=NCCL_DEBUG python {SIDE} img:1 --unset CLUSTERJOB_SUPERVISED," in srun
+    assert srun.endswith(" -- --runs 'results/c/.slurm/<stamp>.p<part>.runs.json'"), srun
