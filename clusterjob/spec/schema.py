@@ -557,6 +557,9 @@ def check_swept_key(where: str, key: Any, own_code: bool) -> None:
     """What a sweep may set (and a search may search): an existing leaf key, params.NAME
     or env.NAME (no secret), none of what is per submission, and none of the trainer's
     sections beside your own code."""
+    if isinstance(key, str) and key.split(".")[0] == "container":  # a Slurm array runs one script, one image
+        unit = "trial" if where.startswith("search.") else "sweep point"
+        raise SpecError(where, f"the container is per submission, not per {unit}; submit a spec per image instead")
     if isinstance(key, str) and key.startswith("params."):
         if not re.fullmatch(_IDENT, key[len("params."):]):
             raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")
@@ -565,10 +568,9 @@ def check_swept_key(where: str, key: Any, own_code: bool) -> None:
     elif not (isinstance(key, str) and _is_key(key)):
         raise SpecError(where, f"{brief(key)} is not a spec key{did_you_mean(key, _leaf_keys(Spec))}")
     if key in ("name", "sweep", "search") or key.startswith(("resources.", "output.", "entrypoint.", "logging.",
-                                                             "search.", "container.")):
+                                                             "search.")):
         unit = "trial" if where.startswith("search.") else "sweep point"
-        raise SpecError(where, f"name, resources, output, entrypoint, logging and container are per submission, "
-                               f"not per {unit}; "
+        raise SpecError(where, f"name, resources, output, entrypoint and logging are per submission, not per {unit}; "
                                "submit a spec per value instead")
     if own_code and key.split(".")[0] in TRAINER_SECTIONS:
         raise SpecError(where, _trainer_key_message(key))

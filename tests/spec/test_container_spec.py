@@ -36,10 +36,12 @@ def test_bad_container_values_name_the_key_the_value_and_the_fix(container, key,
     assert str(error.value).startswith(f"{key}: ") and words in str(error.value)
 
 
-def test_container_keys_cannot_be_swept():
+@pytest.mark.parametrize("key, values", [("container.image", ["a", "b"]), ("container", [{"image": "a"}])])
+def test_the_container_cannot_be_swept(key, values):
     with pytest.raises(SpecError) as error:
-        spec_from_dict({"name": "t", "container": {"image": "x"}, "sweep": {"container.image": ["a", "b"]}})
-    assert str(error.value).startswith("sweep.container.image: ")
+        spec_from_dict({"name": "t", "container": {"image": "x"}, "sweep": {key: values}})
+    assert str(error.value) == (f"sweep.{key}: the container is per submission, not per sweep point; submit a spec "
+                                "per image instead")
 
 
 @pytest.mark.parametrize("setting, words", [
