@@ -29,9 +29,11 @@ def _spec(tmp_path, runtime, gpus=0, **box):
 def test_the_plan_mounts_results_code_and_clusterjob_at_the_same_paths_then_the_spec_mounts(tmp_path):
     spec = _spec(tmp_path, "podman", mounts=["/data:/datasets:ro"], python="/opt/py/bin/python")
     plan = containers.plan_of(spec, cwd=str(tmp_path))
+    # the results folder is inside the code's folder here: mounted with it
     assert [(m.source, m.target, m.read_only) for m in plan.mounts] == [
-        (str(tmp_path / "res"), str(tmp_path / "res"), False), (str(tmp_path), str(tmp_path), False),
-        (HOME, HOME, False), ("/data", "/datasets", True)]
+        (str(tmp_path), str(tmp_path), False), (HOME, HOME, False), ("/data", "/datasets", True)]
+    elsewhere = containers.plan_of(_spec(tmp_path / "a", "podman"), cwd=str(tmp_path / "b"))
+    assert [m.source for m in elsewhere.mounts] == [str(tmp_path / "a" / "res"), str(tmp_path / "b"), HOME]
     assert plan.workdir == str(tmp_path) and plan.python == "/opt/py/bin/python"
     assert plan.names[0] == containerside.CARRIED_VAR and "NCCL_ALGO" in plan.names
 
@@ -40,24 +42,23 @@ def test_each_runtime_renders_its_own_documented_command(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "s3cret")
     monkeypatch.chdir(tmp_path)
     code = str(tmp_path)
-    res = str(tmp_path / "res")
     inside = ["python", SIDE, "img:1", "--", "--runs", "R"]
     apptainer = containers.wrapped(_spec(tmp_path, "apptainer", gpus=1, mounts=["/d:/d:ro"]), "apptainer")
     assert apptainer.command(["--runs", "R"]) == [
-        "apptainer", "exec", "--nv", "--bind", f"{res}:{res},{code}:{code},{HOME}:{HOME},/d:/d:ro", "--pwd", code,
+        "apptainer", "exec", "--nv", "--bind", f"{code}:{code},{HOME}:{HOME},/d:/d:ro", "--pwd", code,
         "img:1", *inside]
     podman = containers.wrapped(_spec(tmp_path, "podman", gpus=1, workdir="/w"), "podman")
     assert podman.command(["--runs", "R"]) == [
         "podman", "run", "--rm", "--init", "--network", "host", "--ipc", "host", "--device", "nvidia.com/gpu=all",
-        "-e", "CLUSTERJOB_CONTAINER_ENV", "-e", "HF_TOKEN", "-e", "NCCL_ALGO", "-v", f"{res}:{res}", "-v",
-        f"{code}:{code}", "-v", f"{HOME}:{HOME}", "-w", "/w", "img:1", *inside]
+        "-e", "CLUSTERJOB_CONTAINER_ENV", "-e", "HF_TOKEN", "-e", "NCCL_ALGO", "-v", f"{code}:{code}", "-v",
+        f"{HOME}:{HOME}", "-w", "/w", "img:1", *inside]
     charlie = containers.wrapped(_spec(tmp_path, "charliecloud"), "charliecloud")
     assert charlie.command(["--runs", "R"]) == [
-        "ch-run", f"--bind={res}:{res}", f"--bind={code}:{code}", f"--bind={HOME}:{HOME}", f"--cd={code}", "img:1",
+        "ch-run", f"--bind={code}:{code}", f"--bind={HOME}:{HOME}", f"--cd={code}", "img:1",
         "--", *inside]
     pyxis = containers.wrapped(_spec(tmp_path, "pyxis", mounts=["/d:/d:ro"]), "pyxis")
     assert pyxis.srun_options == (
-        "--container-image=img:1", f"--container-mounts={res}:{res},{code}:{code},{HOME}:{HOME},/d:/d:ro",
+        "--container-image=img:1", f"--container-mounts={code}:{code},{HOME}:{HOME},/d:/d:ro",
         f"--container-workdir={code}", "--container-env=HF_TOKEN,NCCL_ALGO")
     assert pyxis.command(["--runs", "R"])[:4] == ["python", SIDE, "img:1", "--unset"]
     assert not pyxis.carried_by_host and "RANK" in pyxis.unset and "MASTER_ADDR" in pyxis.unset

@@ -7,13 +7,16 @@ the signals stay on the host side (srun, the batch script)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from chimage import container, make_image, require_ch_run
-from clirun import WAIT_S, cli
+from clirun import REPO, WAIT_S, cli
+from datafiles import write_mnist
 from slurmcluster import batch_script, rank0_log, submit, wait_for
 from trainutil import epochs_of, final_state, max_abs_diff, run_info, write_spec
 
@@ -43,13 +46,15 @@ def boxed_run(slurm_cluster, image, tmp_path_factory):
     return run
 
 
-def test_a_two_node_run_in_a_container_completes_as_on_the_host(slurm_cluster, boxed_run, tmp_path):
+def test_a_two_node_run_in_a_container_completes_as_on_the_host(slurm_cluster, boxed_run, image, tmp_path):
     info = run_info(boxed_run)
     assert info["status"] == "completed", info
     # the image's RANK=99, WORLD_SIZE=7 and MASTER_ADDR did not reach the rendezvous: Slurm's layout did
     assert info["world_size"] == 2 and info["hosts"] == ["node1", "node2"] and info["master_addr"] == "node1"
     script = batch_script(slurm_cluster, info["slurm_job_id"])
     assert "-m clusterjob.taskenv.container -- ch-run --set-env --bind=" in script, script
+    checked = cli(tmp_path, "validate", str(_boxed(tmp_path, "boxed", image)), "--cluster", env=slurm_cluster.env())
+    assert "ok    container: container.runtime: charliecloud (as the spec says; ch-run at " in checked.stdout
     (host,) = submit(slurm_cluster, write_spec(tmp_path, "host", **LONG), "--wait")
     assert [(e["val_acc"], e["val_loss"]) for e in epochs_of(boxed_run)] == [
         (e["val_acc"], e["val_loss"]) for e in epochs_of(host)]
@@ -87,3 +92,19 @@ def test_stack_and_cancel_reach_the_ranks_in_a_container(slurm_cluster, image, t
     wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
                                         env=slurm_cluster.env()).stdout.strip(), WAIT_S, "the job to leave the queue")
     assert run_info(run)["status"] == "cancelled"
+
+
+def test_an_unmodified_script_runs_in_a_container_on_two_nodes(slurm_cluster, image, tmp_path):
+    write_mnist(tmp_path / "data", n_train=256, n_test=128)
+    own = yaml.safe_load((REPO / "jobs" / "own_script.yaml").read_text())
+    own["entrypoint"]["script"] = str(REPO / own["entrypoint"]["script"])
+    spec = tmp_path / "own.yaml"
+    spec.write_text(yaml.safe_dump({
+        **own, "name": "own", "output": {"root": str(tmp_path / "results")},
+        "params": {**own["params"], "epochs": 2, "data": "data"}, "container": container(image),
+        "resources": {**own["resources"], **LONG["resources"]}}))
+    (run,) = submit(slurm_cluster, spec, "--wait")
+    info = run_info(run)
+    assert info["status"] == "completed" and info["hosts"] == ["node1", "node2"] and info["world_size"] == 2, info
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(0 < m["accuracy_pct"] <= 100 for m in metrics)

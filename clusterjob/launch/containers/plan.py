@@ -78,10 +78,9 @@ def plan_of(spec: Spec, cwd: Optional[str] = None) -> Plan:
     box = _container(spec)
     here = os.path.abspath(cwd or os.getcwd())
     own = [os.path.abspath(spec.output.root), here, str(CLUSTERJOB_HOME)]
-    mounts: list[Mount] = []
-    for path in own:
-        if not any(_under(path, m.source) for m in mounts):
-            mounts.append(Mount(path, path))
+    # a folder inside another of them needs no mount of its own
+    mounts = [Mount(path, path) for index, path in enumerate(own) if path not in own[:index]
+              and not any(other != path and _under(path, other) for other in own)]
     for index, text in enumerate(box.mounts):
         source, target, option = mount_parts(f"container.mounts[{index}]", text)
         mounts.append(Mount(source, target, option == "ro"))

@@ -116,7 +116,7 @@ class SlurmExecutor(Executor):
             rendered = scripts(spec, points, _folder(spec))
         except (BadInput, SlurmUnreachable):  # no array size: the array check says why
             rendered = []
-        return preflight.run_checks(spec, points, rendered)
+        return _container_checks(spec, preflight.Check) + preflight.run_checks(spec, points, rendered)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         # Without a cluster to ask (a dry run from a laptop), a sweep is split at Slurm's default
@@ -199,6 +199,16 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"job": None}
+
+
+def _container_checks(spec: Spec, check: type) -> list:
+    """The runtime of a container spec, and why (``validate --cluster``), or why none."""
+    if spec.container is None:
+        return []
+    try:
+        return [check("container", True, containers.check(spec, slurm=True)[1])]
+    except BadInput as error:
+        return [check("container", False, str(error))]  # its line says the fix
 
 
 def _slurm_job(dep: Dependency) -> Optional[str]:
