@@ -1,7 +1,9 @@
 """The first thing a rank runs inside its container (docs/design.md, "Containers"), by
 path, with the image's own Python: ``python .../containerside.py IMAGE [--unset NAMES]
--- ARGS``. It needs nothing but the standard library, so that an image without PyYAML
-or torch fails with one line naming the image and the module, not a traceback.
+[--probe FOLDER] -- ARGS`` (``--probe``: the submit's preflight asks whether a rank
+could run here and write FOLDER, and nothing runs). It needs nothing but the standard
+library, so that an image without PyYAML or torch fails with one line naming the image
+and the module, not a traceback.
 
 Then it puts back what clusterjob set on the host, whatever the image's environment
 set over it (an image's RANK or MASTER_ADDR would silently break the rendezvous):
@@ -49,16 +51,31 @@ def restore(environ: "dict", unset: "list") -> None:
             environ.pop(name, None)
 
 
+def writable(image: str, folder: str) -> "str | None":
+    """The line that says ``folder`` (the results folder) cannot be written from inside, or None."""
+    probe = os.path.join(folder, f".clusterjob-probe-{os.getpid()}")
+    try:
+        with open(probe, "w") as f:
+            f.write("probe\n")
+        os.unlink(probe)
+    except OSError as error:
+        return f"clusterjob: the results folder {folder} cannot be written inside the image {image}: {error}"
+    return None
+
+
 def main(argv: "list") -> int:
     image, rest = argv[0], argv[1:]
     unset: list = []
+    probe = None
     if rest[:1] == ["--unset"]:
         unset, rest = [n for n in rest[1].split(",") if n], rest[2:]
+    if rest[:1] == ["--probe"]:  # the preflight's probe: the checks, then nothing runs
+        probe, rest = rest[1], rest[2:]
     args = rest[1:] if rest[:1] == ["--"] else rest
-    problem = missing(image)
-    if problem:
-        print(problem, file=sys.stderr, flush=True)
-        return 2
+    problem = missing(image) or (writable(image, probe) if probe else None)
+    if problem or probe is not None:
+        print(problem or f"clusterjob: the image {image} can run a rank", file=sys.stderr, flush=True)
+        return 2 if problem else 0
     restore(os.environ, unset)  # type: ignore[arg-type]
     home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)

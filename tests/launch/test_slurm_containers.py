@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chimage import container, make_image, require_ch_run
+from chimage import PYTHON, container, make_image, require_ch_run
 from clirun import REPO, WAIT_S, cli
 from datafiles import write_mnist
 from slurmcluster import batch_script, rank0_log, submit, wait_for
@@ -108,3 +108,15 @@ def test_an_unmodified_script_runs_in_a_container_on_two_nodes(slurm_cluster, im
     assert info["status"] == "completed" and info["hosts"] == ["node1", "node2"] and info["world_size"] == 2, info
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and all(0 < m["accuracy_pct"] <= 100 for m in metrics)
+
+
+def test_the_preflight_probe_refuses_an_image_without_pyyaml_in_one_line(slurm_cluster, image, tmp_path):
+    python = image / "opt" / "python-without-site"  # the image's Python, without its site-packages
+    python.write_text(f"#!/bin/sh\nexec {PYTHON} -S \"$@\"\n")
+    python.chmod(0o755)
+    spec = write_spec(tmp_path, "bare", **LONG, container=container(image, python="/opt/python-without-site"))
+    done = cli(tmp_path, "submit", str(spec), "--executor", "slurm", env=slurm_cluster.env())
+    assert done.returncode == 2 and not (tmp_path / "results").exists()
+    assert done.stderr.splitlines()[-1] == (
+        f"clusterjob: error: container probe on a node: the image {image} lacks the Python module yaml ({PYTHON}); "
+        "a rank needs Python >= 3.9, torch and PyYAML in the image")

@@ -61,15 +61,17 @@ class Wrapped:
     carried_by_host: bool = True
     unset: tuple[str, ...] = field(default=())
 
-    def inside(self, args: Sequence[str]) -> list[str]:
+    def inside(self, args: Sequence[str], probe: Optional[str] = None) -> list[str]:
         """The rank's command inside the image: the check and the put-back
-        (taskenv/containerside.py), then ``python -m clusterjob.run ARGS``."""
+        (taskenv/containerside.py), then ``python -m clusterjob.run ARGS``; with
+        ``probe``, the checks alone, and whether that folder can be written."""
         unset = ["--unset", ",".join(self.unset)] if self.unset else []
-        return [self.plan.python, str(CONTAINERSIDE), self.plan.image, *unset, "--", *args]
+        probed = ["--probe", probe] if probe else []
+        return [self.plan.python, str(CONTAINERSIDE), self.plan.image, *unset, *probed, "--", *args]
 
-    def command(self, args: Sequence[str]) -> list[str]:
-        """The runtime's command line of one rank."""
-        return [*self.prefix, *self.inside(args)]
+    def command(self, args: Sequence[str], probe: Optional[str] = None) -> list[str]:
+        """The runtime's command line of one rank (of the preflight's probe)."""
+        return [*self.prefix, *self.inside(args, probe)]
 
 
 def plan_of(spec: Spec, cwd: Optional[str] = None) -> Plan:

@@ -98,7 +98,7 @@ class SlurmExecutor(Executor):
                 array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
             return
         if spec.container is not None:  # the runtime it picks and why, or one line and exit 2
-            print(containers.check(spec, slurm=True)[1], file=sys.stderr)
+            _check_container(spec)
         failed = [check for check in self.checks(spec, points) if not check.ok]
         for check in failed:
             print(check.line(), file=sys.stderr)
@@ -199,6 +199,19 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"job": None}
+
+
+def _check_container(spec: Spec) -> None:
+    """The runtime a container spec gets and why, then the probe on a node (cached for a
+    day): an image that cannot run a rank there is bad input, one line."""
+    from clusterjob.launch.containers import probe
+
+    runtime, why = containers.check(spec, slurm=True)
+    print(why, file=sys.stderr)
+    passed, line = probe.probe(spec, runtime)
+    if passed is False:
+        raise BadInput(line)
+    print(line, file=sys.stderr)
 
 
 def _container_checks(spec: Spec, check: type) -> list:
