@@ -63,6 +63,28 @@ def writable(image: str, folder: str) -> "str | None":
     return None
 
 
+IB_DEVICES = "/sys/class/infiniband"  # the node's InfiniBand devices (the kernel's, seen inside too)
+VERBS_LIBRARY = "libibverbs.so.1"
+
+
+def lacks_verbs(image: str, devices: str = IB_DEVICES, library: str = VERBS_LIBRARY) -> "str | None":
+    """The warning that this node has InfiniBand devices but the image lacks the verbs
+    library (NCCL then falls back to sockets without an error), or None."""
+    import ctypes
+
+    try:
+        if not os.listdir(devices):
+            return None
+    except OSError:
+        return None
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return (f"clusterjob: warning: the node has InfiniBand devices ({devices}) but the image {image} lacks "
+                f"{library}: NCCL would fall back to TCP sockets; use an image with rdma-core (libibverbs)")
+    return None
+
+
 def main(argv: "list") -> int:
     image, rest = argv[0], argv[1:]
     unset: list = []
@@ -74,7 +96,8 @@ def main(argv: "list") -> int:
     args = rest[1:] if rest[:1] == ["--"] else rest
     problem = missing(image) or (writable(image, probe) if probe else None)
     if problem or probe is not None:
-        print(problem or f"clusterjob: the image {image} can run a rank", file=sys.stderr, flush=True)
+        warning = None if problem else lacks_verbs(image)
+        print(problem or warning or f"clusterjob: the image {image} can run a rank", file=sys.stderr, flush=True)
         return 2 if problem else 0
     restore(os.environ, unset)  # type: ignore[arg-type]
     home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -151,3 +151,15 @@ def test_submits_dry_run_shows_the_runtimes_command_of_each_task(tmp_path):
     assert "--kill-on-bad-exit=1 --container-image=img:1 --container-mounts=" in srun
     assert f"--container-env=NCCL_DEBUG python {SIDE} img:1 --unset CLUSTERJOB_SUPERVISED," in srun
     assert srun.endswith(" -- --runs 'results/c/.slurm/<stamp>.p<part>.runs.json'"), srun
+
+
+def test_the_probe_warns_of_an_image_without_the_verbs_library_on_a_node_with_infiniband(tmp_path):
+    devices = tmp_path / "infiniband"
+    devices.mkdir()
+    assert containerside.lacks_verbs("img:1", str(devices)) is None  # no device
+    (devices / "mlx5_0").mkdir()
+    assert containerside.lacks_verbs("img:1", str(devices), "libc.so.6") is None  # the library loads
+    assert containerside.lacks_verbs("img:1", str(devices), "libibverbs-missing.so.1") == (
+        f"clusterjob: warning: the node has InfiniBand devices ({devices}) but the image img:1 lacks "
+        "libibverbs-missing.so.1: NCCL would fall back to TCP sockets; use an image with rdma-core (libibverbs)")
+    assert containerside.lacks_verbs("img:1", str(tmp_path / "none")) is None

@@ -64,3 +64,12 @@ def test_a_probe_without_an_answer_refuses_nothing(tmp_path, calls):
     assert probe.probe(_spec(tmp_path), "podman")[0] is None
     passed, line = probe.probe(_spec(tmp_path), "podman")
     assert passed is None and "srun failed (srun: error: Unable to allocate resources: Immediate)" in line
+
+
+def test_the_verbs_warning_is_shown_for_gpu_jobs_only(tmp_path, calls):
+    made, answers = calls
+    warning = "clusterjob: warning: the node has InfiniBand devices (/sys/class/infiniband) but the image ..."
+    answers += [(0, warning + "\n"), (0, warning + "\n")]
+    assert probe.probe(_spec(tmp_path, gpus_per_node=1), "podman") == (True, "container probe: " + warning[12:])
+    (tmp_path / "cache").joinpath("clusterjob", "container-probes.json").unlink()
+    assert probe.probe(_spec(tmp_path), "podman") == (True, "container probe: passed")
