@@ -2,8 +2,10 @@
 trainer completes with the numbers of the same run on the host, although the image's
 environment sets RANK, WORLD_SIZE and MASTER_ADDR to wrong values; a USR2 preemption
 mid-epoch checkpoints inside, the host side requeues, and the run resumes bit-exact;
-cancel stops it; `clusterjob stack` shows the ranks' stacks. Requeue, the teardown and
-the signals stay on the host side (srun, the batch script)."""
+cancel stops it; `clusterjob stack` shows the ranks' stacks; an unmodified script runs
+the same way and sees clusterjob's variables; the preflight's probe refuses an image
+without PyYAML. Requeue, the teardown and the signals stay on the host side (srun, the
+batch script)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from trainutil import epochs_of, final_state, max_abs_diff, run_info, write_spec
 
 pytestmark = pytest.mark.slurm
 
-WRONG = {"RANK": "99", "LOCAL_RANK": "5", "WORLD_SIZE": "7", "MASTER_ADDR": "wrong.invalid", "NCCL_DEBUG": "WARN"}
+WRONG = {"RANK": "99", "LOCAL_RANK": "5", "WORLD_SIZE": "7", "MASTER_ADDR": "wrong.invalid", "NCCL_DEBUG": "WARN",
+         "NCCL_SOCKET_IFNAME": "eth9", "HF_TOKEN": "image-token"}
 # 2 nodes x 1 rank: a sum of two values is exact in either order, so a resume is bit-exact.
 LONG = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_val": 64},
             train={"epochs": 3, "batch_size": 16, "log_every": 2},
@@ -120,3 +123,27 @@ def test_the_preflight_probe_refuses_an_image_without_pyyaml_in_one_line(slurm_c
     assert done.stderr.splitlines()[-1] == (
         f"clusterjob: error: container probe on a node: the image {image} lacks the Python module yaml ({PYTHON}); "
         "a rank needs Python >= 3.9, torch and PyYAML in the image")
+
+
+SHOW_ENV = """import json, os, sys
+names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "HF_TOKEN"]
+seen = {name: os.environ.get(name) for name in names}
+seen["in_image"] = os.path.exists("/ch/environment")
+with open(os.path.join(sys.argv[1], "env-%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def test_ranks_on_two_nodes_see_clusterjobs_values_over_the_images(slurm_cluster, image, tmp_path):
+    (tmp_path / "show_env.py").write_text(SHOW_ENV)
+    spec = tmp_path / "vars.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "vars", "output": {"root": str(tmp_path / "results")}, "resources": LONG["resources"],
+        "entrypoint": {"script": str(tmp_path / "show_env.py"), "args": ["{run_dir}"]},
+        "env": {"NCCL_DEBUG": "INFO", "HF_TOKEN": "***"}, "container": container(image)}))
+    (run,) = submit(slurm_cluster, spec, "--wait", extra_env={"NCCL_SOCKET_IFNAME": "lo", "HF_TOKEN": "tok-shell"})
+    assert run_info(run)["status"] == "completed", run_info(run)
+    for rank in (0, 1):
+        assert json.loads((run / f"env-{rank}.json").read_text()) == {
+            "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node1", "NCCL_DEBUG": "INFO",
+            "NCCL_SOCKET_IFNAME": "lo", "HF_TOKEN": "tok-shell", "in_image": True}
