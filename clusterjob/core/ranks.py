@@ -110,6 +110,11 @@ def describe(env: DistEnv) -> str:
 # --- the launcher's variables ---------------------------------------------------------------
 
 
+def launcher_names() -> frozenset:
+    """The names (not the prefixes) of the variables a launcher sets for each rank."""
+    return _LEAKING_NAMES
+
+
 def launcher_variable(name: str) -> bool:
     """True for a variable a launcher (Slurm, torchrun, MPI, the local supervisor) sets for
     each rank: it describes the job, not the user's setup."""

@@ -99,6 +99,7 @@ def render(spec: Spec, spec_path: str, style: str = "srun", overrides: Sequence[
         lines = _render_headers(_template_lines(path), values)
         lines = _render_setup(lines, spec.resources.setup)
         lines = _render_args(lines, os.path.abspath(spec_path), overrides)
+        lines = _render_container(lines, spec, style)
     except TemplateError as err:
         raise BadInput(f"sbatch template {path}: {err}; {_template_fix(path, style)}") from None
     # json.dumps escapes what could end the comment line (the CLI's path may hold anything)
@@ -180,6 +181,36 @@ def _render_args(lines: list[str], spec_path: str, overrides: Sequence[str]) -> 
     words = [spec_path] + [w for item in overrides for w in ("--set", without_secrets(item))]
     command = "set -- " + " ".join(shlex.quote(w) for w in words) + ' "$@"'
     return lines[:index] + [command] + lines[index + 1:]
+
+
+RANK_COMMAND = '"$PYTHON" -m clusterjob.run "$@"'  # each task's command in the srun template
+
+
+def _render_container(lines: list[str], spec: Spec, style: str) -> list[str]:
+    """With ``container:``, each task's command in the image, as submit renders it
+    (clusterjob.launch.containers): the host side, the runtime, the rank's first step,
+    then the task's arguments; pyxis's options go on srun's line."""
+    if spec.container is None:
+        return lines
+    if style != "srun":
+        raise BadInput("container: a run in a container is rendered with --style srun (one task per rank, each "
+                       "started in the image); torchrun's agent would run inside the image")
+    from clusterjob.launch.containers import plan as containers
+    from clusterjob.taskenv.container import host_command
+
+    wrapped = containers.wrapped(spec, containers.chosen(spec, slurm=True))
+    hits = [i for i, line in enumerate(lines) if RANK_COMMAND in line]
+    if len(hits) != 1:
+        raise TemplateError(f"needs exactly one line holding {RANK_COMMAND!r} to put the container around, "
+                            f"has {len(hits)}")
+    host = ['"$PYTHON"', *map(shlex.quote, host_command(spec.env)[1:])] if wrapped.carried_by_host else []
+    inside = [*host, *map(shlex.quote, wrapped.command([])), '"$@"']
+    lines = [*lines]
+    lines[hits[0]] = lines[hits[0]].replace(RANK_COMMAND, " ".join(inside))
+    if wrapped.srun_options:
+        srun = max(i for i in range(hits[0] + 1) if lines[i].lstrip().startswith("srun "))
+        lines[srun] = lines[srun].replace("srun ", f"srun {shlex.join(wrapped.srun_options)} ", 1)
+    return lines
 
 
 def without_secrets(override: str) -> str:

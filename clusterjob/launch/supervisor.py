@@ -66,8 +66,10 @@ from clusterjob.core.record import RunError, RunRecord
 from clusterjob.core.rundir import RunDir, first_error, last_words, mark_failed, rank_errors
 from clusterjob.health import stalls
 from clusterjob.launch import chain, progress, slots
+from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.slots import WHOLE, Slot
 from clusterjob.spec.schema import ResourcesSpec, load_spec
+from clusterjob.taskenv.container import carry
 from clusterjob.taskenv.local import SUPERVISED_VAR
 
 POLL_S = 0.2
@@ -117,15 +119,27 @@ def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int]
     instant, never only the records of an earlier start."""
     run.logs.mkdir(parents=True, exist_ok=True)
     port, ranks, parent = port or free_port(), [], os.getpid()
+    command, environ = rank_command(run)
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
-            ranks.append(subprocess.Popen([sys.executable, "-m", "clusterjob.run", str(run.spec_file)],
-                                          env=rank_environ(dict(os.environ), rank, world, port, slot),
+            ranks.append(subprocess.Popen(command, env=environ(rank_environ(dict(os.environ), rank, world, port, slot)),
                                           stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                           start_new_session=True, preexec_fn=_die_with(parent, slot)))
         if (ref := procs.current(ranks[-1].pid)) is not None:
             procs.save(run.proc_file(rank), ref)
     return ranks
+
+
+def rank_command(run: RunDir) -> tuple[list[str], Callable[[dict], dict]]:
+    """The command of each rank of ``run`` and what its environment gets: ``python -m
+    clusterjob.run``, or that inside the spec's container (clusterjob.launch.containers),
+    whose runtime execs the rank, with clusterjob's variables carried in by name."""
+    spec = load_spec(run.spec_file)
+    if spec.container is None:
+        return [sys.executable, "-m", "clusterjob.run", str(run.spec_file)], lambda environ: environ
+    runtime = containers.pick(spec, slurm=False)[0]
+    wrapped = containers.wrapped(spec, runtime)
+    return wrapped.command([str(run.spec_file)]), lambda environ: carry(environ, spec.env)
 
 
 def slots_for(resources: ResourcesSpec, runs: int, parallel: Optional[int] = None) -> list[Slot]:

@@ -31,6 +31,7 @@ from clusterjob.core.units import default_mode
 from clusterjob.spec import envvars
 from clusterjob.spec import options as executoropts
 from clusterjob.spec.catalog import DATASETS, DatasetName
+from clusterjob.spec.container import ContainerSpec
 from clusterjob.spec.fields import (
     HOLDS_OPTIONS,
     Section,
@@ -501,6 +502,8 @@ class Spec(Section):
     health: Optional[HealthSpec] = opt(HealthSpec, "hung and slow ranks; null: no watchdog, no stack dumps, "
                                                    "no wait timing")
     entrypoint: Optional[EntrypointSpec] = opt(None, "your own training code instead of the built-in trainer")
+    container: Optional[ContainerSpec] = opt(None, "the image every rank runs in (docs/design.md, \"Containers\"); "
+                                                   "null: the ranks run on the host")
     params: dict = opt({}, "your code's settings (clusterjob.params, {params.NAME} in args); sweep as params.NAME")
 
     def check(self) -> None:
@@ -554,6 +557,9 @@ def check_swept_key(where: str, key: Any, own_code: bool) -> None:
     """What a sweep may set (and a search may search): an existing leaf key, params.NAME
     or env.NAME (no secret), none of what is per submission, and none of the trainer's
     sections beside your own code."""
+    if isinstance(key, str) and key.split(".")[0] == "container":  # a Slurm array runs one script, one image
+        unit = "trial" if where.startswith("search.") else "sweep point"
+        raise SpecError(where, f"the container is per submission, not per {unit}; submit a spec per image instead")
     if isinstance(key, str) and key.startswith("params."):
         if not re.fullmatch(_IDENT, key[len("params."):]):
             raise SpecError(where, "a params key is a name (letters, digits, '_'), e.g. params.lr")

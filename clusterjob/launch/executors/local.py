@@ -13,6 +13,7 @@ when every one of them ended without the run recording its end, the run is faile
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunRecord
 from clusterjob.core.rundir import RunDir, failure, natural_key
 from clusterjob.launch import supervisor as sup
+from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.executor import (
     Dependency,
     Executor,
@@ -72,6 +74,8 @@ class LocalExecutor(Executor):
         if spec.resources.gpus_per_node > 0:  # on CPU the runner hides the GPUs: nothing to count
             visible, where = gpus_here(os.environ)
             check_gpus(spec.resources.tasks_per_node, spec.resources.gpus_per_node, visible, where)
+        if spec.container is not None:
+            containers.check(spec, slurm=False)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         from clusterjob.spec.schema import expand_sweep
@@ -79,7 +83,7 @@ class LocalExecutor(Executor):
         wait = [f"each once these {len(after)} run(s) completed: {', '.join(str(d.run.path) for d in after)}"]
         return [f"would run {spec.resources.tasks_per_node} local processes: "
                 f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}" for point in expand_sweep(spec)
-                ] + (wait if after else [])
+                ] + _container_lines(spec) + (wait if after else [])
 
     def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
         """A detached supervisor takes the runs and their claims; with ``follow`` this
@@ -219,6 +223,15 @@ def record_launcher(runs: list[RunDir], ref: Optional[procs.ProcessRef]) -> None
         return
     for run in runs:
         run.update(executor="local", launcher=ref)
+
+
+def _container_lines(spec: Spec) -> list[str]:
+    """The runtime a dry run of a container spec would use, why, and each rank's command."""
+    if spec.container is None:
+        return []
+    runtime, why = containers.pick(spec, slurm=False)
+    command = containers.wrapped(spec, runtime).command(["<run>/spec.yaml"])
+    return [why, f"each rank in the container: {shlex.join(command)}"]
 
 
 def check_gpus(tasks: int, gpus_per_node: int, visible: int, where: str) -> None:

@@ -37,6 +37,7 @@ from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_i
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.health import stalls
 from clusterjob.launch import arrays, chain
+from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.executor import (
     WAITING,
     Dependency,
@@ -53,6 +54,7 @@ from clusterjob.launch.executor import (
 from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
 from clusterjob.spec.schema import Spec, load_spec
+from clusterjob.taskenv.container import host_command
 from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
 
 UNREACHABLE = "Slurm unreachable"
@@ -95,6 +97,8 @@ class SlurmExecutor(Executor):
             if self.unavailable() is None:  # a dry run without a cluster: preview splits at the default
                 array_size(points)  # a sweep's split needs the cluster's MaxArraySize, checked or not
             return
+        if spec.container is not None:  # the runtime it picks and why, or one line and exit 2
+            _check_container(spec)
         failed = [check for check in self.checks(spec, points) if not check.ok]
         for check in failed:
             print(check.line(), file=sys.stderr)
@@ -112,7 +116,7 @@ class SlurmExecutor(Executor):
             rendered = scripts(spec, points, _folder(spec))
         except (BadInput, SlurmUnreachable):  # no array size: the array check says why
             rendered = []
-        return preflight.run_checks(spec, points, rendered)
+        return _container_checks(spec, preflight.Check) + preflight.run_checks(spec, points, rendered)
 
     def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
         # Without a cluster to ask (a dry run from a laptop), a sweep is split at Slurm's default
@@ -195,6 +199,29 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"job": None}
+
+
+def _check_container(spec: Spec) -> None:
+    """The runtime a container spec gets and why, then the probe on a node (cached for a
+    day): an image that cannot run a rank there is bad input, one line."""
+    from clusterjob.launch.containers import probe
+
+    runtime, why = containers.check(spec, slurm=True)
+    print(why, file=sys.stderr)
+    passed, line = probe.probe(spec, runtime)
+    if passed is False:
+        raise BadInput(line)
+    print(line, file=sys.stderr)
+
+
+def _container_checks(spec: Spec, check: type) -> list:
+    """The runtime of a container spec, and why (``validate --cluster``), or why none."""
+    if spec.container is None:
+        return []
+    try:
+        return [check("container", True, containers.check(spec, slurm=True)[1])]
+    except BadInput as error:
+        return [check("container", False, str(error))]  # its line says the fix
 
 
 def _slurm_job(dep: Dependency) -> Optional[str]:
@@ -404,8 +431,22 @@ def _render(spec: Spec, folder: Path, runs_file: Path, array: Optional[int], aft
     from submitit.slurm import slurm
 
     params = {**submitit_parameters(spec, _teardown(runs_file), after_jobs), "job_name": name}
-    command = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", "--runs", str(runs_file)])
+    args = ["--runs", str(runs_file)]
+    if spec.container is None:
+        command = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", *args])
+    else:
+        command, srun_options = _in_container(spec, args)
+        params["srun_args"] = [*params["srun_args"], *srun_options]
     return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, **params)
+
+
+def _in_container(spec: Spec, args: list[str]) -> tuple[str, tuple[str, ...]]:
+    """Each task's command in the spec's container, and the options srun gets for it
+    (pyxis): a runtime other than pyxis is started by the task's host side, which
+    carries clusterjob's variables in (clusterjob.taskenv.container)."""
+    wrapped = containers.wrapped(spec, containers.chosen(spec, slurm=True))
+    host = host_command(spec.env) if wrapped.carried_by_host else []
+    return shlex.join([*host, *wrapped.command(args)]), wrapped.srun_options
 
 
 def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) -> list[str]:
