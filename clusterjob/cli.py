@@ -258,6 +258,13 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 
 @_reads_run_folders
+def cmd_attach(args: argparse.Namespace) -> int:
+    from clusterjob.launch import attach, control
+
+    return attach.cmd_attach(control.resolve_run(args.run), rank=args.rank)
+
+
+@_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
     from clusterjob.search.record import is_search
 
@@ -405,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run folder (or run id under results/)")
     p.add_argument("--rank", type=int, help="only this rank (default: all)")
     p.set_defaults(func=cmd_stack)
+
+    p = sub.add_parser("attach", help="an interactive shell on the node of a running run's rank, with its "
+                                      "environment and GPUs (exit leaves it; the rank goes on)")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
+    p.set_defaults(func=cmd_attach)
 
     p = sub.add_parser("cancel", help="cancel a pending or running run, or every run of a sweep")
     p.add_argument("run", help=_TARGET)

@@ -28,7 +28,9 @@ this protocol only:
   processes), read-only unless ``write_back``; ``live``: why a run may still run.
   ``views`` (and ``records``, its records) is the one derivation of a run's state
   that every read-only view shows;
-- ``cancel``: stop a run, and mark it cancelled once no rank of it is alive.
+- ``cancel``: stop a run, and mark it cancelled once no rank of it is alive;
+- ``shell``: the command that opens an interactive shell on a running rank's node
+  (``clusterjob attach``).
 """
 
 from __future__ import annotations
@@ -185,6 +187,13 @@ class Executor(abc.ABC):
     def reopened(self) -> dict:
         """run.json fields ``resume`` clears before starting a run again."""
         return {}
+
+    def shell(self, run: RunDir, info: RunRecord, node: str, command: list[str]) -> list[str]:
+        """The command (of ``clusterjob attach``) that runs ``command`` interactively on
+        ``node``, where a rank of the running ``run`` runs, with what of its job that rank
+        has (its GPUs); bad input where this executor cannot reach it. None by default."""
+        raise BadInput(f"{run.path}: the {self.name} executor cannot open a shell on its ranks; use its own tools "
+                       "to reach the node")
 
 
 _REGISTRY: dict[str, type[Executor]] = {}  # the built-in executors imported so far

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,6 +164,13 @@ class LocalExecutor(Executor):
         if len(here) == len(refs) and not _alive(here):
             run.update(runstate.cancel())
         return lines
+
+    def shell(self, run: RunDir, info: RunRecord, node: str, command: list[str]) -> list[str]:
+        """Here: the ranks run on this machine (one started on another host is out of reach)."""
+        if node != socket.gethostname():
+            raise BadInput(f"{run.path}: its ranks run on {node}, not on this host ({socket.gethostname()}); run "
+                           "`clusterjob attach` there")
+        return command
 
 
 def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:

@@ -196,6 +196,14 @@ class SlurmExecutor(Executor):
     def reopened(self) -> dict:
         return {"job": None}
 
+    def shell(self, run: RunDir, info: RunRecord, node: str, command: list[str]) -> list[str]:
+        """A step of the run's job on ``node`` beside its ranks (``--overlap``), in a
+        pseudo-terminal: it gets the job's GPUs and cores."""
+        job = info.slurm_job_id
+        if not is_job_id(job):
+            raise BadInput(f"{run.path}: no Slurm job recorded yet; try again once its job runs")
+        return ["srun", f"--jobid={job}", "--overlap", "--pty", "-w", node, "-N1", "-n1", "--quiet", *command]
+
 
 def _slurm_job(dep: Dependency) -> Optional[str]:
     """The Slurm job (or array task) of a run this one waits for, while it is queued;
