@@ -1,6 +1,6 @@
 """``clusterjob attach RUN [--rank R]``: an interactive shell on the node of a running
-run's rank, with the rank's environment (docs/design.md, "A shell or a debugger on a live rank"), so
-``nvidia-smi``, ``py-spy dump --pid``, ``top`` are one command away.
+run's rank, with the rank's environment, so ``nvidia-smi``, ``py-spy dump --pid``,
+``top`` are one command away (docs/design.md, "A shell or a debugger on a live rank").
 
 The rank's executor names the command that reaches its node (``Executor.shell``): the
 local executor runs it here, the Slurm one through ``srun --jobid JOB --overlap --pty -w
@@ -9,9 +9,9 @@ clusterjob.launch.attach --here RUN RANK`` on the rank's node: it verifies the r
 recorded process (its pid and start time, as ``cancel`` does), reads the environment it
 started with from ``/proc/PID/environ``, adds what the runner derives at its start (the
 spec's env, RANK, WORLD_SIZE, MASTER_ADDR... as the rank exports them) and replaces
-itself with ``$SHELL -i`` in the rank's working directory. The environment stays in
-memory: secrets the rank holds are never written anywhere. Read-only: nothing in the
-run folder changes. No torch here (login nodes).
+itself with ``$SHELL -i`` in the rank's working directory, on the rank's cores. The
+environment stays in memory: secrets the rank holds are never written anywhere.
+Read-only: nothing in the run folder changes. No torch here (login nodes).
 """
 
 from __future__ import annotations
@@ -102,6 +102,10 @@ def here(run_path: str, rank: int) -> int:
         os.chdir(os.readlink(f"/proc/{ref.pid}/cwd"))
     except OSError:
         pass  # it may have left for a folder gone since: the shell starts where we are
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(ref.pid))  # its cores too (a local run's slot)
+    except OSError:
+        pass  # cores the step was not given: the shell keeps the step's
     print(f"clusterjob: a shell on rank {rank} (pid {ref.pid}) of {escape(run.run_id)} on {socket.gethostname()}; "
           "`exit` leaves it (the rank goes on)", file=sys.stderr, flush=True)
     os.execve(shell, [shell, "-i"], environ)

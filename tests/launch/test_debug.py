@@ -7,12 +7,19 @@ not go with it exit 2 with one line and write nothing."""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from clirun import checkout_env, cli, command
 from owncode import Project
 from ptydrive import drive
+
+from clusterjob.core.rundir import RunDir
+from clusterjob.launch.executors.slurm import salloc_command
+from clusterjob.spec.schema import spec_from_dict
 
 STOPPING = ("import os\n"
             "x = 41\n"
@@ -77,3 +84,23 @@ def test_what_does_not_go_with_debug_is_one_line_and_writes_nothing(tmp_path, ex
     done = cli(tmp_path, "submit", "dbg.yaml", "--executor", "local", "--debug", *extra)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"clusterjob: error: {said}\n")
     assert not (tmp_path / "results").exists()
+
+
+def test_the_salloc_of_debug_asks_the_specs_resources_and_quotes_every_value():
+    spec = spec_from_dict({"name": "dbg",
+                           "resources": {"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 2, "cpus_per_task": 3,
+                                         "mem_gb": 1.5, "time_min": 90, "partition": "gpu",
+                                         "setup": ["module load cuda; echo 'set up'"]}})
+    run = RunDir(Path("/scratch/my runs/dbg/$(id)"))
+    command = salloc_command(spec, run)
+    assert command[:-3] == ["salloc", "--job-name=dbg", "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2",
+                            "--cpus-per-task=3", "--mem=1536M", "--time=01:30:00", "--partition=gpu"]
+    assert command[-3:-1] == ["bash", "-c"]
+    setup, cpus, ranks = command[-1].split("\n")
+    assert (setup, cpus) == ("module load cuda; echo 'set up'", "export SRUN_CPUS_PER_TASK=3")
+    srun = shlex.split(ranks)
+    assert srun[:6] == ["exec", "srun", "--pty", "--kill-on-bad-exit=1", "bash", "-c"]
+    logs, task = shlex.quote(str(run.logs)), shlex.join([sys.executable, "-u", "-m", "clusterjob.run",
+                                                         str(run.spec_file)])
+    assert srun[6] == (f'if [ "$SLURM_PROCID" != 0 ]; then export PYTHONBREAKPOINT=0; mkdir -p {logs}; exec '
+                       f'>>{logs}/"rank$SLURM_PROCID.out" 2>>{logs}/"rank$SLURM_PROCID.err"; fi; exec {task}')

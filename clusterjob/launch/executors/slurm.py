@@ -225,7 +225,11 @@ class SlurmExecutor(Executor):
         job = info.slurm_job_id
         if not is_job_id(job):
             raise BadInput(f"{run.path}: no Slurm job recorded yet; try again once its job runs")
-        return ["srun", f"--jobid={job}", "--overlap", "--pty", "-w", node, "-N1", "-n1", "--quiet", *command]
+        own = slurmctl.step_job_id(job)
+        if own is None:
+            raise BadInput(f"{run.path}: Slurm did not say which job array task {job} is (scontrol show job); "
+                           "try again once Slurm answers")
+        return ["srun", f"--jobid={own}", "--overlap", "--pty", "-w", node, "-N1", "-n1", "--quiet", *command]
 
 
 def salloc_command(spec: Spec, run: RunDir) -> list[str]:
