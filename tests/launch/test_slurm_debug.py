@@ -1,7 +1,8 @@
 """``clusterjob submit --debug --executor slurm`` on the real local Slurm: the run in an
 ``salloc`` of two nodes (asked with --set), rank 0 in ``srun --pty`` on this terminal (a
 pty driven by keystrokes) stops at the own script's ``breakpoint()``, continues on ``c``,
-rank 1 runs past its own; the run completes as an ordinary Slurm run."""
+rank 1 runs past its own; the run completes as an ordinary Slurm run. A Ctrl-C at the pdb
+prompt cancels it."""
 
 from __future__ import annotations
 
@@ -39,3 +40,18 @@ def test_debug_in_an_salloc_stops_rank_0_at_its_breakpoint_and_completes(slurm_c
     assert "on rank 1 of 2 on node2" in (own.run / "logs" / "rank1.out").read_text()
     shown = cli(tmp_path, "status", "results", env=env)
     assert f"dbg/{own.run.name}  completed" in shown.stdout
+
+
+def test_ctrl_c_at_the_pdb_prompt_in_the_salloc_cancels_the_run(slurm_cluster, tmp_path):
+    own = Project(tmp_path, "dbg")
+    own.spec(STOPPING, stop_grace_s=1)
+    env = checkout_env(slurm_cluster.env())
+    screen = drive(command("submit", "dbg.yaml", "--executor", "slurm", "--debug", "--set", "resources.mem_gb=1",
+                           "--set", "resources.time_min=10"), tmp_path, env,
+                   [(PDB, "\x03")], timeout=300)  # Ctrl-C, as the terminal sends it: to rank 0 through srun --pty
+    assert screen.returncode == 1, screen.text
+    assert f"{own.run.name}  cancelled  -> {own.run}" in screen.lines(), screen.text
+    info = json.loads((own.run / "run.json").read_text())
+    assert info["status"] == "cancelled" and info["slurm_job_id"], info
+    shown = cli(tmp_path, "status", "results", env=env)
+    assert f"dbg/{own.run.name}  cancelled" in shown.stdout

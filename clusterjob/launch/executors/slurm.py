@@ -207,14 +207,18 @@ class SlurmExecutor(Executor):
     def debug(self, spec: Spec, run: RunDir) -> RunRecord:
         """The run in an allocation of its own (``salloc``), its ranks one srun step with
         rank 0 in a pseudo-terminal (``srun --pty``) tied to this one; a Ctrl-C goes to
-        rank 0 there (salloc takes one before the allocation starts). A run whose tasks
-        did not record their end is failed, saying what ended it."""
+        rank 0 there (salloc takes one before the allocation starts), whose recorded stop
+        makes the run cancelled once the allocation ended. A run whose tasks did not
+        record their end is failed, saying what ended it."""
         with _ignored_interrupt():
             code = subprocess.run(salloc_command(spec, run), env=clean_environ(os.environ)).returncode
         claim.release(run.path)
         info = run.read()
         if info.status in runstate.FINAL_STATUSES:
             return info
+        if is_job_id(info.slurm_job_id) and info.stopped_at is not None:
+            # rank 0 recorded the stop (a Ctrl-C), to be cancelled once no rank lives: the allocation is gone
+            return run.update(runstate.cancel())
         why = (f"its ranks ended without recording their end (salloc exited {code})" if is_job_id(info.slurm_job_id)
                else f"salloc exited {code} before its ranks started (what it said is above)")
         return run.update(runstate.fail(RunError(None, why)))
