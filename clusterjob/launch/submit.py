@@ -50,7 +50,7 @@ def submit(spec: Spec, executor_name: str = "auto", wait: bool = False, dry_run:
     # One batch: every file of every run is written once and none is synced alone; the
     # batch syncs before a job can read them, and once at its end (clusterjob.core.files)
     with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
-        runs = window.hold(_made(spec, points, chosen, snap, waits))
+        runs = _made(spec, points, chosen, snap, waits, window)
         lines = _hand_over(runs, window, lambda: chosen.start(spec, runs, follow=wait, after=deps))
     for line in amp_lines([p.spec for p in points], chosen.ranks_here):  # once handed over: a refusal prints nothing
         print(line)
@@ -58,14 +58,15 @@ def submit(spec: Spec, executor_name: str = "auto", wait: bool = False, dry_run:
     return _follow(spec, runs, chosen, wait)
 
 
-def _made(spec: Spec, points: list, chosen: Executor, snap, waits: dict) -> list[RunDir]:
-    """The run folders of ``points``, claimed by this process (and their code's snapshot)."""
-    runs = make_runs(Path(spec.output.root), spec.name,
-                     [(p.index, spec_parts(p.spec), p.run_params, {"env": envvars.shown_env(p.spec.env)})
-                      for p in points],
-                     claim_as="clusterjob submit", executor=chosen.name,
-                     by_tasks=chosen.makes_runs_at_start(len(points)) and snap is None,
-                     **_origin(), **waits)  # resume's executor, if the start fails
+def _made(spec: Spec, points: list, chosen: Executor, snap, waits: dict, window: Window) -> list[RunDir]:
+    """The run folders of ``points``, claimed by this process and held by ``window`` (so
+    a snapshot that fails leaves none), then their code's snapshot."""
+    runs = window.hold(make_runs(Path(spec.output.root), spec.name,
+                                 [(p.index, spec_parts(p.spec), p.run_params, {"env": envvars.shown_env(p.spec.env)})
+                                  for p in points],
+                                 claim_as="clusterjob submit", executor=chosen.name,
+                                 by_tasks=chosen.makes_runs_at_start(len(points)) and snap is None,
+                                 **_origin(), **waits))  # resume's executor, if the start fails
     if snap is not None:
         from clusterjob.launch import snapshot
 
@@ -95,7 +96,7 @@ def debug(spec: Spec, executor_name: str = "auto", preflight: bool = True) -> in
     snap = _snapshot_plan(spec)
     envvars.hand_down_secrets(spec.env)
     with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
-        (run,) = window.hold(_made(spec, points, chosen, snap, {}))
+        (run,) = _made(spec, points, chosen, snap, {}, window)
 
         def start() -> list[str]:
             chosen.start_debug(spec, run)
