@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from clusterjob.core import procs, runstate
-from clusterjob.core.errors import BadInput, escape
+from clusterjob.core.errors import BadInput, Failure, escape
 from clusterjob.core.rundir import RunDir
 from clusterjob.health import rankhealth
 
@@ -55,7 +55,10 @@ def cmd_attach(run: RunDir, rank: int = 0) -> int:
     command = owner.shell(run, info, health.node if health is not None else ref.host, here_command(run, rank))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as err:  # not the run folder's fault: srun missing from PATH, say
+        raise Failure(f"cannot run {command[0]}: {err.strerror or err}") from None
     return 1  # not reached: the shell replaced this process
 
 
