@@ -107,6 +107,8 @@ def _closed_outputs() -> list[int]:
 def cmd_submit(args: argparse.Namespace) -> int:
     from clusterjob.spec.schema import load_spec
 
+    if args.debug:
+        return _submit_debug(args)
     spec = load_spec(args.spec, args.set)
     if spec.search is not None:  # a search: its slots run through its executor
         from clusterjob.search import commands
@@ -117,6 +119,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     return submit(spec, executor_name=args.executor, wait=args.wait, dry_run=args.dry_run,
                   preflight=not args.no_preflight, after=args.after)
+
+
+def _submit_debug(args: argparse.Namespace) -> int:
+    """``submit --debug``: one run, rank 0 in the foreground (world size 1 unless --set
+    asks for more nodes or tasks)."""
+    from clusterjob.launch import submit
+    from clusterjob.spec.schema import load_spec
+
+    for flag, given in (("--dry-run", args.dry_run), ("--after", args.after)):
+        if given:
+            raise BadInput(f"--debug and {flag} do not go together: --debug runs the run now, in the foreground; "
+                           f"leave one out")
+    spec = load_spec(args.spec, [*submit.DEBUG_WORLD, *args.set])
+    if spec.search is not None:
+        raise BadInput("--debug runs one run, and this spec is a search; debug a trial's values in a spec "
+                       "without search:")
+    return submit.debug(spec, executor_name=args.executor, preflight=not args.no_preflight)
 
 
 @_reads_run_folders
@@ -258,6 +277,13 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 
 @_reads_run_folders
+def cmd_attach(args: argparse.Namespace) -> int:
+    from clusterjob.launch import attach, control
+
+    return attach.cmd_attach(control.resolve_run(args.run), rank=args.rank)
+
+
+@_reads_run_folders
 def cmd_cancel(args: argparse.Namespace) -> int:
     from clusterjob.search.record import is_search
 
@@ -369,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (the default): Slurm if sbatch works, else local processes; or the name an "
                         "installed package registers (entry point group clusterjob.executors)")
     p.add_argument("--wait", action="store_true", help="block until the runs end; print summaries")
+    p.add_argument("--debug", action="store_true",
+                   help="run one run with rank 0 in the foreground, stdin attached, so breakpoint() in the code "
+                        "works (locally, or in an salloc with --executor slurm); world size 1 unless --set "
+                        "resources.nodes=N / resources.tasks_per_node=N asks for more")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted, submit nothing")
     p.add_argument("--no-preflight", action="store_true",
                    help="on Slurm, skip the cluster checks (validate --cluster) that run before anything is queued")
@@ -417,6 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, help="only this rank (default: all)")
     _add_cluster(p)
     p.set_defaults(func=cmd_stack)
+
+    p = sub.add_parser("attach", help="an interactive shell on the node of a running run's rank, with its "
+                                      "environment and GPUs (exit leaves it; the rank goes on)")
+    p.add_argument("run", help="run folder (or run id under results/)")
+    p.add_argument("--rank", type=int, default=0, help="which rank (default 0)")
+    p.set_defaults(func=cmd_attach)
 
     p = sub.add_parser("cancel", help="cancel a pending or running run, or every run of a sweep")
     p.add_argument("run", help=_TARGET)

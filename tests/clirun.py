@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Commands that start processes (a supervisor, ranks, sbatch's job), import torch (data
 # fetch) or signal processes (cancel): a real process each, unless said otherwise.
-_PROCESS_COMMANDS = ("submit", "resume", "data", "cancel", "stack")
+_PROCESS_COMMANDS = ("submit", "resume", "data", "cancel", "stack", "attach")
 _PROCESS_FLAGS = ("--wait", "--follow", "-f", "--watch")
 # Variables an interpreter reads once, at its start: a call that sets them other than this
 # process has them needs a fresh one.

@@ -225,6 +225,15 @@ def _job(job_id: str) -> dict[str, str]:
     return next(iter(records(_run(["scontrol", "show", "job", "-o", job_id]) or "")), {})
 
 
+def step_job_id(job_id: str) -> Optional[str]:
+    """The id ``srun --jobid`` takes for ``job_id``: an array task's own job id (``123_4``
+    is the job ``scontrol show job`` names by its JobId; srun refuses the array form),
+    else the id itself; None when Slurm does not answer."""
+    if "_" not in job_id:
+        return job_id
+    return _job(job_id).get("JobId") or None
+
+
 def start_later(job_id: str, seconds: float) -> bool:
     """Hold a requeued (pending) job until ``seconds`` from now, unless Slurm holds it
     longer already (its own delay of a requeued job); False when that did not work."""

@@ -28,7 +28,11 @@ this protocol only:
   processes), read-only unless ``write_back``; ``live``: why a run may still run.
   ``views`` (and ``records``, its records) is the one derivation of a run's state
   that every read-only view shows;
-- ``cancel``: stop a run, and mark it cancelled once no rank of it is alive.
+- ``cancel``: stop a run, and mark it cancelled once no rank of it is alive;
+- ``shell``: the command that opens an interactive shell on a running rank's node
+  (``clusterjob attach``);
+- ``start_debug`` and ``debug`` (where ``debuggable``): ``submit --debug``, a run whose
+  rank 0 runs in the foreground of this terminal.
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ class Executor(abc.ABC):
     name: ClassVar[str]
     auto_rank: ClassVar[int] = 0  # `--executor auto` takes the available executor of the highest rank
     ranks_here: ClassVar[bool] = False  # its ranks run on this machine (what the submit can tell of them)
+    debuggable: ClassVar[bool] = False  # it runs ``submit --debug`` (start_debug, debug)
     # The resources keys this executor declares for itself (clusterjob.spec.options), read
     # with ``options.of(spec)``; None: it has none.
     options: ClassVar[Optional[type[ExecutorOptions]]] = None
@@ -185,6 +190,23 @@ class Executor(abc.ABC):
     def reopened(self) -> dict:
         """run.json fields ``resume`` clears before starting a run again."""
         return {}
+
+    def start_debug(self, spec: Spec, run: RunDir) -> None:
+        """``submit --debug``, as the run is handed over (the submit holds its claim): what
+        has the run, recorded where ``status`` looks (only where ``debuggable``)."""
+        raise NotImplementedError
+
+    def debug(self, spec: Spec, run: RunDir) -> RunRecord:
+        """``submit --debug``: run ``run``, its rank 0 with this process's terminal (stdin
+        too: ``breakpoint()`` stops there), until it is final; its final record."""
+        raise NotImplementedError
+
+    def shell(self, run: RunDir, info: RunRecord, node: str, command: list[str]) -> list[str]:
+        """The command (of ``clusterjob attach``) that runs ``command`` interactively on
+        ``node``, where a rank of the running ``run`` runs, with what of its job that rank
+        has (its GPUs); bad input where this executor cannot reach it. None by default."""
+        raise BadInput(f"{run.path}: the {self.name} executor cannot open a shell on its ranks; use its own tools "
+                       "to reach the node")
 
 
 _REGISTRY: dict[str, type[Executor]] = {}  # the built-in executors imported so far

@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from clusterjob.core import claim, metrics, precision, runstate, sweep, units
 from clusterjob.core.errors import BadInput, escape
@@ -50,21 +50,64 @@ def submit(spec: Spec, executor_name: str = "auto", wait: bool = False, dry_run:
     # One batch: every file of every run is written once and none is synced alone; the
     # batch syncs before a job can read them, and once at its end (clusterjob.core.files)
     with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
-        runs = window.hold(make_runs(Path(spec.output.root), spec.name,
-                                     [(p.index, spec_parts(p.spec), p.run_params,
-                                       {"env": envvars.shown_env(p.spec.env)}) for p in points],
-                                     claim_as="clusterjob submit", executor=chosen.name,
-                                     by_tasks=chosen.makes_runs_at_start(len(points)) and snap is None,
-                                     **_origin(), **waits))  # resume's executor, if the start fails
-        if snap is not None:
-            from clusterjob.launch import snapshot
-
-            snapshot.take(snap, points, runs)
-        lines = _hand_over(spec, runs, chosen, wait, window, deps)
+        runs = _made(spec, points, chosen, snap, waits, window)
+        lines = _hand_over(runs, window, lambda: chosen.start(spec, runs, follow=wait, after=deps))
     for line in amp_lines([p.spec for p in points], chosen.ranks_here):  # once handed over: a refusal prints nothing
         print(line)
     print_started(lines, runs, wait)
     return _follow(spec, runs, chosen, wait)
+
+
+def _made(spec: Spec, points: list, chosen: Executor, snap, waits: dict, window: Window) -> list[RunDir]:
+    """The run folders of ``points``, claimed by this process and held by ``window`` (so
+    a snapshot that fails leaves none), then their code's snapshot."""
+    runs = window.hold(make_runs(Path(spec.output.root), spec.name,
+                                 [(p.index, spec_parts(p.spec), p.run_params, {"env": envvars.shown_env(p.spec.env)})
+                                  for p in points],
+                                 claim_as="clusterjob submit", executor=chosen.name,
+                                 by_tasks=chosen.makes_runs_at_start(len(points)) and snap is None,
+                                 **_origin(), **waits))  # resume's executor, if the start fails
+    if snap is not None:
+        from clusterjob.launch import snapshot
+
+        snapshot.take(snap, points, runs)
+    return runs
+
+
+# ``submit --debug``: one rank unless the command line asks for more (its --set come after these)
+DEBUG_WORLD = ("resources.nodes=1", "resources.tasks_per_node=1")
+
+
+def debug(spec: Spec, executor_name: str = "auto", preflight: bool = True) -> int:
+    """``clusterjob submit --debug``: the spec's one run, its rank 0 in the foreground of
+    this terminal (stdin attached: ``breakpoint()`` in the code stops there), its other
+    ranks beside it, an ordinary run otherwise (its folder, run.json, status, report).
+    Exit status 0 when it completed, else 1."""
+    points = expand_sweep(spec)
+    if len(points) > 1:
+        raise BadInput(f"--debug runs one run, and this spec makes {len(points)}; pick one point, e.g. --set "
+                       "sweep={} --set params.KEY=VALUE")
+    check_paths(spec)
+    chosen = executor.choose(executor_name)
+    if not chosen.debuggable:
+        raise BadInput(f"--debug: the {chosen.name} executor cannot run a rank in the foreground; use --executor "
+                       "local (here) or slurm (in an salloc)")
+    chosen.check(spec, 1, preflight=preflight)
+    snap = _snapshot_plan(spec)
+    envvars.hand_down_secrets(spec.env)
+    with batched(), Window(parent=Path(spec.output.root) / spec.name) as window:
+        (run,) = _made(spec, points, chosen, snap, {}, window)
+
+        def start() -> list[str]:
+            chosen.start_debug(spec, run)
+            return []
+
+        _hand_over([run], window, start)
+    world = spec.resources.nodes * spec.resources.tasks_per_node
+    print(f"{run.path}  (--debug: rank 0 of {world} on this terminal; Ctrl-C stops the run)", flush=True)
+    record = chosen.debug(spec, run)
+    print(summary_line(record, run))
+    return 0 if record.status == runstate.COMPLETED else 1
 
 
 def amp_lines(specs: Sequence[Spec], ranks_here: bool) -> list[str]:
@@ -125,15 +168,14 @@ def _origin() -> dict:
     return {"submit_dir": os.getcwd(), "git_sha": git_sha()}
 
 
-def _hand_over(spec: Spec, runs: list[RunDir], chosen: Executor, wait: bool, window: Window,
-               after: Sequence[Dependency] = ()) -> list[str]:
-    """Hand the runs (claimed by this process, each waiting for ``after``) to the
-    executor, closing the ``window``; then this process gives up their sweep's claim
-    (the executor holds what it needs: a Slurm run's job is recorded, a detached local
-    run's supervisor holds its claim). The lines to print."""
+def _hand_over(runs: list[RunDir], window: Window, start: Callable[[], list[str]]) -> list[str]:
+    """Hand the runs (claimed by this process) to the executor (``start``: its call),
+    closing the ``window``; then this process gives up their sweep's claim (the executor
+    holds what it needs: a Slurm run's job is recorded, a detached local run's supervisor
+    holds its claim). The lines to print."""
     try:
         with window.handing_over():
-            return chosen.start(spec, runs, follow=wait, after=after)
+            return start()
     finally:
         for where in {(w.parent, w.stamp) for run in runs if (w := sweep.member(run.path)) is not None}:
             claim.release_sweep(*where)
@@ -237,7 +279,7 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
         info = run.read()
         _reopen(run, info, owner)
         print(f"resuming {run.path} ({owner.name}) {_resumes_from(run, info)}")
-        lines = _hand_over(spec, [run], owner, wait, window, deps)
+        lines = _hand_over([run], window, lambda: owner.start(spec, [run], follow=wait, after=deps))
     print_started(lines, [run], wait)
     return _follow(spec, [run], owner, wait)
 
@@ -294,7 +336,7 @@ def _resume_group(runs: list[RunDir], wait: bool) -> tuple[Spec, list[RunDir], E
             _reopen(run, view.record, owner)
         name = sweep.sweep_id(runs[0].path.parent.name, where.stamp) if where else str(runs[0].path)
         print(f"resuming {len(runs)} run(s) of {name} ({owner.name})")
-        lines = _hand_over(spec, runs, owner, wait, window, deps)
+        lines = _hand_over(runs, window, lambda: owner.start(spec, runs, follow=wait, after=deps))
     print_started(lines, runs, wait)
     return spec, runs, owner
 

@@ -79,6 +79,7 @@ ORPHANS_WAIT_S = 5.0  # at the end, how long what the ranks started gets to be k
 ORPHANS_EVERY_S = 5.0  # how often what came to us is looked at (and at each session's end)
 DEPENDENCY_POLL_S, DEPENDENCY_POLL_MAX_S = 1.0, 10.0  # how often a waiting run asks after its dependencies
 _PR_SET_PDEATHSIG = 1
+NO_BREAKPOINT = ("PYTHONBREAKPOINT", "0")  # breakpoint() does nothing (read at each call)
 
 
 def free_port() -> int:
@@ -112,18 +113,27 @@ def _die_with(parent: int, slot: Slot) -> Callable[[], None]:
     return arm
 
 
-def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int] = None) -> list[subprocess.Popen]:
+def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int] = None,
+                attached: bool = False) -> list[subprocess.Popen]:
     """Start the run's ranks in ``slot`` (their rendezvous on ``port``, default a free
     one), each recorded in ``logs/rankN.proc.json`` at once (the rank records itself
     again once it runs): a ``cancel`` finds every rank of this start from its first
-    instant, never only the records of an earlier start."""
+    instant, never only the records of an earlier start. ``attached``: rank 0 reads and
+    writes this process's terminal instead of its logs (``breakpoint()`` works there); in
+    a session of its own still, so a Ctrl-C reaches the supervisor, which stops the ranks.
+    The other ranks then run past their ``breakpoint()`` (no terminal to stop at)."""
     run.logs.mkdir(parents=True, exist_ok=True)
     port, ranks, parent = port or free_port(), [], os.getpid()
     command, environ = rank_command(run)
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
-            ranks.append(subprocess.Popen(command, env=environ(rank_environ(dict(os.environ), rank, world, port, slot)),
-                                          stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            here = attached and rank == 0
+            env = rank_environ(dict(os.environ), rank, world, port, slot)
+            if attached and not here:
+                env[NO_BREAKPOINT[0]] = NO_BREAKPOINT[1]
+            ranks.append(subprocess.Popen(command, env=environ(env),
+                                          stdout=None if here else out, stderr=None if here else err,
+                                          stdin=None if here else subprocess.DEVNULL,
                                           start_new_session=True, preexec_fn=_die_with(parent, slot)))
         if (ref := procs.current(ranks[-1].pid)) is not None:
             procs.save(run.proc_file(rank), ref)
@@ -165,12 +175,15 @@ class Feed(Protocol):
 class Supervisor:
     """Runs run folders with ``world`` local ranks each, one per slot at a time (one slot:
     one after another). ``on_start`` is called as a run's ranks start, ``on_tick`` for each
-    run whose ranks run at every tick, ``on_end`` once a run is final."""
+    run whose ranks run at every tick, ``on_end`` once a run is final. ``attached``: rank 0
+    of each run has this process's terminal (``submit --debug``: stdin, stdout, stderr)."""
 
     def __init__(self, world: int, on_tick: Callable[[RunDir], None] = lambda run: None,
                  on_end: Callable[[RunDir, RunRecord], None] = lambda run, info: None,
-                 slots: Sequence[Slot] = (WHOLE,), on_start: Callable[[RunDir], None] = lambda run: None):
+                 slots: Sequence[Slot] = (WHOLE,), on_start: Callable[[RunDir], None] = lambda run: None,
+                 attached: bool = False):
         self.world, self.on_tick, self.on_end, self.on_start = world, on_tick, on_end, on_start
+        self.attached = attached
         self.slots = list(slots) or [WHOLE]
         self.stop_signal: Optional[int] = None  # the signal that asked us to stop
         self.requests = 0  # a second Ctrl-C does not wait for the checkpoint
@@ -325,7 +338,8 @@ class SupervisedRun:
             self.run.update(launcher=procs.current())
         port = free_port()
         self.port = str(port)
-        self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot, port), {}, None
+        self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot, port,
+                                                               attached=self.boss.attached), {}, None
         self.state = self.RUNNING
 
     def _end(self, record: RunRecord) -> None:

@@ -96,6 +96,16 @@ def test_the_toys_own_key_is_checked_in_one_line_and_nothing_is_written(tmp_path
     assert not (tmp_path / "results").exists()
 
 
+def test_an_executor_that_runs_no_debug_refuses_it_in_one_line_and_writes_nothing(tmp_path, toy_site):
+    write_spec(tmp_path, toy_slots=2)
+    done = cli(tmp_path, "submit", "toyrun.yaml", "--executor", "toy", "--debug", "--set", "sweep={}",
+               env=env(toy_site))
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "clusterjob: error: --debug: the toy executor "
+                                                           "cannot run a rank in the foreground; use --executor local "
+                                                           "(here) or slurm (in an salloc)\n")
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_task_reads_the_toys_key_too(tmp_path, toy_site):
     write_spec(tmp_path, toy_slots=0)
     done = subprocess.run([sys.executable, "-m", "clusterjob.run", "toyrun.yaml", "--point", "0"], cwd=tmp_path,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ class LocalExecutor(Executor):
 
     name = "local"
     ranks_here = True
+    debuggable = True
     environment = LocalEnvironment
 
     @classmethod
@@ -107,10 +109,11 @@ class LocalExecutor(Executor):
         return Waited(records, supervisor.stop_signal)
 
     def supervise(self, spec: Spec, runs: list[RunDir], watch: Watch, slots: list,
-                  feed: Optional[sup.Feed] = None) -> tuple[sup.Supervisor, list[RunRecord]]:
+                  feed: Optional[sup.Feed] = None, attached: bool = False) -> tuple[sup.Supervisor, list[RunRecord]]:
         """A supervisor in this process runs ``runs`` (and the runs ``feed`` gives its free
         slots: a search's trials, clusterjob.search.slots) in ``slots``, showing their
-        progress; with several slots each line starts with its run's id."""
+        progress; with several slots each line starts with its run's id. ``attached``:
+        rank 0 has this terminal (``submit --debug``)."""
         stall_s = spec.health.stall_s if spec.health is not None else None
         tail = ProgressTail(runs, own_code=spec.entrypoint is not None, stall_s=stall_s)
         several = len(slots) > 1 or len(runs) > 1 or feed is not None  # whose line it is needs saying
@@ -131,8 +134,17 @@ class LocalExecutor(Executor):
                 watch.progress([Line(started_line(run, numbers[run.path], len(runs)), kept=True)])
 
         supervisor = sup.Supervisor(spec.resources.tasks_per_node, on_tick=progress, on_end=ended,
-                                    slots=slots, on_start=started).install()
+                                    slots=slots, on_start=started, attached=attached).install()
         return supervisor, supervisor.run_all(runs, feed)
+
+    def start_debug(self, spec: Spec, run: RunDir) -> None:
+        """This process supervises the run, as with ``--wait`` (it keeps the run's claim)."""
+        record_launcher([run], procs.current())
+
+    def debug(self, spec: Spec, run: RunDir) -> RunRecord:
+        """The run's ranks under a supervisor here, rank 0 on this terminal."""
+        _, records = self.supervise(spec, [run], Watch(), sup.slots_for(spec.resources, 1), attached=True)
+        return records[0]
 
     def refresh(self, found: list[tuple[RunDir, RunView]], write_back: bool) -> list[RunView]:
         return [_reconcile(run, view, write_back) for run, view in found]
@@ -167,6 +179,13 @@ class LocalExecutor(Executor):
         if len(here) == len(refs) and not _alive(here):
             run.update(runstate.cancel())
         return lines
+
+    def shell(self, run: RunDir, info: RunRecord, node: str, command: list[str]) -> list[str]:
+        """Here: the ranks run on this machine (one started on another host is out of reach)."""
+        if node != socket.gethostname():
+            raise BadInput(f"{run.path}: its ranks run on {node}, not on this host ({socket.gethostname()}); run "
+                           "`clusterjob attach` there")
+        return command
 
 
 def _reconcile(run: RunDir, view: RunView, write_back: bool) -> RunView:

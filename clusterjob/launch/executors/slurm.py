@@ -20,19 +20,22 @@ left unrecorded is looked for by the sweep's name, else the run is failed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from clusterjob.core import claim, procs, retry, runstate, slurmctl, sweep
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
 from clusterjob.core.files import batched, now_iso
-from clusterjob.core.ranks import scrubbed_environ
+from clusterjob.core.ranks import clean_environ, scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
 from clusterjob.health import stalls
@@ -52,7 +55,7 @@ from clusterjob.launch.executor import (
     views,
 )
 from clusterjob.launch.progress import QUIET_S, ProgressTail
-from clusterjob.launch.resources import SESSION_MARK, submitit_parameters
+from clusterjob.launch.resources import SESSION_MARK, sbatch_options, submitit_parameters
 from clusterjob.spec.schema import Spec, load_spec
 from clusterjob.taskenv.container import host_command
 from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
@@ -68,6 +71,7 @@ class SlurmExecutor(Executor):
     """Jobs on the Slurm cluster this machine reaches (SLURM_CONF)."""
 
     name = "slurm"
+    debuggable = True
     auto_rank = 10
     options = SlurmOptions
     environment = SlurmEnvironment
@@ -199,6 +203,69 @@ class SlurmExecutor(Executor):
 
     def reopened(self) -> dict:
         return {"job": None}
+
+    def start_debug(self, spec: Spec, run: RunDir) -> None:
+        """Nothing yet: its task records its job as it starts; until then this process's
+        claim on the run says it is being submitted."""
+
+    def debug(self, spec: Spec, run: RunDir) -> RunRecord:
+        """The run in an allocation of its own (``salloc``), its ranks one srun step with
+        rank 0 in a pseudo-terminal (``srun --pty``) tied to this one; a Ctrl-C goes to
+        rank 0 there (salloc takes one before the allocation starts), whose recorded stop
+        makes the run cancelled once the allocation ended. A run whose tasks did not
+        record their end is failed, saying what ended it."""
+        with _ignored_interrupt():
+            code = subprocess.run(salloc_command(spec, run), env=clean_environ(os.environ)).returncode
+        claim.release(run.path)
+        info = run.read()
+        if info.status in runstate.FINAL_STATUSES:
+            return info
+        if is_job_id(info.slurm_job_id) and info.stopped_at is not None:
+            # rank 0 recorded the stop (a Ctrl-C), to be cancelled once no rank lives: the allocation is gone
+            return run.update(runstate.cancel())
+        why = (f"its ranks ended without recording their end (salloc exited {code})" if is_job_id(info.slurm_job_id)
+               else f"salloc exited {code} before its ranks started (what it said is above)")
+        return run.update(runstate.fail(RunError(None, why)))
+
+    def shell(self, run: RunDir, info: RunRecord, node: str, command: list[str]) -> list[str]:
+        """A step of the run's job on ``node`` beside its ranks (``--overlap``), in a
+        pseudo-terminal: it gets the job's GPUs and cores."""
+        job = info.slurm_job_id
+        if not is_job_id(job):
+            raise BadInput(f"{run.path}: no Slurm job recorded yet; try again once its job runs")
+        own = slurmctl.step_job_id(job)
+        if own is None:
+            raise BadInput(f"{run.path}: Slurm did not say which job array task {job} is (scontrol show job); "
+                           "try again once Slurm answers")
+        return ["srun", f"--jobid={own}", "--overlap", "--pty", "-w", node, "-N1", "-n1", "--quiet", *command]
+
+
+def salloc_command(spec: Spec, run: RunDir) -> list[str]:
+    """``submit --debug``'s command: an allocation of the spec's resources (the options
+    the job scripts take, ``sbatch_options``), in which the spec's setup lines run and
+    then the ranks, as one ``srun --pty`` step. Only rank 0 has the terminal: the others
+    write their logs (``logs/rankN.out|err``) and run past their ``breakpoint()``."""
+    options = [f"--{name}={value}" for name, value in sbatch_options(spec).items() if value is not None]
+    task = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", str(run.spec_file)])
+    logs = shlex.quote(str(run.logs))
+    others = (f"export PYTHONBREAKPOINT=0; mkdir -p {logs}; "
+              f'exec >>{logs}/"rank$SLURM_PROCID.out" 2>>{logs}/"rank$SLURM_PROCID.err"')
+    ranks = ["srun", "--pty", "--kill-on-bad-exit=1", "bash", "-c",
+             f'if [ "$SLURM_PROCID" != 0 ]; then {others}; fi; exec {task}']
+    script = [*spec.resources.setup, f"export SRUN_CPUS_PER_TASK={spec.resources.cpus_per_task}",
+              f"exec {shlex.join(ranks)}"]
+    return ["salloc", *options, "bash", "-c", "\n".join(script)]
+
+
+@contextlib.contextmanager
+def _ignored_interrupt() -> Iterator[None]:
+    """SIGINT does nothing here for the block: the terminal's Ctrl-C is for the child (a
+    handler, not SIG_IGN, which the child would inherit)."""
+    saved = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 def _check_container(spec: Spec) -> None:
