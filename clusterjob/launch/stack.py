@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from clusterjob.core import runstate
+from clusterjob.core import runstate, slurmctl
 from clusterjob.core.errors import BadInput, escape
 from clusterjob.core.record import is_job_id
 from clusterjob.core.rundir import RunDir
@@ -64,7 +64,10 @@ def _ask(run: RunDir, rank: int, health: Optional[rankhealth.RankHealth],
         return _written(stackdump.ask(health, run.stacks_file(rank)))
     if not is_job_id(job):
         return None, f"rank {rank} runs on {health.ref.host}, which this host cannot ask (no Slurm job to reach it)"
-    command = ["srun", f"--jobid={job}", "--overlap", "-w", health.node, "-N1", "-n1", "--quiet",
+    own = slurmctl.step_job_id(str(job))  # an array task's own job id: srun refuses the 123_4 form
+    if own is None:
+        return None, f"rank {rank} on {health.node}: Slurm did not say which job array task {job} is"
+    command = ["srun", f"--jobid={own}", "--overlap", "-w", health.node, "-N1", "-n1", "--quiet",
                sys.executable, "-m", "clusterjob.launch.stack", "--here", str(run.path), str(rank)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=SRUN_WAIT_S, errors="replace",

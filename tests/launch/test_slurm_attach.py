@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirun import checkout_env, command
+from clirun import checkout_env, cli, command
 from ptydrive import drive
 from slurmcluster import job_of, submit, wait_for
 
@@ -76,6 +76,8 @@ def test_attach_reaches_a_run_of_an_array_through_its_tasks_own_job_id(slurm_clu
         assert screen.returncode == 0, screen.text
         node = json.loads(health.read_text())["node"]
         assert node in screen.lines() and f"task=1 run={runs[1].name}" in screen.lines(), screen.text
+        stacks = cli(tmp_path, "stack", str(runs[1]), env=slurm_cluster.env())  # through srun, the same own id
+        assert stacks.returncode == 0 and "wait.py" in stacks.stdout, stacks.stdout + stacks.stderr
     finally:
         (runs[0].parent / "stop").write_text("")  # every run of the sweep stops waiting
     for run in runs:
