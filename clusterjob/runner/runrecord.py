@@ -92,6 +92,11 @@ def record_stop(run: RunDir, spec: Spec, signal: Optional[str]) -> StopOutcome:
     elif outcome.error:
         run.update(runstate.fail(RunError(None, outcome.error)))
         print(f"stopped: {outcome.error}", flush=True)
+    elif outcome.requeue and outcome.status == runstate.TIMEOUT and \
+            retry.resubmits_timeout(run, spec.resources.on_timeout is not None):
+        run.update(runstate.stop(outcome.status))  # a requeue would start over and time out the same way
+        print(f"stopped ({outcome.status}) with no checkpoint: its job's end submits it again with more time "
+              "(resources.on_timeout)", flush=True)
     elif outcome.requeue:
         run.update(runstate.requeue(outcome.status), requeues=(info.requeues or 0) + 1)
         assert job is not None  # only a job that can be requeued is told to (stop_outcome)
