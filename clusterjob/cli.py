@@ -272,6 +272,21 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return control.cmd_cancel(args.run, only=args.only)
 
 
+def cmd_nodes(args: argparse.Namespace) -> int:
+    """The nodes that failed runs of a results root; ``--forget NODE`` takes one off."""
+    from clusterjob.health import badnodes
+    from clusterjob.spec.escalation import ttl_s
+
+    if args.forget is not None:
+        if not badnodes.forget(args.root, args.forget):
+            raise BadInput(f"{args.forget} is not on the list of bad nodes ({badnodes.path_of(args.root)}); "
+                           f"`clusterjob nodes {args.root}` lists them")
+        print(f"forgot {args.forget}: later submits may run on it again")
+        return 0
+    print("\n".join(badnodes.table(args.root, ttl_s("--ttl", args.ttl))))
+    return 0
+
+
 def cmd_sbatch(args: argparse.Namespace) -> int:
     from clusterjob.launch import sbatch
 
@@ -424,6 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only the master port of this Slurm job (MASTER_PORT if set)")
     p.set_defaults(func=cmd_env)
 
+    p = sub.add_parser("nodes", help="the nodes that failed runs, which later submits keep their jobs off")
+    p.add_argument("root", nargs="?", default="results", help="the results root (output.root; default results)")
+    p.add_argument("--forget", metavar="NODE", help="take NODE off the list: later submits may run on it again")
+    p.add_argument("--ttl", default="24h", help="list as excluded what was listed within this long (default 24h, "
+                                               "as resources.bad_node_ttl)")
+    p.set_defaults(func=cmd_nodes)
+
     _add_report_parser(sub)
     _add_data_parser(sub)
     return parser
@@ -431,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands that change state: they go on to their end when their output is closed, so a
 # closed pipe drops what they print, never what they do.
-_FINISH_THEIR_WORK = (cmd_submit, cmd_resume, cmd_cancel)
+_FINISH_THEIR_WORK = (cmd_submit, cmd_resume, cmd_cancel, cmd_nodes)
 
 
 def _failed(err: BadInput | Failure) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from clusterjob.core.units import slurm_mem, slurm_time
+from clusterjob.health import badnodes
 from clusterjob.spec.schema import Spec
 from clusterjob.taskenv.slurm import SlurmOptions
 
@@ -55,6 +56,13 @@ def after_options(jobs: Sequence[str]) -> dict:
     return {"dependency": "afterok:" + ":".join(jobs), "kill_on_invalid_dep": "yes"}
 
 
+def exclude_options(spec: Spec) -> dict:
+    """sbatch's --exclude of the nodes that failed runs of this results root within
+    ``resources.bad_node_ttl`` (clusterjob.health.badnodes); {} for none."""
+    nodes = badnodes.fresh(spec.output.root, spec.resources.bad_node_ttl_s)
+    return {"exclude": ",".join(nodes)} if nodes else {}
+
+
 def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[str] = ()) -> dict:
     """submitit's SlurmExecutor parameters: the same option values as the templates'
     (submitit adds --array itself for a batch of jobs). With ``after_jobs`` the job
@@ -71,7 +79,7 @@ def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[st
         "teardown": teardown,
         "srun_args": ["--kill-on-bad-exit=1"],  # one failed rank ends the step: no rank hangs
         "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]},
-                                  **after_options(after_jobs)},
+                                  **after_options(after_jobs), **exclude_options(spec)},
     }
     if r.array_parallelism:
         params["array_parallelism"] = r.array_parallelism

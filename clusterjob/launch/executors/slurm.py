@@ -37,7 +37,7 @@ from clusterjob.core.files import batched, now_iso, write_atomic
 from clusterjob.core.ranks import scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
-from clusterjob.health import stalls
+from clusterjob.health import badnodes, stalls
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.executor import (
     WAITING,
@@ -489,12 +489,20 @@ def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunReco
         cause = _record_end(run, info, srun_status, log) if stalled is None else \
             stalls.reason(stalled) if stalled.action == "retry" else None
         exclude = [stalled.host] if stalled is not None and stalled.host else []
+        if cause is not None:  # the machine failed it: its node goes on the list of bad nodes
+            badnodes.add(badnodes.root_of(run.path), exclude or _killed_on(run, log), cause, run.path)
         if cause is not None and _retried(run, cause, exclude):
             return 0
     outgrown = _outgrown(run, run.read(), log)
     if outgrown is not None:
         resubmit(run, *outgrown)
     return 0 if run.read().status == runstate.COMPLETED else 1
+
+
+def _killed_on(run: RunDir, log: str) -> list[str]:
+    """The node of the rank a signal nobody sent ended (srun's report), if any."""
+    end = ended_rank(run, log)
+    return [end.node] if end is not None and end.by_signal and not end.memory and end.node else []
 
 
 def _outgrown(run: RunDir, info: RunRecord, log: str) -> Optional[tuple[str, str]]:
@@ -575,6 +583,7 @@ class RankEnd:
     message: str
     by_signal: bool
     memory: bool = False
+    node: Optional[str] = None  # where it ran, as its launcher said
 
 
 def ended_rank(run: RunDir, log: str) -> Optional[RankEnd]:
@@ -588,7 +597,7 @@ def ended_rank(run: RunDir, log: str) -> Optional[RankEnd]:
         said = f"task {rank} on {node}: {reason}"
         memory = retry.MEMORY_KILL.match(reason) is not None or (reason == "Killed" and retry.MEMORY_KILL.search(log))
         how = "out of memory: Slurm ended it over its memory request" if memory else "ended by a signal"
-        return RankEnd(rank, said, f"{said} ({how}, no traceback)", True, memory=bool(memory))
+        return RankEnd(rank, said, f"{said} ({how}, no traceback)", True, memory=bool(memory), node=node)
     found = torchrun_root_cause(run)
     if found is not None:
         return found
