@@ -128,3 +128,48 @@ def test_a_timeout_without_a_checkpoint_is_submitted_again_with_more_time(slurm_
     assert "TimeLimit=00:03:00" in slurm_cluster.run("scontrol", "show", "job", job_of(run))
     shown = cli(tmp_path, "status", str(run), env=slurm_cluster.env()).stdout
     assert "retried (TIMEOUT) 1x: time 00:02:00 -> 00:03:00" in shown, shown
+
+
+def test_a_sweep_run_out_of_memory_gets_a_job_of_its_own_and_the_array_is_untouched(slurm_cluster, tmp_path):
+    resources = {**ONE_TASK, "mem_gb": 0.5, "on_oom": {"retry": 1}}
+    path = own_spec(tmp_path, "sweep", HOG, ["{params.mb}"], resources)
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "params": {"mb": 10}, "sweep": {"params.mb": [10, int(NEED_MB)]}}))
+    small, big = submit(slurm_cluster, path)
+    array = job_of(small).split("_")[0]
+    for run in (small, big):
+        wait_for(lambda run=run: (run / "run.json").exists() and ended(run) and "_" in str(job_of(small))
+                 and (run is small or job_of(big) != f"{array}_1"), WAIT_S, "both runs to end")
+    assert (info(small)["status"], info(small).get("attempts", []), job_of(small)) == ("completed", [], f"{array}_0")
+    got = info(big)
+    assert got["status"] == "completed", json.dumps(got, indent=1)
+    (attempt,) = got["attempts"]
+    assert (attempt["kind"], attempt["job"], attempt["new"]) == ("OOM", f"{array}_1", {"mem_gb": 1})
+    assert "_" not in job_of(big)  # a job of its own, not a task of the array
+    assert [s["job"] for s in got["sessions"]] == [f"{array}_1", job_of(big)]
+
+
+# Raises an error named as torch's for a batch over 8 (no GPU here): what a rank out of GPU memory raises.
+GREEDY = """\
+import sys
+batch = int(sys.argv[1])
+if batch > 8:
+    raise type("OutOfMemoryError", (RuntimeError,), {})(f"CUDA out of memory with batch {batch}")
+print("fits with batch", batch, flush=True)
+"""
+
+
+def test_a_gpu_oom_is_submitted_again_with_the_named_key_halved(slurm_cluster, tmp_path):
+    resources = {**ONE_TASK, "mem_gb": 1, "on_gpu_oom": {"retry": 1, "set": {"params.batch": "/2"}}}
+    path = own_spec(tmp_path, "greedy", GREEDY, ["{params.batch}"], resources)
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "params": {"batch": 16}}))
+    (run,) = submit(slurm_cluster, path)
+    first = job_of(run)
+    wait_for(lambda: (run / "run.json").exists() and ended(run) and job_of(run) != first, WAIT_S,
+             "the run to end in a second job")
+    got = info(run)
+    assert got["status"] == "completed", json.dumps(got, indent=1)
+    (attempt,) = got["attempts"]
+    assert (attempt["kind"], attempt["old"], attempt["new"]) == ("GPU OOM", {"params.batch": 16}, {"params.batch": 8})
+    assert yaml.safe_load((run / "spec.yaml").read_text())["params"]["batch"] == 8
+    assert "fits with batch 8" in (run / "logs" / "rank0.out").read_text()  # the new job's log

@@ -545,12 +545,21 @@ def resubmit(run: RunDir, kind: str, cause: str) -> bool:
         shrunk = {key: value for key, value in decision.new.items() if key not in ("mem_gb", "time_min")}
         if shrunk:  # on_gpu_oom's keys: the run's next start reads them from its spec.yaml
             rewrite_keys(run.spec_file, shrunk)
+        _unlink_logs(run)
         (job,) = submit_runs(resized(spec, decision.record), [run])
     except (BadInput, Failure, SlurmUnreachable) as err:
         run.update(runstate.fail(RunError(None, f"{decision.line}, but sbatch failed: {err}")))
         return False
     print(f"clusterjob: {decision.line}: job {job}", file=sys.stderr)
     return True
+
+
+def _unlink_logs(run: RunDir) -> None:
+    """Drop the run's links to the old job's rank logs: the new job's ranks link theirs
+    (rundir.link_rank_logs makes a link only where none is); the old logs stay in .slurm/."""
+    for link in [*run.logs.glob("rank*.out"), *run.logs.glob("rank*.err")]:
+        if link.is_symlink():
+            link.unlink(missing_ok=True)
 
 
 def rewrite_keys(spec_file: Path, new: dict) -> None:
