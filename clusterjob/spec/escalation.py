@@ -11,7 +11,7 @@ numbers. Stdlib only: the CLI checks a spec on login nodes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from clusterjob.core import retry
@@ -150,3 +150,12 @@ def policy(spec: Any, kind: str) -> Optional[tuple[retry.Policy, dict]]:
                 {key: leaf_value(spec, key) for key in shrunk})
     return None
 
+
+
+def resized(spec: Any, info: Any) -> Any:
+    """``spec`` with the resources its run (``info``, its run.json) has now: mem_gb and
+    time_min, the spec's grown by its escalations; what its next job asks for (the new job
+    of an escalation, a ``resume``)."""
+    r = spec.resources
+    minutes = retry.current(info, "time_min", r.time_min)  # whole minutes (Policy.whole)
+    return replace(spec, resources=replace(r, mem_gb=retry.current(info, "mem_gb", r.mem_gb), time_min=int(minutes)))

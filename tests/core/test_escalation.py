@@ -46,7 +46,7 @@ def test_memory_doubles_each_time_and_status_says_the_whole_way(tmp_path):
     assert (b.old, b.new) == ({"mem_gb": 64}, {"mem_gb": 128})
     assert retry.escalated_line(run.read()) == "retried (OOM) 2x: mem 32G -> 64G -> 128G"
     assert "retried (OOM) 2x: mem 32G -> 64G -> 128G" in control._restarts(run.read())
-    assert slurm_launch.resized(spec, run.read()).resources.mem_gb == 128
+    assert escalation.resized(spec, run.read()).resources.mem_gb == 128
     run.update(status="failed")
     third = grow(run, spec, retry.OOM)  # no retry left: the run stays failed
     assert third.new is None and third.record.status == "failed"
@@ -67,7 +67,7 @@ def test_a_time_limit_grows_by_its_factor_in_whole_minutes(tmp_path):
     decided = grow(run, spec, retry.TIMEOUT, "timed out with no checkpoint to go on from")
     assert decided.new == {"time_min": 3}
     assert decided.line.endswith("with time 00:02:00 -> 00:03:00")
-    resized = slurm_launch.resized(spec, run.read())
+    resized = escalation.resized(spec, run.read())
     assert (resized.resources.time_min, resized.resources.mem_gb) == (3, 32)
     run.update(status="timeout")
     assert grow(run, spec, retry.TIMEOUT).new == {"time_min": 5}  # Slurm's whole minutes: 4.5 -> 5

@@ -59,15 +59,22 @@ def ended(run: Path) -> bool:
     return info(run).get("status") in ("completed", "failed", "cancelled")
 
 
-def test_a_run_out_of_memory_is_submitted_again_with_twice_the_memory(slurm_cluster, tmp_path):
-    resources = {**ONE_TASK, "mem_gb": 0.5, "on_oom": {"retry": 2, "mem_factor": 2, "max_mem": "4G"}}
-    (run,) = submit(slurm_cluster, own_spec(tmp_path, "hog", HOG, [NEED_MB], resources))
+def completed_again(cluster, spec: Path) -> tuple[Path, str, dict, dict]:
+    """Submit ``spec`` (one run), wait until it ended in a later job than its first, and
+    return the run, its first job, its run.json (completed) and its one attempt."""
+    (run,) = submit(cluster, spec)
     first = job_of(run)
     wait_for(lambda: (run / "run.json").exists() and ended(run) and job_of(run) != first, WAIT_S,
-             "the run to end in a second job")
+             "the run to end in a later job")
     got = info(run)
     assert got["status"] == "completed", json.dumps(got, indent=1)
     (attempt,) = got["attempts"]
+    return run, first, got, attempt
+
+
+def test_a_run_out_of_memory_is_submitted_again_with_twice_the_memory(slurm_cluster, tmp_path):
+    resources = {**ONE_TASK, "mem_gb": 0.5, "on_oom": {"retry": 2, "mem_factor": 2, "max_mem": "4G"}}
+    run, first, got, attempt = completed_again(slurm_cluster, own_spec(tmp_path, "hog", HOG, [NEED_MB], resources))
     assert (attempt["kind"], attempt["old"], attempt["new"], attempt["job"]) == \
         ("OOM", {"mem_gb": 0.5}, {"mem_gb": 1}, first)
     assert "out of memory" in attempt["why"]
@@ -115,13 +122,7 @@ def test_max_mem_stops_the_escalation_with_a_line_that_says_so(slurm_cluster, tm
 
 def test_a_timeout_without_a_checkpoint_is_submitted_again_with_more_time(slurm_cluster, tmp_path):
     resources = {**ONE_TASK, "mem_gb": 1, "time_min": 2, "on_timeout": {"retry": 2, "time_factor": 1.5}}
-    (run,) = submit(slurm_cluster, own_spec(tmp_path, "slow", SLOW, ["100"], resources))
-    first = job_of(run)
-    wait_for(lambda: (run / "run.json").exists() and ended(run) and job_of(run) != first, WAIT_S,
-             "the run to end in a later job")
-    got = info(run)
-    assert got["status"] == "completed", json.dumps(got, indent=1)
-    (attempt,) = got["attempts"]
+    run, first, got, attempt = completed_again(slurm_cluster, own_spec(tmp_path, "slow", SLOW, ["100"], resources))
     assert (attempt["kind"], attempt["old"], attempt["new"], attempt["job"]) == \
         ("TIMEOUT", {"time_min": 2}, {"time_min": 3}, first)
     assert "timed out with no checkpoint" in attempt["why"]
@@ -163,13 +164,7 @@ def test_a_gpu_oom_is_submitted_again_with_the_named_key_halved(slurm_cluster, t
     resources = {**ONE_TASK, "mem_gb": 1, "on_gpu_oom": {"retry": 1, "set": {"params.batch": "/2"}}}
     path = own_spec(tmp_path, "greedy", GREEDY, ["{params.batch}"], resources)
     path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "params": {"batch": 16}}))
-    (run,) = submit(slurm_cluster, path)
-    first = job_of(run)
-    wait_for(lambda: (run / "run.json").exists() and ended(run) and job_of(run) != first, WAIT_S,
-             "the run to end in a second job")
-    got = info(run)
-    assert got["status"] == "completed", json.dumps(got, indent=1)
-    (attempt,) = got["attempts"]
+    run, first, got, attempt = completed_again(slurm_cluster, path)
     assert (attempt["kind"], attempt["old"], attempt["new"]) == ("GPU OOM", {"params.batch": 16}, {"params.batch": 8})
     assert yaml.safe_load((run / "spec.yaml").read_text())["params"]["batch"] == 8
     assert "fits with batch 8" in (run / "logs" / "rank0.out").read_text()  # the new job's log

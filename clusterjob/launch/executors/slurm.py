@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence, cast
+from typing import Optional, Sequence
 
 import yaml
 
@@ -546,7 +546,7 @@ def resubmit(run: RunDir, kind: str, cause: str) -> bool:
         if shrunk:  # on_gpu_oom's keys: the run's next start reads them from its spec.yaml
             rewrite_keys(run.spec_file, shrunk)
         _unlink_logs(run)
-        (job,) = submit_runs(resized(spec, decision.record), [run])
+        (job,) = submit_runs(escalation.resized(spec, decision.record), [run])
     except (BadInput, Failure, SlurmUnreachable) as err:
         run.update(runstate.fail(RunError(None, f"{decision.line}, but sbatch failed: {err}")))
         return False
@@ -569,15 +569,6 @@ def rewrite_keys(spec_file: Path, new: dict) -> None:
     raw = apply_overrides(read_spec_file(spec_file), [f"{key}={value}" for key, value in new.items()])
     spec_from_dict(raw)
     write_atomic(spec_file, yaml.safe_dump(raw, sort_keys=False))
-
-
-def resized(spec: Spec, info: RunRecord) -> Spec:
-    """``spec`` with the resources its run has now (mem_gb, time_min: the spec's, grown
-    by its escalations): what its next job asks for."""
-    r = spec.resources
-    minutes = retry.current(info, "time_min", r.time_min)  # grown by a factor: minutes and seconds (slurm_time)
-    return replace(spec, resources=replace(r, mem_gb=retry.current(info, "mem_gb", r.mem_gb),
-                                           time_min=cast(int, minutes)))
 
 
 @dataclass(frozen=True)
