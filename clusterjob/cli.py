@@ -199,6 +199,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     options = ReportOptions(dir=args.dir, group_by=args.group_by, format=args.format, metric=args.metric,
                             mode=args.mode, out=args.out, runs=args.runs, interval=args.interval,
                             folders=_sweep_folders(args.dir))
+    if args.suggest:
+        return _suggest(args.dir, options.folders)
     if args.watch:
         from clusterjob.report import watch
 
@@ -206,6 +208,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     from clusterjob.report import build as report
 
     return report.main(options, records)
+
+
+def _suggest(folder: str, folders: tuple[str, ...]) -> int:
+    """``report --suggest``: the smallest request that fits each experiment, as a spec fragment."""
+    from clusterjob.report import reading, suggest
+
+    try:
+        found = reading.collect(folders or folder, cache=False)
+    except FileNotFoundError as err:
+        raise BadInput(f"{err}; give results/<name>, results/ or one run folder") from None
+    print(suggest.suggestion(found.infos))
+    return 0
 
 
 def _sweep_folders(text: str) -> tuple[str, ...]:
@@ -362,6 +376,9 @@ def _add_report_parser(sub) -> None:
                         "ended, Ctrl-C leaves)")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: seconds between redraws "
                                                                        "(default 5)")
+    p.add_argument("--suggest", action="store_true",
+                   help="print the smallest resources (mem_gb, time_min) that would have fit each experiment's "
+                        "completed runs on Slurm, with a 20%% margin, as a spec fragment (sacct)")
     p.set_defaults(func=cmd_report)
 
 

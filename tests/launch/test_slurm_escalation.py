@@ -87,6 +87,10 @@ def test_a_run_out_of_memory_is_submitted_again_with_twice_the_memory(slurm_clus
     report = cli(tmp_path, "report", str(run.parent), env=slurm_cluster.env())
     assert report.returncode == 0, report.stderr
     assert cpu_hours_of(run, got) == pytest.approx(sacct_cpu_hours(slurm_cluster, [first, second]), abs=1e-6)
+    suggested = cli(tmp_path, "report", str(run.parent), "--suggest", env=slurm_cluster.env())
+    assert suggested.returncode == 0, suggested.stderr
+    fragment = yaml.safe_load(suggested.stdout)  # the run needed more than 512M, and less than 1G
+    assert fragment["name"] == "hog" and 0.5 < fragment["resources"]["mem_gb"] <= 1.2, suggested.stdout
 
 
 def cpu_hours_of(run: Path, got: dict) -> float:
