@@ -218,6 +218,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     options = ReportOptions(dir=args.dir, group_by=args.group_by, format=args.format, metric=args.metric,
                             mode=args.mode, out=args.out, runs=args.runs, interval=args.interval,
                             folders=_sweep_folders(args.dir))
+    if args.suggest:
+        return _suggest(args.dir, options.folders)
     if args.watch:
         from clusterjob.report import watch
 
@@ -225,6 +227,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     from clusterjob.report import build as report
 
     return report.main(options, records)
+
+
+def _suggest(folder: str, folders: tuple[str, ...]) -> int:
+    """``report --suggest``: the smallest request that fits each experiment, as a spec fragment."""
+    from clusterjob.report import reading, suggest
+
+    try:
+        found = reading.collect(folders or folder, cache=False)
+    except FileNotFoundError as err:
+        raise BadInput(f"{err}; give results/<name>, results/ or one run folder") from None
+    print(suggest.suggestion(found.infos))
+    return 0
 
 
 def _sweep_folders(text: str) -> tuple[str, ...]:
@@ -296,6 +310,21 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from clusterjob.launch import control
 
     return control.cmd_cancel(args.run, only=args.only)
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    """The nodes that failed runs of a results root; ``--forget NODE`` takes one off."""
+    from clusterjob.health import badnodes
+    from clusterjob.spec.escalation import ttl_s
+
+    if args.forget is not None:
+        if not badnodes.forget(args.root, args.forget):
+            raise BadInput(f"{args.forget} is not on the list of bad nodes ({badnodes.path_of(args.root)}); "
+                           f"`clusterjob nodes {args.root}` lists them")
+        print(f"forgot {args.forget}: later submits may run on it again")
+        return 0
+    print("\n".join(badnodes.table(args.root, ttl_s("--ttl", args.ttl))))
+    return 0
 
 
 def cmd_sbatch(args: argparse.Namespace) -> int:
@@ -380,6 +409,9 @@ def _add_report_parser(sub) -> None:
     p.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: seconds between redraws "
                                                                        "(default 5)")
     _add_cluster(p)
+    p.add_argument("--suggest", action="store_true",
+                   help="print the smallest resources (mem_gb, time_min) that would have fit each experiment's "
+                        "completed runs on Slurm, with a 20%% margin, as a spec fragment (sacct)")
     p.set_defaults(func=cmd_report)
 
 
@@ -473,6 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only the master port of this Slurm job (MASTER_PORT if set)")
     p.set_defaults(func=cmd_env)
 
+    p = sub.add_parser("nodes", help="the nodes that failed runs, which later submits keep their jobs off")
+    p.add_argument("root", nargs="?", default="results", help="the results root (output.root; default results)")
+    p.add_argument("--forget", metavar="NODE", help="take NODE off the list: later submits may run on it again")
+    p.add_argument("--ttl", default="24h", help="list as excluded what was listed within this long (default 24h, "
+                                               "as resources.bad_node_ttl)")
+    p.set_defaults(func=cmd_nodes)
+
     _add_report_parser(sub)
     _add_data_parser(sub)
     _add_remote_parsers(sub)
@@ -519,7 +558,7 @@ def _on_cluster(args: argparse.Namespace, argv: list[str]) -> Optional[Command]:
 
 # Commands that change state: they go on to their end when their output is closed, so a
 # closed pipe drops what they print, never what they do.
-_FINISH_THEIR_WORK = (cmd_submit, cmd_resume, cmd_cancel)
+_FINISH_THEIR_WORK = (cmd_submit, cmd_resume, cmd_cancel, cmd_nodes)
 
 
 def _failed(err: BadInput | Failure) -> int:

@@ -66,9 +66,16 @@ class Attempt:
     why: Optional[str]
     retry: Optional[int] = None
     job: Optional[str] = None  # the Slurm job (or array task) it ran in
+    # A run submitted again with more (clusterjob.core.retry.escalate): what for (OOM, TIMEOUT,
+    # GPU OOM), and the resources (mem_gb, time_min) or keys it had and got; new None: none left
+    kind: Optional[str] = None
+    old: Optional[dict] = None
+    new: Optional[dict] = None
 
     def to_dict(self) -> dict:
-        return {"at": self.at, "hosts": list(self.hosts), "why": self.why, "retry": self.retry, "job": self.job}
+        grown = {key: value for key in ("kind", "old", "new") if (value := getattr(self, key)) is not None}
+        return {"at": self.at, "hosts": list(self.hosts), "why": self.why, "retry": self.retry, "job": self.job,
+                **grown}
 
 
 @dataclass(frozen=True)
@@ -354,6 +361,17 @@ def _int_field(raw: dict, key: str, problems: list) -> Optional[int]:
     return None
 
 
+def _numbers_field(raw: dict, key: str, problems: list) -> Optional[dict]:
+    """A mapping of names to numbers (an attempt's old and new resources)."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, dict) and all(isinstance(k, str) and type(v) in _NUMBER_TYPES for k, v in value.items()):
+        return dict(value)
+    problems.append(_bad(key, value, "a mapping of names to numbers"))
+    return None
+
+
 def _job_field(raw: dict, problems: list) -> Optional[Job]:
     """The run's job: ``job`` (executor, id); else, as a run.json of an earlier version
     has it (or a cut-off one still shows it), ``slurm_job_id``: a Slurm job's id."""
@@ -444,7 +462,8 @@ def _attempts_field(raw: dict, problems: list) -> list:
     def attempt(item: dict, inner: list) -> Attempt:
         return Attempt(_text_field(item, "at", inner), _text_list_field(item, "hosts", inner, "a list of nodes"),
                        _text_field(item, "why", inner), _int_field(item, "retry", inner),
-                       _text_field(item, "job", inner))
+                       _text_field(item, "job", inner), _text_field(item, "kind", inner),
+                       _numbers_field(item, "old", inner), _numbers_field(item, "new", inner))
 
     return _entries_field(raw, "attempts", problems, "a mapping (at, hosts, why, retry)", attempt)
 

@@ -18,6 +18,7 @@ starts after Slurm's NODE_FAIL waits out what Slurm's own hold did not cover.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from clusterjob.core import runstate
 from clusterjob.core.files import now_iso
 from clusterjob.core.record import Attempt, RunError, RunRecord
 from clusterjob.core.rundir import RunDir
+from clusterjob.core.units import slurm_mem, slurm_time
 
 MAX_BACKOFF_S = 3600.0  # no wait between two attempts is longer
 BAD_INPUT_EXIT = 2  # a rank's exit status for bad input (clusterjob.run)
@@ -124,3 +126,144 @@ def _keep_errors(run: RunDir, number: int) -> None:
     kept.mkdir(exist_ok=True)
     for path in files:
         shutil.move(str(path), str(Path(kept) / path.name))
+
+
+# ----------------------------------------------------------------------------- more resources
+
+# Why a run is submitted again with more (docs/design.md, "Resubmit with more memory or time"):
+# unlike a failure of the machine, the same request would end the same way.
+OOM, TIMEOUT, GPU_OOM = "OOM", "TIMEOUT", "GPU OOM"
+# What an out-of-memory kill leaves in the job's log: Slurm's cgroup (Out Of Memory), its
+# accounting poller (JobAcctGatherParams=OverMemoryKill), the kernel's OOM killer.
+MEMORY_KILL = re.compile(r"Out Of Memory|exceeded (?:job |step )?memory limit|oom[-_ ]kill", re.IGNORECASE)
+GPU_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A spec's rule for one kind of escalation: its key in the spec (``name``:
+    resources.on_oom), how often, and per resource (mem_gb, time_min) or spec key
+    (train.batch_size) the factor it is grown by and the ceiling (value, as written)."""
+
+    kind: str
+    name: str
+    retry: int
+    factors: dict
+    ceilings: dict
+    whole: tuple = ()  # keys whose grown value is rounded up to a whole number (Slurm's minutes)
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """What follows a run that outgrew its request, once ``escalate`` recorded it: the
+    values it had (``old``) and gets (``new``; None: none left, the run stays as it
+    ended), and the line that says which."""
+
+    kind: str
+    old: dict
+    new: Optional[dict]
+    line: str
+    record: RunRecord
+
+
+def current(info: RunRecord, key: str, default: float) -> float:
+    """The value ``key`` (mem_gb, time_min, a spec key) has now: the last escalation's, else ``default``."""
+    for attempt in reversed(info.attempts):
+        if attempt.new and key in attempt.new:
+            return attempt.new[key]
+    return default
+
+
+def escalations(info: RunRecord, kind: Optional[str] = None) -> list:
+    """The attempts that submitted the run again with more (of ``kind``, or of any)."""
+    return [a for a in info.attempts if a.kind is not None and a.new and (kind is None or a.kind == kind)]
+
+
+def grown(old: float, factor: float, ceiling: Optional[float], whole: bool = False) -> Optional[float]:
+    """``old`` times ``factor``, at most ``ceiling`` (rounded up where ``whole``; a
+    divisor's result at least 1, whole where ``old`` is); None once nothing is left to
+    grow (or shrink)."""
+    new = math.ceil(old * factor) if whole else old * factor
+    if isinstance(old, int) and factor < 1:
+        new = max(1, int(new))
+    if ceiling is not None and factor > 1:
+        new = min(new, ceiling)
+    return None if new == old or (factor > 1 and new < old) else new
+
+
+def escalate(run: RunDir, policy: Policy, cause: str, start: dict, job: Optional[str] = None) -> Escalation:
+    """The decision on a run that ended for want of resources (``cause``, in words): the
+    values it has now (``start``: the spec's, grown by earlier escalations) times the
+    policy's factors, up to its ceilings and retries. Recorded in run.json as an attempt
+    with the old and new values; with more to give the run is reopened (pending, as a
+    retry) for its new job."""
+    info = run.read()
+    old = {key: current(info, key, start[key]) for key in policy.factors}
+    number = len(escalations(info, policy.kind)) + 1
+    new: Optional[dict] = None
+    if number > policy.retry:
+        line = f"{cause}; {policy.name}.retry={policy.retry} reached, not submitted again"
+    else:
+        grows = {key: grown(old[key], factor, policy.ceilings.get(key, (None, ""))[0], key in policy.whole)
+                 for key, factor in policy.factors.items()}
+        stuck = [key for key, value in grows.items() if value is None]
+        if stuck:
+            written = policy.ceilings.get(stuck[0], (None, ""))[1]
+            line = (f"{cause}; {stuck[0]} is at {policy.name}'s limit ({written or described(stuck[0], old[stuck[0]])})"
+                    f", not submitted again. Fix: raise it, or make the run need less")
+        else:
+            new = {key: value for key, value in grows.items() if value is not None}
+            line = f"{cause}; submitted again ({number} of {policy.retry}) with {changes(old, new)}"
+    attempt = Attempt(now_iso(), list(info.hosts), cause, number if new else None, job or info.slurm_job_id,
+                      policy.kind, old, new)
+    if new is None:
+        return Escalation(policy.kind, old, None, line, run.update(attempts=[*info.attempts, attempt]))
+    _keep_errors(run, len(info.attempts) + 1)
+    return Escalation(policy.kind, old, new, line,
+                      run.update(runstate.retry(), attempts=[*info.attempts, attempt]))
+
+
+def described(key: str, value: float) -> str:
+    """A value as ``status`` shows it: memory as Slurm writes it, a time limit, a key's value."""
+    if key == "mem_gb":
+        return slurm_mem(value)
+    if key == "time_min":
+        return slurm_time(value)
+    return f"{value:g}"
+
+
+_WORDS = {"mem_gb": "mem", "time_min": "time"}
+
+
+def changes(old: dict, new: dict) -> str:
+    """"mem 32G -> 64G": each value that changed."""
+    return ", ".join(f"{_WORDS.get(key, key)} {described(key, old[key])} -> {described(key, new[key])}"
+                     for key in new)
+
+
+def escalated_line(info: RunRecord) -> str:
+    """``status``'s word on a run given more: "retried (OOM) 2x: mem 32G -> 64G -> 128G"."""
+    done = escalations(info)
+    if not done:
+        return ""
+    kinds = list(dict.fromkeys(a.kind for a in done))
+    keys = list(dict.fromkeys(key for a in done for key in a.new))
+    chains = []
+    for key in keys:
+        steps = [a for a in done if key in a.new]
+        values = [steps[0].old.get(key, steps[0].new[key]), *(a.new[key] for a in steps)]
+        chains.append(f"{_WORDS.get(key, key)} " + " -> ".join(described(key, v) for v in values))
+    return f"retried ({', '.join(kinds)}) {len(done)}x: {'; '.join(chains)}"
+
+
+def resubmits_timeout(run: RunDir, on_timeout: bool) -> bool:
+    """Whether the time limit's stop of ``run`` submits it again with more time (its
+    spec's ``resources.on_timeout`` set, ``on_timeout``) rather than requeuing it as it
+    is: only with no checkpoint in its checkpoints/ to go on from, where a requeue would
+    start over and time out the same way. The runner asks it before it requeues, the job
+    script's end after."""
+    try:
+        saved = any(path.is_file() for path in run.checkpoints.iterdir())
+    except OSError:
+        saved = False
+    return on_timeout and not saved

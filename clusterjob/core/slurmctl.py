@@ -483,3 +483,34 @@ def _held(text: Optional[str]) -> Optional[tuple[Optional[int], Optional[int]]]:
     cpus = number(tres.get("cpu"))
     gpus = number(tres["gres/gpu"]) if "gres/gpu" in tres else 0
     return None if cpus is None or gpus is None else (cpus, gpus)
+
+
+_RSS_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def rss_bytes(text: Optional[str]) -> Optional[int]:
+    """sacct's MaxRSS ("642404K", "1.50G", "0") in bytes; None for none or unreadable."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)", (text or "").strip())
+    return int(float(found[1]) * _RSS_UNITS[found[2]]) if found else None
+
+
+def peaks(job_ids: list[str]) -> Optional[dict[str, tuple[Optional[int], int]]]:
+    """{job: (the most memory a task of it used, sacct's MaxRSS over its steps, in bytes;
+    the seconds it ran)} of each job sacct knows (its latest session); None when sacct did
+    not answer (no accounting, or unreachable)."""
+    wanted = set(job_ids)
+    found: dict[str, tuple[Optional[int], int]] = {}
+    for first in range(0, len(job_ids), _IDS_PER_QUERY):
+        chunk = ",".join(job_ids[first:first + _IDS_PER_QUERY])
+        out = _run(["sacct", "-P", "-o", "JobID,MaxRSS,ElapsedRaw", "-j", chunk])
+        if out is None:
+            return None
+        for row in table(out):
+            job = (row.get("JobID") or "").split(".")[0]
+            if job not in wanted:
+                continue
+            rss, ran = found.get(job, (None, 0))
+            said = rss_bytes(row.get("MaxRSS"))
+            most = max(rss, said) if rss is not None and said is not None else rss if said is None else said
+            found[job] = (most, max(ran, number(row.get("ElapsedRaw")) or 0))
+    return found

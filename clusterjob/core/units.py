@@ -119,3 +119,20 @@ def _hours(value: float) -> str:
     if value < 0.001:
         return "<0.001"
     return f"{value:.0f}" if value >= 99.95 else f"{value:#.3g}".rstrip(".")
+
+
+# ----------------------------------------------------------------------------- Slurm's requests
+
+
+def slurm_mem(gb: float) -> str:
+    """A memory request as Slurm writes it: 16 -> "16G"; fractions in whole MB, rounded
+    up: 1.5 -> "1536M" (sbatch's --mem, and ``status``'s line of a run given more)."""
+    return f"{int(gb)}G" if float(gb).is_integer() else f"{math.ceil(gb * 1024)}M"
+
+
+def slurm_time(minutes: float) -> str:
+    """Minutes as Slurm's [days-]hours:minutes:seconds: 90 -> "01:30:00", 1500 ->
+    "1-01:00:00", 1.5 -> "00:01:30" (a limit grown by a factor keeps its seconds, rounded up)."""
+    days, rest = divmod(math.ceil(minutes * 60), 24 * 3600)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from clusterjob.core import claim, runstate, sweep, units, unmade
+from clusterjob.core import claim, retry, runstate, sweep, units, unmade
 from clusterjob.core.errors import BadInput, escape, is_bad_input, traceback_excerpt
 from clusterjob.core.files import many_reads, open_regular, read_text
 from clusterjob.core.record import MAX_INFO_BYTES, RunError, RunRecord
@@ -137,9 +137,11 @@ def low_util_pct(run: RunDir) -> float:
 
 
 def _restarts(info: RunRecord) -> str:
-    """"requeued 2x, retried 1x": preemption's requeues and the retries after a failure of the machine."""
+    """"requeued 2x, retried 1x": preemption's requeues and the retries after a failure of the machine;
+    "retried (OOM) 2x: mem 32G -> 64G -> 128G": the run submitted again with more."""
     said = [f"{word} {count}x" for count, word in ((info.requeues, "requeued"), (info.retries, "retried")) if count]
-    return ", ".join(said)
+    grown = retry.escalated_line(info)
+    return ", ".join([*said, *([grown] if grown else [])])
 
 
 def _progress(run: RunDir, info: RunRecord, own: bool) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from clusterjob.core import slurmctl
 from clusterjob.core.errors import BadInput, SlurmUnreachable
+from clusterjob.health import badnodes
 from clusterjob.launch import limits
 from clusterjob.spec.schema import Spec
 from clusterjob.taskenv.slurm import SlurmOptions
@@ -151,6 +152,24 @@ def check_nodes(spec: Spec, part: Partition) -> Check:
         return Check("nodes", False, f"resources.nodes: {nodes} does not fit partition {part.name} ({why})",
                      f"set resources.nodes to at most {cap}, or use a larger partition")
     return Check("nodes", True, f"{nodes} of at most {cap} in {part.name}")
+
+
+def check_bad_nodes(spec: Spec, part: Partition, nodes: list[dict]) -> Optional[Check]:
+    """How many of the partition's nodes a submit keeps its jobs off (the list of bad
+    nodes, clusterjob.health.badnodes), and whether the job still fits the rest; None
+    where it keeps the job off none."""
+    bad = badnodes.fresh(spec.output.root, spec.resources.bad_node_ttl_s)
+    names = {row["name"] for row in nodes}
+    excluded = sorted(node for node in bad if node in names or not names)
+    if not excluded:
+        return None
+    said = f"{len(excluded)} node(s) excluded as bad within resources.bad_node_ttl ({', '.join(excluded)})"
+    left = (part.total_nodes or len(names)) - len(excluded)
+    if spec.resources.nodes > left:
+        return Check("bad nodes", False, f"{said}: resources.nodes: {spec.resources.nodes} does not fit the {left} "
+                                         f"left in {part.name}",
+                     "`clusterjob nodes --forget NODE` for a node that is fine again, or lower resources.nodes")
+    return Check("bad nodes", True, said)
 
 
 def _nodes_unknown(name: str, nodes: list[dict], part: Partition, problem: Optional[str],
@@ -369,7 +388,9 @@ def _checks(spec: Spec, points: int, scripts: list[str], ask: slurmctl.AskedAtOn
         return rows[name]
 
     row, unasked = qos_row(qos) if qos else (None, None)
-    checks = [first, check_nodes(spec, part), check_cpus(spec, nodes, part, unlisted),
+    bad = check_bad_nodes(spec, part, nodes)  # a check only where the list excludes some node
+    checks = [first, check_nodes(spec, part), *([bad] if bad is not None else []),
+              check_cpus(spec, nodes, part, unlisted),
               check_time(spec, part, row, qos), check_qos(spec, qos, row, unasked),
               check_gpus(spec, nodes, part, unlisted), array_check(points, ask)[0],
               check_jobs(spec, points, part, ask, qos_row)]

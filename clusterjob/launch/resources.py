@@ -6,27 +6,16 @@ Stdlib only: it runs on login nodes.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
+from clusterjob.core.units import slurm_mem, slurm_time
+from clusterjob.health import badnodes
 from clusterjob.spec.schema import Spec
 from clusterjob.taskenv.slurm import SlurmOptions
 
 SIGNAL_DELAY_S = 120  # USR2 this long before the time limit: time to reach a step boundary
 # The job script's first line on stderr in each session of a job (a requeued job appends to its log)
 SESSION_MARK = "clusterjob: job session starts"
-
-
-def slurm_mem(gb: float) -> str:
-    """16 -> "16G"; fractions in whole MB, rounded up: 1.5 -> "1536M"."""
-    return f"{int(gb)}G" if float(gb).is_integer() else f"{math.ceil(gb * 1024)}M"
-
-
-def slurm_time(minutes: int) -> str:
-    """Minutes as Slurm's [days-]hours:minutes:seconds: 90 -> "01:30:00", 1500 -> "1-01:00:00"."""
-    days, rest = divmod(minutes, 24 * 60)
-    text = f"{rest // 60:02d}:{rest % 60:02d}:00"
-    return f"{days}-{text}" if days else text
 
 
 def slurm_array(points: int, parallelism: Optional[int]) -> str:
@@ -36,7 +25,7 @@ def slurm_array(points: int, parallelism: Optional[int]) -> str:
 
 def signal_delay_s(spec: Spec) -> int:
     """How long before the time limit SIGUSR2 comes: 120 s, or a quarter of a short limit."""
-    return min(SIGNAL_DELAY_S, spec.resources.time_min * 60 // 4)
+    return int(min(SIGNAL_DELAY_S, spec.resources.time_min * 60 // 4))
 
 
 def sbatch_options(spec: Spec, points: int = 1) -> dict[str, Optional[str]]:
@@ -67,6 +56,13 @@ def after_options(jobs: Sequence[str]) -> dict:
     return {"dependency": "afterok:" + ":".join(jobs), "kill_on_invalid_dep": "yes"}
 
 
+def exclude_options(spec: Spec) -> dict:
+    """sbatch's --exclude of the nodes that failed runs of this results root within
+    ``resources.bad_node_ttl`` (clusterjob.health.badnodes); {} for none."""
+    nodes = badnodes.fresh(spec.output.root, spec.resources.bad_node_ttl_s)
+    return {"exclude": ",".join(nodes)} if nodes else {}
+
+
 def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[str] = ()) -> dict:
     """submitit's SlurmExecutor parameters: the same option values as the templates'
     (submitit adds --array itself for a batch of jobs). With ``after_jobs`` the job
@@ -83,7 +79,7 @@ def submitit_parameters(spec: Spec, teardown: list[str], after_jobs: Sequence[st
         "teardown": teardown,
         "srun_args": ["--kill-on-bad-exit=1"],  # one failed rank ends the step: no rank hangs
         "additional_parameters": {"requeue": True, **{k: options[k] for k in passed if options[k]},
-                                  **after_options(after_jobs)},
+                                  **after_options(after_jobs), **exclude_options(spec)},
     }
     if r.array_parallelism:
         params["array_parallelism"] = r.array_parallelism

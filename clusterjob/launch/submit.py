@@ -25,7 +25,7 @@ from clusterjob.launch import chain, control, executor
 from clusterjob.launch.executor import Dependency, Executor, Watch
 from clusterjob.launch.handover import Window
 from clusterjob.launch.progress import LiveLine
-from clusterjob.spec import envvars
+from clusterjob.spec import envvars, escalation
 from clusterjob.spec.schema import Spec, check_after_args, check_paths, expand_sweep, load_spec, spec_parts
 
 
@@ -268,7 +268,7 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
                        f"clusterjob resume {run.path.parent}")
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     materialize(run.path)  # a run its task never made (its job ended first): made as it would have
-    spec = load_spec(run.spec_file)
+    spec = escalation.resized(load_spec(run.spec_file), run.read())  # with the memory and time it was given
     check_paths(spec)
     envvars.hand_down_secrets(spec.env)  # the secrets of its spec.yaml (***) must be in this shell's environment
     owner = _executor_of(run)

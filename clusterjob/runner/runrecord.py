@@ -21,6 +21,7 @@ from clusterjob.core.provenance import git_sha, versions
 from clusterjob.core.ranks import DistEnv
 from clusterjob.core.record import RunError, RunRecord, Session
 from clusterjob.core.rundir import RunDir, mark_failed, rank_errors, record_error
+from clusterjob.health import badnodes
 from clusterjob.runner.checkpoint import list_checkpoints
 from clusterjob.runner.preempt import PRUNE
 from clusterjob.taskenv import environment as taskenv
@@ -92,6 +93,11 @@ def record_stop(run: RunDir, spec: Spec, signal: Optional[str]) -> StopOutcome:
     elif outcome.error:
         run.update(runstate.fail(RunError(None, outcome.error)))
         print(f"stopped: {outcome.error}", flush=True)
+    elif outcome.requeue and outcome.status == runstate.TIMEOUT and \
+            retry.resubmits_timeout(run, spec.resources.on_timeout is not None):
+        run.update(runstate.stop(outcome.status))  # a requeue would start over and time out the same way
+        print(f"stopped ({outcome.status}) with no checkpoint: its job's end submits it again with more time "
+              "(resources.on_timeout)", flush=True)
     elif outcome.requeue:
         run.update(runstate.requeue(outcome.status), requeues=(info.requeues or 0) + 1)
         assert job is not None  # only a job that can be requeued is told to (stop_outcome)
@@ -206,6 +212,8 @@ def after_requeue(run: RunDir, max_retries: int, retry_backoff_s: float = 0.0) -
     why = task.node_failure(info.hosts)
     if why is None:
         return GO  # a requeue by hand or a preemption: counted as a requeue (mark_running)
+    if len(info.hosts) == 1:  # a job on several nodes: Slurm's word does not say which one failed
+        badnodes.add(badnodes.root_of(run.path), info.hosts, why, run.path)
     decision = retry.decide(run, why, max_retries, retry_backoff_s, job=job.id)
     assert decision is not None  # max_retries > 0
     if decision.number is None:

@@ -28,10 +28,11 @@ import yaml
 
 from clusterjob.core.errors import SpecError, brief, key_text, with_type
 from clusterjob.core.units import default_mode
-from clusterjob.spec import envvars
+from clusterjob.spec import envvars, escalation
 from clusterjob.spec import options as executoropts
 from clusterjob.spec.catalog import DATASETS, DatasetName
 from clusterjob.spec.container import ContainerSpec
+from clusterjob.spec.escalation import OnGpuOomSpec, OnOomSpec, OnTimeoutSpec
 from clusterjob.spec.fields import (
     HOLDS_OPTIONS,
     Section,
@@ -186,6 +187,14 @@ class ResourcesSpec(Section):
     array_parallelism: Optional[int] = opt(None, "at most this many runs of a sweep at once: a Slurm array's %N, the "
                                                  "local supervisor's runs side by side (null: Slurm's limits; "
                                                  "locally as many as fit)", ge=1)
+    on_oom: Optional[OnOomSpec] = opt(None, "a run that ran out of memory is submitted again with more, from its "
+                                            "last checkpoint: {retry, mem_factor, max_mem}; null: never")
+    on_timeout: Optional[OnTimeoutSpec] = opt(None, "a run that timed out with no checkpoint is submitted again with "
+                                                    "more time: {retry, time_factor, max_time}; null: never")
+    on_gpu_oom: Optional[OnGpuOomSpec] = opt(None, "a run that ran out of GPU memory is submitted again with the keys "
+                                                   "of set divided: {retry, set}; null: never")
+    bad_node_ttl: str = opt("24h", "a node that failed a run is kept out of later jobs this long "
+                                   "(<output.root>/.clusterjob/bad-nodes.json; 0h: never)")
     options: tuple[ExecutorOptions, ...] = field(default_factory=lambda: tuple(o() for o in executoropts.built_in()),
                                                  metadata={HOLDS_OPTIONS: True})
 
@@ -193,6 +202,26 @@ class ResourcesSpec(Section):
         if self.gpus_per_node and self.tasks_per_node > self.gpus_per_node:
             raise SpecError("tasks_per_node", f"{self.tasks_per_node} tasks per node but gpus_per_node is "
                             f"{self.gpus_per_node}; run one task per GPU (tasks_per_node: {self.gpus_per_node})")
+        escalation.ttl_s("bad_node_ttl", self.bad_node_ttl)
+        self._check_ceilings()
+
+    def _check_ceilings(self) -> None:
+        """An escalation needs a request to grow, and a ceiling above it."""
+        if self.on_oom is not None and not self.mem_gb:
+            raise SpecError("on_oom", "needs a memory request to grow, but mem_gb is 0 (the partition's default); "
+                                      "set resources.mem_gb")
+        ceiling = self.on_oom.max_mem_gb if self.on_oom is not None else None
+        if ceiling is not None and ceiling < self.mem_gb:
+            raise SpecError("on_oom.max_mem", f"{self.on_oom.max_mem!r} is below mem_gb ({self.mem_gb:g} GB); "  # type: ignore[union-attr]
+                                              "raise max_mem or lower mem_gb")
+        limit = self.on_timeout.max_time_min if self.on_timeout is not None else None
+        if limit is not None and limit < self.time_min:
+            raise SpecError("on_timeout.max_time", f"{self.on_timeout.max_time!r} is below time_min "  # type: ignore[union-attr]
+                                                   f"({self.time_min} min); raise max_time or lower time_min")
+
+    @property
+    def bad_node_ttl_s(self) -> float:
+        return escalation.ttl_s("bad_node_ttl", self.bad_node_ttl)
 
     def held(self, declared: type[Held]) -> Held:
         """The options ``declared`` as this section holds them; their defaults where the
@@ -523,6 +552,9 @@ class Spec(Section):
         if self.health is not None and self.health.on_stall == "retry" and self.resources.max_retries == 0:
             raise SpecError("health.on_stall", "retry restarts a stalled run as a retry, but resources.max_retries "
                                                "is 0; set resources.max_retries: 1 (or more), or on_stall: stop")
+        if self.resources.on_gpu_oom is not None:
+            for key in self.resources.on_gpu_oom.set:
+                _check_shrunk_key(self, key)
         if self.entrypoint is None:
             _check_full_batches(self)
             _check_num_workers(self)
@@ -574,6 +606,16 @@ def check_swept_key(where: str, key: Any, own_code: bool) -> None:
                                "submit a spec per value instead")
     if own_code and key.split(".")[0] in TRAINER_SECTIONS:
         raise SpecError(where, _trainer_key_message(key))
+
+
+def _check_shrunk_key(spec: "Spec", key: Any) -> None:
+    """A key ``resources.on_gpu_oom.set`` divides: a number of the spec, as a sweep may set it."""
+    where = f"resources.on_gpu_oom.set.{key_text(key)}"
+    check_swept_key(where, key, spec.entrypoint is not None)
+    value = escalation.leaf_value(spec, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(where, f"is {brief(value)}, not a number to divide; name a number such as "
+                               "train.batch_size or params.batch_size")
 
 
 def _sweep_as_text(sweep: dict) -> dict:

@@ -32,13 +32,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+import yaml
+
 from clusterjob.core import claim, procs, retry, runstate, slurmctl, sweep
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
-from clusterjob.core.files import batched, now_iso
+from clusterjob.core.files import batched, now_iso, write_atomic
 from clusterjob.core.ranks import clean_environ, scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
-from clusterjob.health import stalls
+from clusterjob.health import badnodes, stalls
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.executor import (
@@ -56,7 +58,9 @@ from clusterjob.launch.executor import (
 )
 from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, sbatch_options, submitit_parameters
-from clusterjob.spec.schema import Spec, load_spec
+from clusterjob.spec import escalation
+from clusterjob.spec.schema import Spec, load_spec, spec_from_dict
+from clusterjob.spec.yamlfile import apply_overrides, read_spec_file
 from clusterjob.taskenv.container import host_command
 from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
 
@@ -593,9 +597,86 @@ def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunReco
         cause = _record_end(run, info, srun_status, log) if stalled is None else \
             stalls.reason(stalled) if stalled.action == "retry" else None
         exclude = [stalled.host] if stalled is not None and stalled.host else []
+        if cause is not None:  # the machine failed it: its node goes on the list of bad nodes
+            badnodes.add(badnodes.root_of(run.path), exclude or _killed_on(run, log), cause, run.path)
         if cause is not None and _retried(run, cause, exclude):
             return 0
+    outgrown = _outgrown(run, run.read(), log)
+    if outgrown is not None:
+        resubmit(run, *outgrown)
     return 0 if run.read().status == runstate.COMPLETED else 1
+
+
+def _killed_on(run: RunDir, log: str) -> list[str]:
+    """The node of the rank a signal nobody sent ended (srun's report), if any."""
+    end = ended_rank(run, log)
+    return [end.node] if end is not None and end.by_signal and not end.memory and end.node else []
+
+
+def _outgrown(run: RunDir, info: RunRecord, log: str) -> Optional[tuple[str, str]]:
+    """(kind, cause) of a session that ended for want of resources its spec may give it
+    (retry.OOM, TIMEOUT, GPU_OOM), else None: a rank killed out of memory, a rank's
+    torch OutOfMemoryError, a time limit's stop that the runner did not requeue for want
+    of a checkpoint (retry.resubmits_timeout)."""
+    if info.status == runstate.TIMEOUT:
+        spec = load_spec(run.spec_file)
+        if retry.resubmits_timeout(run, spec.resources.on_timeout is not None):
+            return retry.TIMEOUT, "timed out with no checkpoint to go on from"
+        return None
+    if info.status != runstate.FAILED:
+        return None
+    end = ended_rank(run, log)
+    if end is not None and end.memory:
+        return retry.OOM, f"{end.said}: out of memory"
+    gpu = next((e for e in rank_errors(run) if retry.GPU_MEMORY.search(e.message or "")), None)
+    if gpu is not None:
+        return retry.GPU_OOM, f"rank {gpu.rank}: out of GPU memory"
+    return None
+
+
+def resubmit(run: RunDir, kind: str, cause: str) -> bool:
+    """Submit a run that outgrew its request again, as a new job of its own (a run of an
+    array leaves the array as it is), with what its spec's rule for ``kind`` gives
+    (retry.escalate: the one decision); False where the spec asks for none, none is
+    left, or sbatch refused."""
+    spec = load_spec(run.spec_file)
+    asked = escalation.policy(spec, kind)
+    if asked is None:
+        return False
+    found = sweep.job_of(run.path, run.read())
+    decision = retry.escalate(run, asked[0], cause, asked[1], job=found.id if found is not None else None)
+    if decision.new is None:
+        run.update(runstate.fail(RunError(None, decision.line)))
+        print(f"clusterjob: {decision.line}", file=sys.stderr)
+        return False
+    try:
+        shrunk = {key: value for key, value in decision.new.items() if key not in ("mem_gb", "time_min")}
+        if shrunk:  # on_gpu_oom's keys: the run's next start reads them from its spec.yaml
+            rewrite_keys(run.spec_file, shrunk)
+        _unlink_logs(run)
+        (job,) = submit_runs(escalation.resized(spec, decision.record), [run])
+    except (BadInput, Failure, SlurmUnreachable) as err:
+        run.update(runstate.fail(RunError(None, f"{decision.line}, but sbatch failed: {err}")))
+        return False
+    print(f"clusterjob: {decision.line}: job {job}", file=sys.stderr)
+    return True
+
+
+def _unlink_logs(run: RunDir) -> None:
+    """Drop the run's links to the old job's rank logs: the new job's ranks link theirs
+    (rundir.link_rank_logs makes a link only where none is); the old logs stay in .slurm/."""
+    for link in [*run.logs.glob("rank*.out"), *run.logs.glob("rank*.err")]:
+        if link.is_symlink():
+            link.unlink(missing_ok=True)
+
+
+def rewrite_keys(spec_file: Path, new: dict) -> None:
+    """Set the spec keys of ``new`` (train.batch_size: 32, params.batch: 16) in a run's
+    spec.yaml, which its next start reads; checked as a whole before it is written, and
+    written whole (a reader sees the old file or the new)."""
+    raw = apply_overrides(read_spec_file(spec_file), [f"{key}={value}" for key, value in new.items()])
+    spec_from_dict(raw)
+    write_atomic(spec_file, yaml.safe_dump(raw, sort_keys=False))
 
 
 @dataclass(frozen=True)
@@ -610,6 +691,7 @@ class RankEnd:
     message: str
     by_signal: bool
     memory: bool = False
+    node: Optional[str] = None  # where it ran, as its launcher said
 
 
 def ended_rank(run: RunDir, log: str) -> Optional[RankEnd]:
@@ -621,8 +703,9 @@ def ended_rank(run: RunDir, log: str) -> Optional[RankEnd]:
     if killed is not None:
         rank, node, reason = killed
         said = f"task {rank} on {node}: {reason}"
-        return RankEnd(rank, said, f"{said} (ended by a signal, no traceback)", True,
-                       memory=reason.startswith("Out Of Memory"))
+        memory = retry.MEMORY_KILL.match(reason) is not None or (reason == "Killed" and retry.MEMORY_KILL.search(log))
+        how = "out of memory: Slurm ended it over its memory request" if memory else "ended by a signal"
+        return RankEnd(rank, said, f"{said} ({how}, no traceback)", True, memory=bool(memory), node=node)
     found = torchrun_root_cause(run)
     if found is not None:
         return found
