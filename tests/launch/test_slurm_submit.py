@@ -26,7 +26,7 @@ FAST_S = 180
 # Slow enough to signal mid-run (a few seconds per epoch), small enough for 2 cores.
 LONG = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_val": 64},
             train={"epochs": 3, "batch_size": 16, "amp": "bf16", "log_every": 2},
-            resources={"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10})
+            resources={"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 3, "time_min": 10})
 
 
 # What a shell inside another allocation or launch holds: must not reach the new job.

@@ -38,7 +38,7 @@ WAIT_S = 420
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
         "BOOT_FAIL", "DEADLINE")
 # What the spec's resources say, as command-line flags for the raw templates (GPU headers).
-RAW_FLAGS = ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=1G", "--time=10",
+RAW_FLAGS = ["--nodes=2", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=3G", "--time=10",
              "--gres=none"]
 OVERRIDE = "train.epochs=2"  # passed as script arguments (raw) or baked in (rendered)
 
@@ -50,7 +50,7 @@ def tiny_spec(root):
         "model": {"arch": "mlp"},
         "train": {"epochs": 3, "batch_size": 16, "amp": "off", "lr_scaling": "none", "log_every": 4},
         "dist": {"backend": "gloo", "timeout_s": 120},
-        "resources": {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10},
+        "resources": {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 3, "time_min": 10},
         "output": {"root": str(root)},
     }
 
@@ -244,7 +244,7 @@ def test_a_rank_killed_in_a_template_job_is_named_in_status_within_seconds(slurm
     workdir = tmp_path / "job"
     workdir.mkdir()
     cmd = ["sbatch", "--parsable", f"--chdir={workdir}", f"--job-name=cj-kill-{style}", "--nodelist=node1",
-           "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=1G", "--time=10", "--gres=none",
+           "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--mem=3G", "--time=10", "--gres=none",
            str(sbatch.template_path(style)), str(spec_file)]
     res = subprocess.run(cmd, env=job_env(slurm_cluster), capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr

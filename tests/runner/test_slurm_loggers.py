@@ -22,7 +22,7 @@ LOGGING = {"tensorboard": True, "mlflow": {"tracking_uri": "file:./mlruns"}, "wa
 # As tests/launch/test_slurm_submit.py's LONG: a few seconds per epoch, 2 nodes x 2 tasks.
 LONG = dict(model={"arch": "convnet"}, data={"limit_train": 1024, "limit_val": 64},
             train={"epochs": 3, "batch_size": 16, "amp": "bf16", "log_every": 2},
-            resources={"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10})
+            resources={"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 3, "time_min": 10})
 
 
 def diagnosis(run: Path) -> str:
