@@ -66,6 +66,24 @@ def test_each_runtime_renders_its_own_documented_command(tmp_path, monkeypatch):
                for w in (apptainer, podman, charlie, pyxis))
 
 
+def test_pyxis_names_what_the_other_runtimes_carry_set_in_the_shell_or_exported_by_setup(tmp_path, monkeypatch):
+    # pyxis keeps the host's value only of the names in --container-env: a setup line's
+    # NCCL_* and the shell's OMP_NUM_THREADS would otherwise lose to an image's
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.chdir(tmp_path)
+    spec = spec_from_dict({"name": "t", "output": {"root": str(tmp_path / "res")}, "env": {"NCCL_ALGO": "Ring"},
+                           "resources": {"setup": ["module load nccl && export NCCL_IB_HCA=mlx5_0",
+                                                   "export HF_HOME=/scratch/hf"]},
+                           "container": {"image": "img:1", "runtime": "pyxis"}})
+    assert containers.plan_of(spec).exported == ("HF_HOME", "NCCL_IB_HCA")
+    (named,) = [o for o in containers.wrapped(spec, "pyxis").srun_options if o.startswith("--container-env=")]
+    names = named.split("=", 1)[1].split(",")
+    assert {"NCCL_ALGO", "NCCL_IB_HCA", "OMP_NUM_THREADS"} <= set(names) and names == sorted(names)
+    # HF_HOME is carried by no runtime; GPUs are Slurm's per task; no launcher variable
+    assert not {"HF_HOME", "CUDA_VISIBLE_DEVICES", "RANK", "SLURM_CONF"} & set(names)
+
+
 def test_charliecloud_applies_the_image_environment_only_where_the_image_has_one(tmp_path):
     (tmp_path / "img" / "ch").mkdir(parents=True)
     spec = spec_from_dict({"name": "t", "container": {"image": str(tmp_path / "img"), "runtime": "charliecloud"}})

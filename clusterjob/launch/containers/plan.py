@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ RUNTIMES = ("pyxis", "apptainer", "charliecloud", "podman")  # auto's order
 AUTO_LOCAL = RUNTIMES[1:]  # pyxis starts containers through srun only
 CONTAINERSIDE = Path(containerside.__file__).resolve()
 CLUSTERJOB_HOME = Path(__file__).resolve().parents[3]  # the folder of the package, mounted: the ranks import it
+EXPORT = re.compile(r"\bexport\s+([A-Za-z_][A-Za-z0-9_]*)=")  # a resources.setup line's `export NAME=...`
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Plan:
     workdir: str
     gpus: bool
     names: tuple[str, ...]  # variables passed by name (the runtimes that do not pass the host's)
+    exported: tuple[str, ...] = ()  # what the resources.setup lines export on the host before srun
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ def plan_of(spec: Spec, cwd: Optional[str] = None) -> Plan:
         mounts.append(Mount(source, target, option == "ro"))
     names = sorted({*spec.env, *(n for n in os.environ if envvars.is_secret(n))})
     return Plan(image=box.image, python=box.python, mounts=tuple(mounts), workdir=box.workdir or here,
-                gpus=spec.resources.gpus_per_node > 0, names=(containerside.CARRIED_VAR, *names))
+                gpus=spec.resources.gpus_per_node > 0, names=(containerside.CARRIED_VAR, *names),
+                exported=tuple(sorted({n for line in spec.resources.setup for n in EXPORT.findall(line)})))
 
 
 def _under(path: str, folder: str) -> bool:
