@@ -4,6 +4,7 @@ back inside it, and the image check at a rank's start (no runtime needed)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,10 +15,20 @@ from clusterjob.core.errors import BadInput
 from clusterjob.launch.containers import plan as containers
 from clusterjob.spec.schema import spec_from_dict
 from clusterjob.taskenv import containerside
-from clusterjob.taskenv.container import carried, host_command
+from clusterjob.taskenv.container import CARRIED_NAMES, CARRIED_PREFIXES, carried, host_command
 
 HOME = str(containers.CLUSTERJOB_HOME)
 SIDE = str(containers.CONTAINERSIDE)
+
+
+@pytest.fixture(autouse=True)
+def plain_shell(monkeypatch):
+    """A submitting shell with none of the variables a container carries in (the test
+    command's own CLUSTERJOB_REQUIRE_*, a developer's NCCL_*): the commands rendered here
+    name only what each test sets."""
+    for name in list(os.environ):
+        if name.startswith(CARRIED_PREFIXES) or name in CARRIED_NAMES:
+            monkeypatch.delenv(name)
 
 
 def _spec(tmp_path, runtime, gpus=0, **box):

@@ -87,7 +87,8 @@ def test_a_run_out_of_memory_is_submitted_again_with_twice_the_memory(slurm_clus
     assert "retried (OOM) 1x: mem 1G -> 2G" in shown, shown
     report = cli(tmp_path, "report", str(run.parent), env=slurm_cluster.env())
     assert report.returncode == 0, report.stderr
-    assert cpu_hours_of(run, got) == pytest.approx(sacct_cpu_hours(slurm_cluster, [first, second]), abs=1e-6)
+    counted = sacct_cpu_hours(slurm_cluster, [first, second])  # first: it waits until both jobs ended
+    assert cpu_hours_of(run, got) == pytest.approx(counted, abs=1e-6)
     suggested = cli(tmp_path, "report", str(run.parent), "--suggest", env=slurm_cluster.env())
     assert suggested.returncode == 0, suggested.stderr
     fragment = yaml.safe_load(suggested.stdout)  # the run needed more than 1G, and less than 2G
