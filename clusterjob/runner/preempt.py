@@ -40,6 +40,7 @@ from clusterjob.runner import dist, wakeups
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 CTRL_C = "SIGINT"  # the stop that a plain script sees as KeyboardInterrupt
 REDELIVER_S = 0.01  # a stop whose raise Python swallowed comes again this much later
+NUDGE_S = 0.05  # how long the main thread has to run a stop's handler before it is sent the signal itself
 CANCEL_POLL_S = 1.0  # how often rank 0 of a plain script reads run.json for a cancel
 PRUNE = "prune"  # the stop of a trial its search pruned
 _STICKY = ("cancel", PRUNE)  # stops that a signal arriving after them does not rename
@@ -141,11 +142,30 @@ class StopSignal:
             self._raised_exc = KeyboardInterrupt() if self.signal == CTRL_C else StopRequested(self.signal)
             raise self._raised_exc
 
-    def _woken(self) -> None:
-        """A stop signal, even while the main thread is stuck in C code: arm the kill of
+    def _woken(self, signum: int) -> None:
+        """A stop signal, seen whichever thread the kernel handed it to and even while the
+        main thread is stuck in C code: name the stop (the record made before the kill
+        says which, even if the handler never ran), wake the main thread, arm the kill of
         a plain script."""
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+        timer = threading.Timer(NUDGE_S, self._nudge, (signum,))
+        timer.daemon = True
+        timer.start()
         if self.is_plain_script():
             self._arm_kill()
+
+    def _nudge(self, signum: int) -> None:
+        """The kernel hands a process's signal to any thread: given to another one, it
+        leaves the main thread waiting in its system call (pdb's prompt reading the
+        terminal, a sleep, a socket read), and the handler (main thread only) waits with
+        it. If the handler has not run yet, send the signal to the main thread itself:
+        its call returns and the handler runs (a signal still pending there runs the
+        handler once, not twice). Never where the script put its own handler."""
+        if self.received_at is None and signal.getsignal(signum) == self._on_signal:
+            ident = threading.main_thread().ident
+            if ident is not None:
+                signal.pthread_kill(ident, signum)
 
     def _arm_kill(self) -> None:
         """Start the grace period of a plain script, once."""

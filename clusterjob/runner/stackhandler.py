@@ -64,7 +64,7 @@ def _in_child() -> None:
         faulthandler.register(_state["sig"], file=_state["file"], all_threads=True, chain=False)
 
 
-def _answer() -> None:
+def _answer(signum: int) -> None:
     target = _state["file"]
     if target is None:
         return

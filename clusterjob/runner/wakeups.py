@@ -13,13 +13,13 @@ import signal
 import threading
 from typing import Callable
 
-_callbacks: dict[int, list[Callable[[], None]]] = {}
+_callbacks: dict[int, list[Callable[[int], None]]] = {}
 _lock = threading.Lock()
 _installed: list[int] = []  # the pipe's read end once installed
 
 
-def on(signals: "tuple[int, ...] | list[int]", callback: Callable[[], None]) -> None:
-    """Call ``callback`` from the wakeup thread when any of ``signals`` arrives (the
+def on(signals: "tuple[int, ...] | list[int]", callback: Callable[[int], None]) -> None:
+    """Call ``callback(signum)`` from the wakeup thread when any of ``signals`` arrives (the
     signals' Python handlers are the caller's; installed from the main thread)."""
     with _lock:
         if not _installed:
@@ -52,4 +52,4 @@ def _wake(read: int) -> None:
             for callback in _callbacks.get(sig, []):
                 if callback not in called:
                     called.add(callback)
-                    callback()
+                    callback(sig)

@@ -18,7 +18,7 @@ from clusterjob.runner.preempt import StopSignal, StopRequested
 s = StopSignal().install()
 s.is_plain_script = lambda: True
 s.grace_s = 1.5
-s.before_kill = lambda: print("recording the stop", flush=True)
+s.before_kill = lambda: print("recording the stop of", s.signal, flush=True)
 print("ready at", time.monotonic(), flush=True)
 """
 
@@ -52,7 +52,20 @@ def test_the_kill_comes_while_the_main_thread_is_stuck_in_c_code():
     # Python handler (main thread only) cannot run before the sleep returns
     done, took = run("import threading\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
                      "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()\ntime.sleep(300)\n")
-    assert done.returncode == -9 and took < 60 and "recording the stop" in done.stdout  # not at the sleep's end
+    assert done.returncode == -9 and took < 60  # not at the sleep's end
+    assert "recording the stop of SIGTERM" in done.stdout  # the record names the stop the handler never saw
+
+
+@pytest.mark.parametrize("sig, caught", [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "StopRequested")])
+def test_a_stop_another_thread_took_reaches_a_main_thread_waiting_in_a_system_call(sig, caught):
+    # pdb's prompt waits in select() on the terminal; the kernel may hand the terminal's
+    # SIGINT to any other thread of the process, which does not end that wait: the main
+    # thread is sent the signal itself, and the script gets its stop well before the kill
+    done, took = run("import select, threading\nr, w = os.pipe()\n"
+                     f"threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), signal.{sig})).start()\n"
+                     f"try:\n    select.select([r], [], [])\nexcept {caught}:\n    print('stopped by {caught}', flush=True)\n")
+    assert done.returncode == 0 and f"stopped by {caught}" in done.stdout, (done.stdout, done.stderr)
+    assert done.stdout.count(f"received {sig}") == 1 and "recording the stop" not in done.stdout
 
 
 def test_a_forked_childs_sigterm_is_not_this_process_stop():
