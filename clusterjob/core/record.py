@@ -43,6 +43,7 @@ class RunError:
     message: Optional[str]
     traceback: Optional[str] = ""
     at: Optional[str] = None
+    host: Optional[str] = None  # where the rank ran, as it wrote its own error (a node that failed it)
 
     @classmethod
     def of_exception(cls, rank: int, exc: BaseException) -> "RunError":
@@ -50,9 +51,10 @@ class RunError:
         return cls(rank, f"{type(exc).__name__}: {exc}", "".join(lines)[-4000:], now_iso())
 
     def to_dict(self) -> dict:
-        """As run.json holds it; ``at`` only when known (errors found afterwards never had it)."""
+        """As run.json holds it; ``at`` and ``host`` only when known (errors found afterwards never had them)."""
         out = {"rank": self.rank, "message": self.message, "traceback": self.traceback}
-        return out if self.at is None else {**out, "at": self.at}
+        out = out if self.at is None else {**out, "at": self.at}
+        return out if self.host is None else {**out, "host": self.host}
 
 
 @dataclass(frozen=True)
@@ -435,13 +437,13 @@ def _final_field(raw: dict, problems: list) -> Optional[dict]:
 
 
 def _error_field(raw: dict, problems: list) -> Optional[RunError]:
-    """The failure record: rank, message, traceback, at."""
+    """The failure record: rank, message, traceback, at, host."""
     value = _mapping_field(raw, "error", problems, "a mapping (rank, message, traceback)")
     if value is None:
         return None
     inner: list = []
     error = RunError(_int_field(value, "rank", inner), *(_text_field(value, key, inner)
-                                                        for key in ("message", "traceback", "at")))
+                                                        for key in ("message", "traceback", "at", "host")))
     problems += [p.replace(f"{INFO_FILE}: ", f"{INFO_FILE}: error.", 1) for p in inner]
     return error
 

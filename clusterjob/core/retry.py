@@ -3,7 +3,8 @@ which failures those are, how long to wait, and run.json's record of each attemp
 
 A failure of the machine is a rank killed by a signal nobody in clusterjob sent (kill -9,
 a node going away; not Slurm's "Out Of Memory", which would come back), a NCCL or gloo
-communication error or timeout, or Slurm's NODE_FAIL. A Python error in the training
+communication error or timeout, a node's GPU or driver failing (an ECC error, a lost
+device), or Slurm's NODE_FAIL. A Python error in the training
 code is not, and neither is bad input (exit 2): retrying would fail the same way. Up to
 ``resources.max_retries`` such failures restart the run from its last checkpoint, the
 first after ``resources.retry_backoff_s`` and each further one after twice the wait
@@ -41,20 +42,45 @@ _COMMUNICATION = re.compile(
     r"|gloo/transport|Connection (?:closed|reset) by peer|Broken pipe|Socket Timeout|collective operation timeout")
 
 
-def communication_error(error: RunError) -> bool:
-    """Whether a rank's error is the connection between the ranks failing (its message,
-    or the last line of its traceback: the exception a wrapper re-raised)."""
+# What CUDA, NVML and the driver say when the node's GPU or driver is broken, not the code:
+# the same code on another node runs (a retry goes elsewhere; the node is listed as bad).
+_NODE_FAULT = re.compile(
+    r"uncorrectable ECC error|ECCUncorrectable|CUDA-capable device\(s\) \S+ busy or unavailable"
+    r"|cudaErrorDevicesUnavailable|no CUDA-capable device is detected|CUDA driver initialization failed"
+    r"|GPU is lost|fallen off the bus|Driver/library version mismatch|CUDA error: unknown error"
+    r"|NVML_ERROR_GPU_IS_LOST|\bXid\b")
+
+
+def _says(error: RunError, pattern: "re.Pattern[str]") -> bool:
+    """Whether a rank's error matches ``pattern``: its message, or the last line of its
+    traceback (the exception a wrapper re-raised)."""
     last = (error.traceback or "").strip().splitlines()[-1:]
-    return any(_COMMUNICATION.search(text or "") for text in (error.message, *last))
+    return any(pattern.search(text or "") for text in (error.message, *last))
+
+
+def communication_error(error: RunError) -> bool:
+    """Whether a rank's error is the connection between the ranks failing."""
+    return _says(error, _COMMUNICATION)
+
+
+def node_fault(error: RunError) -> bool:
+    """Whether a rank's error is its node's GPU or driver failing (ECC, a lost GPU, a
+    busy or missing device, a driver mismatch)."""
+    return _says(error, _NODE_FAULT)
+
+
+def faulty_hosts(errors: Sequence[RunError]) -> list[str]:
+    """The nodes whose ranks' errors say the node failed them (``node_fault``), in order."""
+    return list(dict.fromkeys(e.host for e in errors if e.host and node_fault(e)))
 
 
 def machine_cause(killed: Optional[str], errors: Sequence[RunError], exit_codes: Sequence[int] = ()) -> Optional[str]:
     """Why a failed session points at the machine, or None when it does not. ``killed``
     names a rank killed by a signal nobody sent; ``errors`` are the ranks' own error
-    records; ``exit_codes`` their exit statuses, where known. Any error that is not a
-    communication error (a Python error in the code) or a rank that exited with bad
-    input means the code or the spec failed, whatever else happened."""
-    if BAD_INPUT_EXIT in exit_codes or not all(communication_error(e) for e in errors):
+    records; ``exit_codes`` their exit statuses, where known. Any error that is neither a
+    communication error nor a node's fault (a Python error in the code) or a rank that
+    exited with bad input means the code or the spec failed, whatever else happened."""
+    if BAD_INPUT_EXIT in exit_codes or not all(communication_error(e) or node_fault(e) for e in errors):
         return None
     if killed is not None:
         return killed
@@ -136,7 +162,29 @@ OOM, TIMEOUT, GPU_OOM = "OOM", "TIMEOUT", "GPU OOM"
 # What an out-of-memory kill leaves in the job's log: Slurm's cgroup (Out Of Memory), its
 # accounting poller (JobAcctGatherParams=OverMemoryKill), the kernel's OOM killer.
 MEMORY_KILL = re.compile(r"Out Of Memory|exceeded (?:job |step )?memory limit|oom[-_ ]kill", re.IGNORECASE)
-GPU_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory")
+GPU_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED")
+# A rank's own error when the host's memory ran out without a kill (an address-space limit,
+# no overcommit): Python's MemoryError, torch's CPU allocator, C++'s bad_alloc, errno 12;
+# and a DataLoader worker the kernel's OOM killer ended (the rank only sees it gone).
+HOST_MEMORY = re.compile(
+    r"(?<![A-Za-z])MemoryError\b|DefaultCPUAllocator: can't allocate memory|std::bad_alloc"
+    r"|\[Errno 12\] Cannot allocate memory|DataLoader worker \(pid\(?s?\)? [\d, ]+\) is killed by signal: Killed")
+# slurmstepd's line when the OOM killer ended a process of the step, whichever (a worker, a
+# subprocess), also where the task itself then exited with an error of its own.
+STEP_OOM = re.compile(r"Detected \d+ oom[-_ ]kill events?", re.IGNORECASE)
+
+
+def out_of_memory(errors: Sequence[RunError], log: str) -> Optional[tuple[str, str]]:
+    """(kind, cause) of a session that ran out of GPU memory (GPU_OOM) or host memory
+    (OOM) by the ranks' errors or the job's log (``log``), else None. A kill of the rank
+    itself is its launcher's report (the caller's)."""
+    for kind, pattern, what in ((GPU_OOM, GPU_MEMORY, "out of GPU memory"), (OOM, HOST_MEMORY, "out of memory")):
+        found = next((e for e in errors if _says(e, pattern)), None)
+        if found is not None:
+            return kind, f"rank {found.rank}: {what}"
+    if STEP_OOM.search(log):
+        return OOM, "a process of the step was killed out of memory"
+    return None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import time
 from dataclasses import dataclass, replace
@@ -399,7 +400,7 @@ def read_checked(run: RunDir) -> tuple[RunRecord, list[str]]:
 def record_error(run: RunDir, rank: int, exc: BaseException, note: str = "") -> RunError:
     """A rank's own crash report, written by that rank (rank 0 may be stuck in a collective);
     ``note`` is added to its message."""
-    error = RunError.of_exception(rank, exc)
+    error = replace(RunError.of_exception(rank, exc), host=socket.gethostname())
     error = replace(error, message=(error.message or "") + note) if note else error
     run.logs.mkdir(parents=True, exist_ok=True)
     write_atomic(run.error_file(rank), json.dumps(error.to_dict(), indent=2) + "\n")

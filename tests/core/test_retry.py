@@ -82,3 +82,44 @@ def test_damaged_attempts_are_problems_not_crashes(tmp_path):
     got, problems = record.read_record(tmp_path)
     assert [(a.at, a.hosts, a.why) for a in got.attempts] == [(None, [], "x")]
     assert len(problems) == 3 and all("attempts[" in p for p in problems)
+
+
+# What a broken GPU or driver says (the node's fault: the same code runs on another node).
+ECC = RunError(1, "RuntimeError: CUDA error: uncorrectable ECC error encountered", "Traceback ...", "2026-01-01T10:00:01",
+               "node2")
+BUSY = RunError(0, "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+                "Traceback ...", "2026-01-01T10:00:02", "node3")
+LOST = RunError(1, "RuntimeError: the step failed", "Traceback ...\npynvml.NVMLError_GPUIsLost: GPU is lost", None, "node2")
+
+
+@pytest.mark.parametrize("errors, cause, hosts", [
+    ([ECC, GLOO_CLOSED], f"rank 1: {ECC.message}", ["node2"]),  # the peers' collateral errors: still the node's
+    ([BUSY], f"rank 0: {BUSY.message}", ["node3"]),
+    ([LOST, ECC], f"rank 1: {LOST.message}", ["node2"]),  # one node, listed once
+    ([ECC, USER_BUG], None, ["node2"]),  # beside the code's own error: never retried
+    ([GLOO_CLOSED], f"rank 0: {GLOO_CLOSED.message}", []),  # a broken connection names no node
+])
+def test_a_node_fault_is_a_failure_of_the_machine_and_names_its_node(errors, cause, hosts):
+    assert retry.machine_cause(None, errors, [1]) == cause
+    assert retry.faulty_hosts(errors) == hosts
+
+
+@pytest.mark.parametrize("message, log, found", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "", ("GPU OOM", "rank 1: out of GPU memory")),
+    ("RuntimeError: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "", ("GPU OOM", "rank 1: out of GPU memory")),
+    ("MemoryError", "", ("OOM", "rank 1: out of memory")),
+    ("MemoryError: Unable to allocate 80.0 GiB for an array with shape (10000000000,)", "", ("OOM", "rank 1: out of memory")),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+     "to allocate 85899345920 bytes. Error code 12 (Cannot allocate memory)", "", ("OOM", "rank 1: out of memory")),
+    ("OSError: [Errno 12] Cannot allocate memory", "", ("OOM", "rank 1: out of memory")),
+    ("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. ", "", ("OOM", "rank 1: out of memory")),
+    # a worker (or any process of the step) the kernel's OOM killer ended; the rank's own error says only that it is gone
+    ("RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly",
+     "slurmstepd: error: Detected 1 oom_kill event in StepId=12.0. Some of the step tasks have been OOM Killed.\n",
+     ("OOM", "a process of the step was killed out of memory")),
+    ("RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly", "", None),
+    ("KeyError: 'OutOfMemory'", "", None),  # a word of the code's own error is no memory error
+    ("NameError: name 'MemoryErrorHandler' is not defined", "", None),
+])
+def test_running_out_of_memory_is_told_from_the_ranks_errors_or_the_step_log(message, log, found):
+    assert retry.out_of_memory([RunError(1, message, "Traceback ...")], log) == found

@@ -1,6 +1,6 @@
 """Bad nodes remembered on the real local Slurm: the node of a rank that hung a
-collective (the health watchdog's culprit, ``on_stall: retry``) goes on the results
-root's list, the next submit of another spec keeps its job off it (ExcNodeList), and
+collective (the health watchdog's culprit, ``on_stall: retry``), or whose GPU failed,
+goes on the results root's list, the next submit of another spec keeps its job off it (ExcNodeList), and
 ``clusterjob nodes --forget`` lifts it."""
 
 from __future__ import annotations
@@ -75,3 +75,35 @@ def test_a_hung_ranks_node_is_kept_off_the_next_submit_until_forgotten(slurm_clu
         wait_for(lambda done=done: run_info(done).get("status") in ("completed", "failed", "cancelled"), 300,
                  "the runs' end")
     assert run_info(run)["status"] == "completed" and node not in run_info(run)["hosts"]
+
+
+# Rank 1's GPU fails in the first session (the error CUDA raises on such a node); rank 0
+# then loses its peer.
+FAULT = """import os
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+if dist.get_rank() == 1 and os.environ["CLUSTERJOB_RESTARTS"] == "0":
+    raise RuntimeError("CUDA error: uncorrectable ECC error encountered")
+dist.all_reduce(t)
+print("reduced", t.item(), flush=True)
+"""
+
+
+def test_a_ranks_gpu_fault_lists_its_node_and_the_retry_runs_elsewhere(slurm_cluster, tmp_path):
+    two = {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10, "max_retries": 1,
+           "retry_backoff_s": 1}
+    (run,) = submit(slurm_cluster, spec(tmp_path, "fault", FAULT, two))
+    wait_for(lambda: run_info(run).get("status") in ("completed", "failed", "cancelled") and
+             run_info(run).get("retries"), 300, "the retry's end")
+    got = run_info(run)
+    (attempt,) = got["attempts"]
+    (entry,) = json.loads((tmp_path / "results" / ".clusterjob" / "bad-nodes.json").read_text())["nodes"]
+    node = entry["node"]  # rank 1's: the other node of the first session is not listed
+    assert node in attempt["hosts"] and entry["run"] == str(run), (entry, attempt)
+    assert entry["why"] == "rank 1: RuntimeError: CUDA error: uncorrectable ECC error encountered", entry
+    assert got["status"] == "completed" and node not in got["hosts"], got

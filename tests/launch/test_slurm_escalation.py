@@ -95,6 +95,30 @@ def test_a_run_out_of_memory_is_submitted_again_with_twice_the_memory(slurm_clus
     assert fragment["name"] == "hog" and 1.0 < fragment["resources"]["mem_gb"] <= 2.4, suggested.stdout
 
 
+# Asks for HOG_MB under an address-space limit of its memory request (as a node without
+# overcommit, or a ulimit, gives it): Python raises MemoryError, nothing is killed.
+LIMITED = """\
+import os, resource, sys
+def vm_bytes():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmSize")) * 1024
+room = int(os.environ["SLURM_MEM_PER_NODE"]) * 1024 * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + room, resource.RLIM_INFINITY))
+block = bytearray(int(sys.argv[1]) * 1024 * 1024)
+print("held", len(block) >> 20, "MB", flush=True)
+"""
+
+
+def test_a_ranks_memory_error_is_submitted_again_with_twice_the_memory(slurm_cluster, tmp_path):
+    resources = {**ONE_TASK, "mem_gb": 1, "on_oom": {"retry": 2, "mem_factor": 2, "max_mem": "4G"}}
+    run, first, got, attempt = completed_again(slurm_cluster, own_spec(tmp_path, "limited", LIMITED, [NEED_MB],
+                                                                       resources))
+    assert (attempt["kind"], attempt["old"], attempt["new"], attempt["job"]) == \
+        ("OOM", {"mem_gb": 1}, {"mem_gb": 2}, first)
+    assert attempt["why"] == "rank 0: out of memory", attempt
+    assert "held 1300 MB" in (run / "logs" / "rank0.out").read_text()
+
+
 def cpu_hours_of(run: Path, got: dict) -> float:
     """The report's compute of the run (its cost column), every job it ran in counted."""
     from clusterjob.report import cost

@@ -597,6 +597,7 @@ def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunReco
         cause = _record_end(run, info, srun_status, log) if stalled is None else \
             stalls.reason(stalled) if stalled.action == "retry" else None
         exclude = [stalled.host] if stalled is not None and stalled.host else []
+        exclude = exclude or retry.faulty_hosts(rank_errors(run))  # a rank's GPU or driver failed there
         if cause is not None:  # the machine failed it: its node goes on the list of bad nodes
             badnodes.add(badnodes.root_of(run.path), exclude or _killed_on(run, log), cause, run.path)
         if cause is not None and _retried(run, cause, exclude):
@@ -628,10 +629,7 @@ def _outgrown(run: RunDir, info: RunRecord, log: str) -> Optional[tuple[str, str
     end = ended_rank(run, log)
     if end is not None and end.memory:
         return retry.OOM, f"{end.said}: out of memory"
-    gpu = next((e for e in rank_errors(run) if retry.GPU_MEMORY.search(e.message or "")), None)
-    if gpu is not None:
-        return retry.GPU_OOM, f"rank {gpu.rank}: out of GPU memory"
-    return None
+    return retry.out_of_memory(rank_errors(run), log)
 
 
 def resubmit(run: RunDir, kind: str, cause: str) -> bool:
