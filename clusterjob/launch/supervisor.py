@@ -68,6 +68,8 @@ from clusterjob.health import stalls
 from clusterjob.launch import chain, progress, slots
 from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.slots import WHOLE, Slot
+from clusterjob.spec import escalation
+from clusterjob.spec.rewrite import rewrite_keys
 from clusterjob.spec.schema import ResourcesSpec, load_spec
 from clusterjob.taskenv.container import carry
 from clusterjob.taskenv.local import SUPERVISED_VAR
@@ -422,10 +424,28 @@ class SupervisedRun:
         else:
             killed = _killed(self.run, [(rank, code) for rank, code in enumerate(codes) if code != 0], self.sent)
             cause = retry.machine_cause(killed and killed[1], rank_errors(self.run), codes)
-        if cause is None:
-            self._end(info)
-        else:
+        if cause is not None:
             self._retry(cause)
+        elif not self._shrunk():
+            self._end(self.run.read())
+
+    def _shrunk(self) -> bool:
+        """A rank out of GPU memory, where the spec asks for it (``resources.on_gpu_oom``):
+        the keys it names divided in the run's spec.yaml (retry.escalate: the one
+        decision, as for a Slurm run's new job) and the run started again in its slot;
+        False where there is nothing to shrink (the run stays failed, with the line)."""
+        found = retry.out_of_memory(rank_errors(self.run), "")
+        asked = escalation.policy(load_spec(self.run.spec_file), retry.GPU_OOM) if found else None
+        if found is None or asked is None or found[0] != retry.GPU_OOM:
+            return False
+        decision = retry.escalate(self.run, asked[0], found[1], asked[1])
+        print(f"{self.run.path}: {decision.line}", flush=True)
+        if decision.new is None:
+            self.run.update(runstate.fail(RunError(None, decision.line)))
+            return False
+        rewrite_keys(self.run.spec_file, decision.new)
+        self.state, self.until = self.PAUSED, time.monotonic()
+        return True
 
     def _retry(self, cause: str) -> None:
         """After a failure of the machine: the run is reopened for a retry and waits out

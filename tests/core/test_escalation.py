@@ -15,6 +15,7 @@ from clusterjob.core.rundir import create_run
 from clusterjob.launch import control
 from clusterjob.launch.executors import slurm as slurm_launch
 from clusterjob.spec import escalation
+from clusterjob.spec.rewrite import rewrite_keys
 from clusterjob.spec.schema import spec_from_dict
 
 RESOURCES = {"mem_gb": 32, "time_min": 60, "on_oom": {"retry": 2, "mem_factor": 2, "max_mem": "512G"},
@@ -127,7 +128,7 @@ def test_off_by_default_and_sizes_read_as_slurm_writes_them():
 def test_a_gpu_oom_writes_the_divided_keys_into_the_runs_spec(tmp_path):
     resources = {"on_gpu_oom": {"retry": 1, "set": {"train.batch_size": "/2"}}}
     run, spec = make(tmp_path, resources)
-    slurm_launch.rewrite_keys(run.spec_file, grow(run, spec, retry.GPU_OOM, "rank 0: out of GPU memory").new)
+    rewrite_keys(run.spec_file, grow(run, spec, retry.GPU_OOM, "rank 0: out of GPU memory").new)
     from clusterjob.spec.schema import load_spec
     again = load_spec(run.spec_file)
     assert again.train.batch_size == spec.train.batch_size // 2 and again.resources.on_gpu_oom is not None

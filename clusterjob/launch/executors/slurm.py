@@ -32,11 +32,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-import yaml
-
 from clusterjob.core import claim, procs, retry, runstate, slurmctl, sweep
 from clusterjob.core.errors import BadInput, Failure, SlurmUnreachable
-from clusterjob.core.files import batched, now_iso, write_atomic
+from clusterjob.core.files import batched, now_iso
 from clusterjob.core.ranks import clean_environ, scrubbed_environ
 from clusterjob.core.record import SLURM, RunError, RunRecord, amended, is_job_id
 from clusterjob.core.rundir import RunDir, failure, first_error, last_words, rank_errors
@@ -59,8 +57,8 @@ from clusterjob.launch.executor import (
 from clusterjob.launch.progress import QUIET_S, ProgressTail
 from clusterjob.launch.resources import SESSION_MARK, sbatch_options, submitit_parameters
 from clusterjob.spec import escalation
-from clusterjob.spec.schema import Spec, load_spec, spec_from_dict
-from clusterjob.spec.yamlfile import apply_overrides, read_spec_file
+from clusterjob.spec.rewrite import rewrite_keys
+from clusterjob.spec.schema import Spec, load_spec
 from clusterjob.taskenv.container import host_command
 from clusterjob.taskenv.slurm import SlurmEnvironment, SlurmOptions
 
@@ -666,15 +664,6 @@ def _unlink_logs(run: RunDir) -> None:
     for link in [*run.logs.glob("rank*.out"), *run.logs.glob("rank*.err")]:
         if link.is_symlink():
             link.unlink(missing_ok=True)
-
-
-def rewrite_keys(spec_file: Path, new: dict) -> None:
-    """Set the spec keys of ``new`` (train.batch_size: 32, params.batch: 16) in a run's
-    spec.yaml, which its next start reads; checked as a whole before it is written, and
-    written whole (a reader sees the old file or the new)."""
-    raw = apply_overrides(read_spec_file(spec_file), [f"{key}={value}" for key, value in new.items()])
-    spec_from_dict(raw)
-    write_atomic(spec_file, yaml.safe_dump(raw, sort_keys=False))
 
 
 @dataclass(frozen=True)
