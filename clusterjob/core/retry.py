@@ -51,6 +51,9 @@ _NODE_FAULT = re.compile(
     r"|NVML_ERROR_GPU_IS_LOST|\bXid\b")
 
 
+_NCCL = re.compile(r"NCCL|nccl")
+
+
 def _says(error: RunError, pattern: "re.Pattern[str]") -> bool:
     """Whether a rank's error matches ``pattern``: its message, or the last line of its
     traceback (the exception a wrapper re-raised)."""
@@ -67,6 +70,12 @@ def node_fault(error: RunError) -> bool:
     """Whether a rank's error is its node's GPU or driver failing (ECC, a lost GPU, a
     busy or missing device, a driver mismatch)."""
     return _says(error, _NODE_FAULT)
+
+
+def nccl_hosts(errors: Sequence[RunError]) -> list[str]:
+    """The nodes whose ranks' errors are NCCL's, in order (suspects: every rank of a broken
+    collective raises one, the sick node's among them)."""
+    return list(dict.fromkeys(e.host for e in errors if e.host and _says(e, _NCCL)))
 
 
 def faulty_hosts(errors: Sequence[RunError]) -> list[str]:

@@ -3,7 +3,8 @@
 why, when, which run).
 
 A node that hung a collective (the health watchdog's culprit on a stall it retries),
-failed with Slurm's NODE_FAIL, or had a rank killed under a retry is almost always bad,
+failed with Slurm's NODE_FAIL, had a rank killed under a retry, whose GPU or driver failed
+a rank, or whose ranks raised NCCL errors in two failed runs (``suspect``) is almost always bad,
 and Slurm gives it to the next job again. Later submits of any spec with the same
 ``output.root`` keep their jobs off the nodes listed within ``resources.bad_node_ttl``
 (``--exclude``); ``clusterjob nodes`` lists them and ``--forget`` lifts one. Writers
@@ -22,6 +23,9 @@ from typing import Optional, Sequence
 from clusterjob.core.files import locked, now_iso, write_atomic
 
 FOLDER, FILE = ".clusterjob", "bad-nodes.json"
+SUSPECTS = "suspect-nodes.json"  # nodes of a run that failed with NCCL errors, not listed yet
+TIMES_SUSPECTED = 2  # the runs a node's ranks must fail with NCCL errors in before it is listed
+MAX_SUSPECTS = 500  # the suspicions kept, newest
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,40 @@ def add(root: "str | Path", nodes: Sequence[str], why: str, run: Optional["str |
         kept = [bad for bad in listed(root) if bad.node not in names]
         kept += [BadNode(node, why, now_iso(), str(run) if run is not None else None) for node in names]
         _write(path, kept)
+
+
+def suspect(root: "str | Path", nodes: Sequence[str], why: str, run: "str | Path") -> list[str]:
+    """Nodes whose ranks raised NCCL errors in a failed run (``why``). One such run says
+    little (every rank of a broken collective raises one); a node that did in
+    TIMES_SUSPECTED different runs goes on the list, its suspicions cleared. The nodes
+    listed now, in order."""
+    names = [node for node in dict.fromkeys(nodes) if node]
+    if not names:
+        return []
+    path = path_of(root).with_name(SUSPECTS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path_of(root).with_name(FILE + ".lock")):
+        held = _suspects(path) + [BadNode(node, why, now_iso(), str(run)) for node in names]
+        runs: dict = {}
+        for entry in held:
+            runs.setdefault(entry.node, set()).add(entry.run)
+        bad = [node for node in names if len(runs[node]) >= TIMES_SUSPECTED]
+        kept = [entry for entry in held if entry.node not in bad][-MAX_SUSPECTS:]
+        write_atomic(path, json.dumps({"suspects": [asdict(entry) for entry in kept]}, indent=1) + "\n")
+    if bad:
+        add(root, bad, f"NCCL errors in {TIMES_SUSPECTED} runs, the last: {why}", run)
+    return bad
+
+
+def _suspects(path: Path) -> list[BadNode]:
+    """The suspicions held (an unreadable file: none)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    entries = raw.get("suspects", []) if isinstance(raw, dict) else []
+    return [BadNode(item["node"], str(item.get("why") or ""), str(item.get("when") or ""), str(item.get("run") or ""))
+            for item in entries if isinstance(item, dict) and isinstance(item.get("node"), str) and item["node"]]
 
 
 def forget(root: "str | Path", node: str) -> bool:

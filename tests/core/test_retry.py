@@ -123,3 +123,9 @@ def test_a_node_fault_is_a_failure_of_the_machine_and_names_its_node(errors, cau
 ])
 def test_running_out_of_memory_is_told_from_the_ranks_errors_or_the_step_log(message, log, found):
     assert retry.out_of_memory([RunError(1, message, "Traceback ...")], log) == found
+
+
+def test_the_nodes_of_ranks_that_raised_nccl_errors_are_suspects():
+    nccl = [RunError(0, NCCL_TIMEOUT.message, "", None, "node1"), RunError(1, NCCL_TIMEOUT.message, "", None, "node2"),
+            RunError(2, GLOO_CLOSED.message, "", None, "node3"), RunError(3, NCCL_TIMEOUT.message, "", None, None)]
+    assert retry.nccl_hosts(nccl) == ["node1", "node2"]

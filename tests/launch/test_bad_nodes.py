@@ -30,6 +30,27 @@ def test_a_node_is_listed_once_renewed_and_forgotten(tmp_path):
     assert [bad.node for bad in badnodes.listed(tmp_path)] == ["node3"]
 
 
+def test_a_node_whose_ranks_raised_nccl_errors_in_two_runs_is_listed(tmp_path):
+    why = "rank 1: DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error"
+    assert badnodes.suspect(tmp_path, ["node1", "node2"], why, tmp_path / "exp" / "r1") == []
+    assert badnodes.suspect(tmp_path, ["node2", "node2"], why, tmp_path / "exp" / "r1") == []  # the same run again
+    assert badnodes.listed(tmp_path) == []
+    assert badnodes.suspect(tmp_path, ["node2", "node3"], why, tmp_path / "exp" / "r2") == ["node2"]
+    (bad,) = badnodes.listed(tmp_path)
+    assert (bad.node, bad.why, bad.run) == ("node2", f"NCCL errors in 2 runs, the last: {why}", str(tmp_path / "exp" / "r2"))
+    assert badnodes.suspect(tmp_path, ["node2"], why, tmp_path / "exp" / "r3") == []  # its suspicions were cleared
+    assert badnodes.suspect(tmp_path, ["node1"], why, tmp_path / "exp" / "r3") == ["node1"]
+
+
+def test_damaged_suspicions_are_none(tmp_path):
+    path = badnodes.path_of(tmp_path).with_name(badnodes.SUSPECTS)
+    path.parent.mkdir(parents=True)
+    for damaged in ("{", "[]", '{"suspects": [1, {"node": 3}, {"why": "x"}]}'):
+        path.write_text(damaged)
+        assert badnodes.suspect(tmp_path, ["node1"], "NCCL error", f"r-{len(damaged)}") == []
+    assert badnodes.listed(tmp_path) == []
+
+
 def test_a_node_listed_longer_ago_than_the_ttl_is_no_longer_excluded(tmp_path):
     old = (datetime.now(timezone.utc) - timedelta(hours=25)).isoformat()
     badnodes.path_of(tmp_path).parent.mkdir(parents=True)

@@ -597,13 +597,23 @@ def settle(run: RunDir, srun_status: str, batch_log: str, info: Optional[RunReco
         exclude = [stalled.host] if stalled is not None and stalled.host else []
         exclude = exclude or retry.faulty_hosts(rank_errors(run))  # a rank's GPU or driver failed there
         if cause is not None:  # the machine failed it: its node goes on the list of bad nodes
-            badnodes.add(badnodes.root_of(run.path), exclude or _killed_on(run, log), cause, run.path)
+            _list_nodes(run, exclude or _killed_on(run, log), cause)
         if cause is not None and _retried(run, cause, exclude):
             return 0
     outgrown = _outgrown(run, run.read(), log)
     if outgrown is not None:
         resubmit(run, *outgrown)
     return 0 if run.read().status == runstate.COMPLETED else 1
+
+
+def _list_nodes(run: RunDir, nodes: list[str], cause: str) -> None:
+    """The nodes that failed the run on the list of bad nodes; where none is named, the
+    nodes of the ranks that raised NCCL errors are suspects (listed after two runs)."""
+    root = badnodes.root_of(run.path)
+    if nodes:
+        badnodes.add(root, nodes, cause, run.path)
+    else:
+        badnodes.suspect(root, retry.nccl_hosts(rank_errors(run)), cause, run.path)
 
 
 def _killed_on(run: RunDir, log: str) -> list[str]:
