@@ -19,7 +19,7 @@ import pandas as pd
 
 from clusterjob.core.errors import BadInput
 from clusterjob.core.rundir import no_runs
-from clusterjob.report import cost, efficiency, searchcost
+from clusterjob.report import cost, efficiency, memory, searchcost
 from clusterjob.report.provider import PROBLEMS, Answers, Provider, Runs
 from clusterjob.report.reading import Results, RunStates, collect, with_states
 from clusterjob.report.stats import (
@@ -42,7 +42,7 @@ from clusterjob.report.stats import (
 from clusterjob.report.tables import planned_epochs, runs_frame, search_of, shown_keys, spec_keys
 
 # The report's column families, in the order of their columns in every table.
-PROVIDERS: tuple = (cost.PROVIDER, efficiency.PROVIDER, searchcost.PROVIDER)
+PROVIDERS: tuple = (cost.PROVIDER, efficiency.PROVIDER, memory.PROVIDER, searchcost.PROVIDER)
 
 
 def _sorted_runs(runs: pd.DataFrame, keys: list) -> pd.DataFrame:

@@ -354,7 +354,8 @@ def group_legend(experiment: Experiment, marker: str = "* = best") -> str:
 def _families_text(experiment: Experiment, grouped: bool) -> str:
     """What the cells of each family its tables show mean, and (``grouped``) how a group's
     come from its runs': " <legend> <group_legend>" each ("" for none)."""
-    texts = [" ".join(filter(None, (f.legend, f.group_legend if grouped else ""))) for f in experiment.families]
+    texts = [" ".join(filter(None, (f.legend, f.group_legend if grouped else ""))) for f in experiment.families
+             if f.in_groups or not grouped]
     return "".join(f" {text}" for text in texts if text)
 
 

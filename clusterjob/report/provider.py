@@ -93,9 +93,12 @@ class Provider:
     - ``summary_key``: the json key of its line on an experiment ("" for none).
     - ``fields``: the run.json fields it reads from each run's row beyond the tables' own
       (``reading.TABLE_FIELDS``); the report reads every provider's.
+    - ``in_groups``: whether the grouped table shows its cells and legend (its
+      ``group_columns`` stay in the grouped data either way).
     """
 
     fields: tuple = ()
+    in_groups = True
     run_columns: tuple = ()
     group_columns: tuple = ()
     reserved: tuple = ()

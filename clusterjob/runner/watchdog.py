@@ -20,7 +20,9 @@ its output with ``health.output_is_progress``): no change on any rank for
 (clusterjob.runner.stacks), records the stall in run.json and its verdict beside the
 stacks; with retry or stop it marks the run failed with ``stalled: <line>`` first, so
 the launcher that sees the ranks end knows why (retrying through clusterjob.core.retry).
-Every few seconds it also reads the ranks' waits in collectives (clusterjob.health.rankhealth),
+Every watcher also samples the memory its rank's process tree holds, keeping the
+highest (clusterjob.health.hostmem). Every few seconds the leader also reads the ranks'
+waits in collectives (clusterjob.health.rankhealth),
 records the rank the others wait for, and warns once when they wait more than
 ``health.straggler_wait_pct`` of their time over a minute.
 """
@@ -47,7 +49,7 @@ from clusterjob.core import procs, runstate
 from clusterjob.core.files import loads, now_iso, read_text, write_atomic
 from clusterjob.core.record import Stall, Straggler
 from clusterjob.core.rundir import RunDir
-from clusterjob.health import pyspy, rankhealth, stackdump, stalls
+from clusterjob.health import hostmem, pyspy, rankhealth, stackdump, stalls
 from clusterjob.runner import stacks
 from clusterjob.runner.watchconfig import WatchConfig
 
@@ -117,6 +119,7 @@ class Watcher:
         self.answered: Optional[int] = None
         self.awaiting: Optional[int] = None  # the stall whose verdict this watcher waits for
         self.leader: Optional[Leader] = None
+        self.memory = hostmem.Peak(self.run.logs, self.rank, self.parent)  # the rank's tree: its most memory
 
     def watch(self) -> None:
         _arm_parent_death(self.parent, self.gone)
@@ -126,6 +129,8 @@ class Watcher:
             if os.getppid() != self.parent:
                 break
             self.own.update()
+            with _suppressed():
+                self.memory.sample()
             found = self._request()
             if found is not None and found != self.answered and self.run.stall_dir(found).is_dir():
                 self.answer(found)
@@ -210,6 +215,8 @@ class Watcher:
     def _ended(self) -> None:
         with _suppressed():
             rankhealth.mark_ended(self.run, self.rank, self.session)
+        with _suppressed():
+            self.memory.save()
         if self.leader is not None:
             with _suppressed():
                 self.leader.stragglers(final=True)

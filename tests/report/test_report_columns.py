@@ -117,7 +117,8 @@ def test_the_grouping_and_the_writers_import_no_provider():
                  for alias in node.names} | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         named |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         assert not named & providers, name
-    assert providers == {"clusterjob.report.cost", "clusterjob.report.efficiency", "clusterjob.report.searchcost"}
+    assert providers == {"clusterjob.report.cost", "clusterjob.report.efficiency", "clusterjob.report.memory",
+                         "clusterjob.report.searchcost"}
 
 
 def test_a_provider_that_adds_nothing_leaves_every_format_as_it_was(reports):
