@@ -171,7 +171,8 @@ OOM, TIMEOUT, GPU_OOM = "OOM", "TIMEOUT", "GPU OOM"
 # What an out-of-memory kill leaves in the job's log: Slurm's cgroup (Out Of Memory), its
 # accounting poller (JobAcctGatherParams=OverMemoryKill), the kernel's OOM killer.
 MEMORY_KILL = re.compile(r"Out Of Memory|exceeded (?:job |step )?memory limit|oom[-_ ]kill", re.IGNORECASE)
-GPU_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory|HIP out of memory|CUBLAS_STATUS_ALLOC_FAILED")
+GPU_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory|HIP out of memory|CUDA error: out of memory"
+                        r"|Cuda failure \d* ?'out of memory'|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED")
 # A rank's own error when the host's memory ran out without a kill (an address-space limit,
 # no overcommit): Python's MemoryError, torch's CPU allocator, C++'s bad_alloc, errno 12;
 # and a DataLoader worker the kernel's OOM killer ended (the rank only sees it gone).

@@ -107,6 +107,11 @@ def test_a_node_fault_is_a_failure_of_the_machine_and_names_its_node(errors, cau
 @pytest.mark.parametrize("message, log, found", [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "", ("GPU OOM", "rank 1: out of GPU memory")),
     ("RuntimeError: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", "", ("GPU OOM", "rank 1: out of GPU memory")),
+    ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", "",
+     ("GPU OOM", "rank 1: out of GPU memory")),
+    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error; last "
+     "error: Cuda failure 2 'out of memory'", "", ("GPU OOM", "rank 1: out of GPU memory")),
+    ("RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "", ("GPU OOM", "rank 1: out of GPU memory")),
     ("MemoryError", "", ("OOM", "rank 1: out of memory")),
     ("MemoryError: Unable to allocate 80.0 GiB for an array with shape (10000000000,)", "", ("OOM", "rank 1: out of memory")),
     ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
