@@ -177,7 +177,7 @@ GPU_MEMORY = re.compile(r"OutOfMemoryError|CUDA out of memory|HIP out of memory|
 # no overcommit): Python's MemoryError, torch's CPU allocator, C++'s bad_alloc, errno 12;
 # and a DataLoader worker the kernel's OOM killer ended (the rank only sees it gone).
 HOST_MEMORY = re.compile(
-    r"(?<![A-Za-z])MemoryError\b|DefaultCPUAllocator: can't allocate memory|std::bad_alloc"
+    r"(?<![A-Za-z])MemoryError\b|_ArrayMemoryError\b|DefaultCPUAllocator: can't allocate memory|std::bad_alloc"
     r"|\[Errno 12\] Cannot allocate memory|DataLoader worker \(pid\(?s?\)? [\d, ]+\) is killed by signal: Killed")
 # slurmstepd's line when the OOM killer ended a process of the step, whichever (a worker, a
 # subprocess), also where the task itself then exited with an error of its own.

@@ -113,6 +113,8 @@ def test_a_node_fault_is_a_failure_of_the_machine_and_names_its_node(errors, cau
      "error: Cuda failure 2 'out of memory'", "", ("GPU OOM", "rank 1: out of GPU memory")),
     ("RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "", ("GPU OOM", "rank 1: out of GPU memory")),
     ("MemoryError", "", ("OOM", "rank 1: out of memory")),
+    ("_ArrayMemoryError: Unable to allocate 74.5 GiB for an array with shape (100000, 100000) and data type float64",
+     "", ("OOM", "rank 1: out of memory")),  # numpy's MemoryError
     ("MemoryError: Unable to allocate 80.0 GiB for an array with shape (10000000000,)", "", ("OOM", "rank 1: out of memory")),
     ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
      "to allocate 85899345920 bytes. Error code 12 (Cannot allocate memory)", "", ("OOM", "rank 1: out of memory")),
