@@ -254,7 +254,7 @@ def escalate(run: RunDir, policy: Policy, cause: str, start: dict, job: Optional
     values it has now (``start``: the spec's, grown by earlier escalations) times the
     policy's factors, up to its ceilings and retries. Recorded in run.json as an attempt
     with the old and new values; with more to give the run is reopened (pending, as a
-    retry) for its new job."""
+    retry) for its new job, else failed with the line that says why not."""
     info = run.read()
     old = {key: current(info, key, start[key]) for key in policy.factors}
     number = len(escalations(info, policy.kind)) + 1
@@ -274,8 +274,9 @@ def escalate(run: RunDir, policy: Policy, cause: str, start: dict, job: Optional
             line = f"{cause}; submitted again ({number} of {policy.retry}) with {changes(old, new)}"
     attempt = Attempt(now_iso(), list(info.hosts), cause, number if new else None, job or info.slurm_job_id,
                       policy.kind, old, new)
-    if new is None:
-        return Escalation(policy.kind, old, None, line, run.update(attempts=[*info.attempts, attempt]))
+    if new is None:  # failed with the line, in the same write as the attempt (a reader sees both or neither)
+        return Escalation(policy.kind, old, None, line,
+                          run.update(runstate.fail(RunError(None, line)), attempts=[*info.attempts, attempt]))
     _keep_errors(run, len(info.attempts) + 1)
     return Escalation(policy.kind, old, new, line,
                       run.update(runstate.retry(), attempts=[*info.attempts, attempt]))

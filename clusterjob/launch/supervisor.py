@@ -440,8 +440,7 @@ class SupervisedRun:
             return False
         decision = retry.escalate(self.run, asked[0], found[1], asked[1])
         print(f"{self.run.path}: {decision.line}", flush=True)
-        if decision.new is None:
-            self.run.update(runstate.fail(RunError(None, decision.line)))
+        if decision.new is None:  # the run is failed with the line already
             return False
         rewrite_keys(self.run.spec_file, decision.new)
         self.state, self.until = self.PAUSED, time.monotonic()

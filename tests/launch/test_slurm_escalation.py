@@ -140,7 +140,9 @@ def sacct_cpu_hours(cluster, jobs: list) -> float:
 def test_max_mem_stops_the_escalation_with_a_line_that_says_so(slurm_cluster, tmp_path):
     resources = {**ONE_TASK, "mem_gb": 1, "on_oom": {"retry": 2, "max_mem": "1G"}}
     (run,) = submit(slurm_cluster, own_spec(tmp_path, "capped", HOG, [NEED_MB], resources))
-    wait_for(lambda: (run / "run.json").exists() and ended(run), WAIT_S, "the run to end")
+    # the kill marks it failed first; the job's end then records the attempt and the line, in one write
+    wait_for(lambda: (run / "run.json").exists() and ended(run) and info(run).get("attempts"), WAIT_S,
+             "the run to end and its escalation to be decided")
     got = info(run)
     assert got["status"] == "failed"
     (attempt,) = got["attempts"]

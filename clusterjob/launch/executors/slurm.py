@@ -651,8 +651,7 @@ def resubmit(run: RunDir, kind: str, cause: str) -> bool:
         return False
     found = sweep.job_of(run.path, run.read())
     decision = retry.escalate(run, asked[0], cause, asked[1], job=found.id if found is not None else None)
-    if decision.new is None:
-        run.update(runstate.fail(RunError(None, decision.line)))
+    if decision.new is None:  # the run is failed with the line already
         print(f"clusterjob: {decision.line}", file=sys.stderr)
         return False
     try:
