@@ -20,12 +20,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Sequence
 
-from clusterjob.core.files import locked, now_iso, write_atomic
+from clusterjob.core.files import loads, locked, now_iso, read_text, write_atomic
 
 FOLDER, FILE = ".clusterjob", "bad-nodes.json"
 SUSPECTS = "suspect-nodes.json"  # nodes of a run that failed with NCCL errors, not listed yet
 TIMES_SUSPECTED = 2  # the runs a node's ranks must fail with NCCL errors in before it is listed
 MAX_SUSPECTS = 500  # the suspicions kept, newest
+MAX_LIST_BYTES = 16 << 20  # a list file larger than this is damaged: no node
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,7 @@ def path_of(root: "str | Path") -> Path:
 
 def listed(root: "str | Path") -> list[BadNode]:
     """The nodes on the list of ``root``, oldest first; [] for no (or an unreadable) list."""
-    try:
-        raw = json.loads(path_of(root).read_text())
-    except (OSError, ValueError):
-        return []
+    raw = _read(path_of(root))
     entries = raw.get("nodes", []) if isinstance(raw, dict) else []
     found = []
     for item in entries:
@@ -110,13 +108,16 @@ def suspect(root: "str | Path", nodes: Sequence[str], why: str, run: "str | Path
 
 def _suspects(path: Path) -> list[BadNode]:
     """The suspicions held (an unreadable file: none)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
+    raw = _read(path)
     entries = raw.get("suspects", []) if isinstance(raw, dict) else []
     return [BadNode(item["node"], str(item.get("why") or ""), str(item.get("when") or ""), str(item.get("run") or ""))
             for item in entries if isinstance(item, dict) and isinstance(item.get("node"), str) and item["node"]]
+
+
+def _read(path: Path) -> object:
+    """A list file's JSON; None when it is missing, unreadable, not a regular file (a FIFO
+    would block every submit) or larger than any list."""
+    return loads(read_text(path, MAX_LIST_BYTES)[0] or "")
 
 
 def forget(root: "str | Path", node: str) -> bool:

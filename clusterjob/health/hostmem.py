@@ -26,6 +26,7 @@ SAMPLE_S = 5.0  # how often a watcher samples its rank's tree (Slurm's default a
 WRITE_GROWTH = 1.05  # the file is rewritten once the peak grew this much, at most every WRITE_EVERY_S
 WRITE_EVERY_S = 10.0
 MAX_PROCESSES = 4096  # a tree larger than this is sampled in part
+MAX_FILE_BYTES = 4096  # a rank's file is one short line
 _KIB = 1024
 
 
@@ -72,7 +73,7 @@ def tree_bytes(pid: int) -> Optional[int]:
 
 def recorded(path: Path) -> int:
     """The peak a rank's file holds (0: none, or unreadable)."""
-    raw = loads(read_text(path)[0] or "")
+    raw = loads(read_text(path, MAX_FILE_BYTES)[0] or "")  # a FIFO or a huge file in its place: none
     value = raw.get("peak_bytes") if isinstance(raw, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 

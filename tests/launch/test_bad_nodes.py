@@ -5,6 +5,7 @@ preflight says of it, and `clusterjob nodes`."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timedelta, timezone
 
 import yaml
@@ -49,6 +50,14 @@ def test_damaged_suspicions_are_none(tmp_path):
         path.write_text(damaged)
         assert badnodes.suspect(tmp_path, ["node1"], "NCCL error", f"r-{len(damaged)}") == []
     assert badnodes.listed(tmp_path) == []
+
+
+def test_a_fifo_in_place_of_a_list_blocks_nothing_and_lists_no_node(tmp_path):
+    for path in (badnodes.path_of(tmp_path), badnodes.path_of(tmp_path).with_name(badnodes.SUSPECTS)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+    assert badnodes.listed(tmp_path) == [] and badnodes.fresh(tmp_path, 3600) == []
+    assert badnodes.suspect(tmp_path, ["node1"], "NCCL error", "r1") == []
 
 
 def test_a_node_listed_longer_ago_than_the_ttl_is_no_longer_excluded(tmp_path):

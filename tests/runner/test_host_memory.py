@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -72,9 +73,13 @@ def test_a_runs_peak_is_its_highest_ranks_and_nan_for_none(tmp_path):
     for rank, peak in ((0, 3 << 30), (1, 5 << 30), (2, "x")):
         hostmem.path_of(logs, rank).write_text(json.dumps({"peak_bytes": peak}))
     assert hostmem.run_peak(tmp_path) == 5 << 30
+    os.mkfifo(hostmem.path_of(logs, 3))  # read by every report: never blocks
+    hostmem.path_of(logs, 4).write_text(json.dumps({"peak_bytes": 9 << 30}) + " " * 8192)  # larger than any
+    assert hostmem.run_peak(tmp_path) == 5 << 30
 
 
-# Holds 300 MB in a child process it started (as a DataLoader worker would) for 7 s.
+# Holds 300 MB in a child process it started (as a DataLoader worker would) for 12 s: two of its
+# watcher's samples (every 5 s) fall in that time, even on a loaded machine.
 WORKER = """
 import multiprocessing as mp, time
 
@@ -82,7 +87,7 @@ def hold():
     block = bytearray(300 << 20)
     for i in range(0, len(block), 4096):
         block[i] = 1
-    time.sleep(7)
+    time.sleep(12)
 
 if __name__ == "__main__":
     worker = mp.get_context("fork").Process(target=hold)
