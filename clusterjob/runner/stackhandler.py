@@ -83,9 +83,18 @@ def dump() -> str:
     for ident in order:
         head = "Current thread" if ident == main else "Thread"
         parts.append(f"{head} 0x{ident:016x} (most recent call first):\n")
-        parts.extend(_frames(frames[ident]))
+        parts.extend(_frames(_interrupted(frames[ident])))
         parts.append("\n")
     return "".join(parts)
+
+
+def _interrupted(frame: Optional[FrameType]) -> Optional[FrameType]:
+    """The frame the request's own handler interrupted, when the main thread is caught
+    running it (the handler and this answer start on the same signal): the code it runs
+    is what a stall's culprit names, never ``_noop``."""
+    while frame is not None and frame.f_code is _noop.__code__:
+        frame = frame.f_back
+    return frame
 
 
 def _frames(frame: Optional[FrameType]) -> Iterator[str]:

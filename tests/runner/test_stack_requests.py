@@ -302,3 +302,27 @@ def test_stack_requests_never_kill_a_rank_whose_threads_come_and_go(tmp_path):
         waiting.communicate(timeout=120)
     assert cancelled.returncode == 0 and info(run)["status"] == "cancelled", cancelled.stdout + cancelled.stderr
     assert_nothing_left(run)
+
+
+def test_a_dump_taken_while_the_main_thread_runs_the_requests_handler_shows_the_code_it_interrupted():
+    # The request's signal runs its (empty) handler in the main thread and wakes the thread
+    # that answers: caught inside the handler, the main thread's stack is the code beneath.
+    from clusterjob.runner import stackhandler
+
+    caught = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code is stackhandler._noop.__code__:
+            caught.append(frame)
+
+    def spinning_loop():
+        sys.settrace(tracer)
+        try:
+            stackhandler._noop(0, None)
+        finally:
+            sys.settrace(None)
+
+    spinning_loop()
+    (inside,) = caught
+    lines = list(stackhandler._frames(stackhandler._interrupted(inside)))
+    assert lines[0].endswith("in spinning_loop\n") and "_noop" not in "".join(lines), lines
