@@ -115,8 +115,8 @@ def _suspects(path: Path) -> list[BadNode]:
 
 
 def _read(path: Path) -> object:
-    """A list file's JSON; None when it is missing, unreadable, not a regular file (a FIFO
-    would block every submit) or larger than any list."""
+    """A list file's JSON; ``loads``' NOT_JSON (no mapping: no node) when it is missing,
+    unreadable, not a regular file (a FIFO would block every submit) or larger than any list."""
     return loads(read_text(path, MAX_LIST_BYTES)[0] or "")
 
 
