@@ -35,6 +35,7 @@ from clusterjob.report.stats import (
     group_keys,
     group_metrics,
     group_table,
+    own_columns,
     primaries,
     trial_numbers,
     wanted_keys,
@@ -121,6 +122,28 @@ def _with_problems(results: Results, frames: list) -> Results:
     return replace(results, problems=[[*old, *chain(*new)] for old, *new in zip(results.problems, *found)])
 
 
+def _without_own_names(results: Results, taken: frozenset) -> Results:
+    """``results`` whose params and specs hold no key named as a column of the tables'
+    own (``stats.own_columns``), each such key a problem of its run (a copy, as
+    ``_with_problems``)."""
+    infos, problems, changed = [], [], False
+    for info, found in zip(results.infos, results.problems):
+        params, spec = info["params"] or {}, info["spec"] or {}
+        names = sorted({*params, *spec} & taken - {"name"})  # spec.yaml's name is the experiment's
+        if names:
+            changed = True
+            info = {**info, "params": _dropped(info["params"], names), "spec": _dropped(info["spec"], names)}
+            found = [*found, f"params or spec.yaml key {', '.join(map(repr, names))} is named as a column of the "
+                             "report's own; not a key"]
+        infos.append(info)
+        problems.append(found)
+    return replace(results, infos=infos, problems=problems) if changed else results
+
+
+def _dropped(mapping: Optional[dict], names: list) -> Optional[dict]:
+    return {k: v for k, v in mapping.items() if k not in names} if mapping else mapping
+
+
 def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None, cache: bool = True,
                  metric: Optional[str] = None, mode: Optional[str] = None, states: Optional[RunStates] = None,
                  providers: Sequence[Provider] = PROVIDERS) -> Report:
@@ -139,9 +162,11 @@ def build_report(root: "str | Path | Sequence", group_by: Optional[list] = None,
     frames = [provider.columns(Runs(results, asked)) for provider in providers]
     results = _with_problems(results, frames)
     columns = {name: frame[name].to_numpy() for frame in frames for name in frame.columns}
+    reserved = [name for provider in providers for name in provider.reserved]
+    results = _without_own_names(results, own_columns(results, [*columns, *reserved]))
     named = _by_name(results)
     parts = [results.subset(indices) for _, indices in named]
-    chosen = primaries(parts, metric, mode, [name for provider in providers for name in provider.reserved])
+    chosen = primaries(parts, metric, mode, reserved)
     keys = _experiment_keys(parts, group_by)
     experiments = [replace(_experiment(name, part, {c: v[indices] for c, v in columns.items()}, shown, group, primary,
                                        providers, asked), took=took)

@@ -63,6 +63,7 @@ from clusterjob.report.results import ResultsWarning
 from clusterjob.report.stats import (
     GROUP_METRICS,
     RUN_METRICS,
+    STATS,
     Experiment,
     Report,
     check_mode,
@@ -155,12 +156,11 @@ def _data_frame(report: Report, runs: bool) -> pd.DataFrame:
     return _in_percent(pd.concat(named, ignore_index=True).reindex(columns=columns))
 
 
-_STATS = ("_mean", "_std")  # what the grouped table gives of a metric
 
 
 def _metric_of(column: str) -> tuple:
     """(metric, statistic) of a data column: ("val_acc", "_mean") of val_acc_mean."""
-    for statistic in _STATS:
+    for statistic in STATS:
         if column.endswith(statistic) and column[:-len(statistic)] in units.PERCENT:
             return column[:-len(statistic)], statistic
     return column, ""

@@ -403,6 +403,21 @@ def _with_rungs(runs: pd.DataFrame) -> pd.Series:
     return status.where(~marked, "pruned at rung " + rung.astype("string"))
 
 
+# The grouped table's own columns besides the keys and the metrics' statistics, with the
+# working columns group_table adds to the runs.
+STATS = ("_mean", "_std")  # what the grouped table gives of a metric: val_acc_mean, val_acc_std
+GROUP_FIELDS = ("n", "completed", "counted", "not_completed", "state", "_completed", "_counted", "_all")
+
+
+def own_columns(results: Results, provider_columns: Sequence[str]) -> frozenset:
+    """The names the tables give their own columns, which no key column may take: a
+    hand-edited run.json or spec.yaml with a key named n, status or val_loss would put a
+    name twice in a table (clusterjob's keys are dotted: train.lr, params.lr)."""
+    stems = {*RUN_FIELDS, *RUN_METRICS, *GROUP_METRICS, *provider_columns, *results.columns}
+    return frozenset({*RUN_FIELDS, *RUN_METRICS, *GROUP_METRICS, *GROUP_FIELDS, *provider_columns,
+                      "planned_epochs", "step", TRIAL, *(f"{stem}{stat}" for stem in stems for stat in STATS)})
+
+
 def group_table(runs: pd.DataFrame, keys: list, primary: Primary, metrics: Sequence[str],
                 never: Sequence[str] = NEVER_COUNTED, providers: Sequence[Provider] = ()) -> pd.DataFrame:
     """One row per group: keys, n, <metric>_mean/_std (ddof=1) over the counted runs, each

@@ -125,6 +125,8 @@ CASES = [
      "final.epoch is 1000"),
     ("params deep", set_info(params={"train.lr": json.loads("[" * 30 + "]" * 30)}),
      "params.train.lr nests deeper", "params.train.lr nests deeper"),
+    ("params named as columns", set_info(params={"n": 5, "status": "x", "val_acc_mean": 1, "completed": 2}),
+     None, "key 'completed', 'n', 'status', 'val_acc_mean' is named as a column of the report's own"),
     ("local launcher text", set_info(status="running", executor="local", launcher="x"),
      "launcher is 'x' (str)", "launcher is 'x'"),
     ("local launcher huge pid", set_info(status="running", executor="local", launcher={
@@ -226,6 +228,22 @@ def test_a_damaged_run_is_a_warning_and_changes_nothing(results: Path, damage, s
     else:
         assert logs.returncode == 2 and len(logs.stderr.splitlines()) == 1
     assert snapshot(results) == {**before, f"results/exp/{CACHE}": cache}
+
+
+@pytest.mark.parametrize("fmt", FORMATS + [["--format", "html", "--out", "r.html"]])
+def test_top_level_words_of_hand_edited_specs_take_no_column_of_the_tables(results: Path, fmt: list):
+    """spec.yaml's keys are dotted (train.lr); top-level words that differ between runs (n,
+    status, completed: the tables' own columns) are no key column, and grouping by one is
+    refused in one line."""
+    exp = results / "results" / "exp"
+    for i, run in enumerate(("r1", "r2")):
+        (exp / run / "spec.yaml").write_text(f"name: exp\nn: {i}\nstatus: s{i}\ncompleted: {i}\ntrain:\n  lr: 0.{i + 1}\n")
+    report = cli(results, "report", "results/exp", *fmt, errors="replace")
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
+    if "json" in fmt:
+        assert json.loads(report.stdout)["status_line"].startswith("2 runs:")
+    grouped = cli(results, "report", "results/exp", "--group-by", "n")
+    assert grouped.returncode == 2 and len(grouped.stderr.splitlines()) == 1, grouped.stderr
 
 
 def test_names_are_escaped_in_status(results: Path):
