@@ -63,6 +63,9 @@ def _existing_image(image: str) -> str:
     return full
 
 
+UNMOUNTABLE = (",", ":")  # pyxis and apptainer split their mount lists on both, ch-run and podman on ':'
+
+
 def mount_parts(key: str, mount: str) -> tuple[str, str, str]:
     """A mount's source, destination and option (rw unless given): SRC:DST[:ro|rw],
     both absolute paths."""
@@ -72,6 +75,9 @@ def mount_parts(key: str, mount: str) -> tuple[str, str, str]:
     src, dst, option = parts[0], parts[1], parts[2] if len(parts) == 3 else "rw"
     if not (src.startswith("/") and dst.startswith("/")):
         raise SpecError(key, f"{brief(mount)}: both paths must be absolute; write e.g. /datasets:/datasets:ro")
+    if any(c in path for path in (src, dst) for c in UNMOUNTABLE):
+        raise SpecError(key, f"{brief(mount)}: a path with ',' cannot be mounted (the runtimes' mount options split "
+                             "on it); rename the folder, or mount a parent without one")
     if option not in MOUNT_OPTIONS:
         raise SpecError(key, f"{brief(mount)}: the option {option!r} is not allowed; use ro or rw")
     return src, dst, option

@@ -27,6 +27,8 @@ def test_a_container_spec_keeps_its_values_and_makes_a_file_image_absolute(tmp_p
     ({"image": "x", "mounts": ["/data"]}, "container.mounts[0]", "is not SRC:DST or SRC:DST:ro"),
     ({"image": "x", "mounts": ["data:/data"]}, "container.mounts[0]", "both paths must be absolute"),
     ({"image": "x", "mounts": ["/a:/b:rx"]}, "container.mounts[0]", "the option 'rx' is not allowed"),
+    ({"image": "x", "mounts": ["/data,x:/data"]}, "container.mounts[0]", "a path with ',' cannot be mounted"),
+    ({"image": "x", "mounts": ["/data:/in,side"]}, "container.mounts[0]", "a path with ',' cannot be mounted"),
     ({"image": "x", "workdir": "rel"}, "container.workdir", "is not an absolute path"),
     ({"image": "x", "python": "python 3"}, "container.python", "is not allowed"),
 ])
@@ -55,3 +57,21 @@ def test_submit_refuses_a_bad_container_with_one_line_and_writes_nothing(tmp_pat
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and words in done.stderr
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("executor", ["local", "slurm"])
+@pytest.mark.parametrize("folder", ["res,ults", "res:ults"])
+def test_a_results_folder_no_runtime_can_mount_is_refused_in_one_line(tmp_path, executor, folder):
+    """The runtimes split their mount options on ',' (pyxis, apptainer) and ':' (all):
+    the folders every container mounts may hold neither; refused before anything is written,
+    the dry run too."""
+    (tmp_path / "img.sqsh").write_text("x")
+    (tmp_path / "t.yaml").write_text("name: t\n")
+    for dry in (["--dry-run"], []) if executor == "local" else (["--dry-run"],):  # no Slurm needed here
+        done = cli(tmp_path, "submit", "t.yaml", "--executor", executor, *dry, "--set", "container.image=img.sqsh",
+                   "--set", "container.runtime=pyxis" if executor == "slurm" else "container.runtime=charliecloud",
+                   "--set", f"output.root={tmp_path / folder}")
+        errors = [line for line in done.stderr.splitlines() if not line.startswith("note: ")]  # Slurm unreachable
+        assert done.returncode == 2 and len(errors) == 1, done.stderr
+        assert f"container: the results folder (output.root) '{tmp_path / folder}' holds ',' or ':'" in errors[0]
+        assert not (tmp_path / folder).exists()

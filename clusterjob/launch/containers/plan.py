@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 from clusterjob.core.errors import BadInput
 from clusterjob.spec import envvars
-from clusterjob.spec.container import ContainerSpec, mount_parts
+from clusterjob.spec.container import UNMOUNTABLE, ContainerSpec, mount_parts
 from clusterjob.spec.schema import Spec
 from clusterjob.taskenv import containerside
 
@@ -77,12 +77,22 @@ class Wrapped:
         return [*self.prefix, *self.inside(args, probe)]
 
 
+# The folders every container mounts, said as an error names them, with the fix.
+OWN_MOUNTS = (("the results folder (output.root)", "set output.root to a folder without them"),
+              ("the folder you submit from", "submit from a folder without them"),
+              ("clusterjob's own folder", "install clusterjob in a folder without them"))
+
+
 def plan_of(spec: Spec, cwd: Optional[str] = None) -> Plan:
     """The plan of ``spec``'s container: its mounts (the results folder, the code's
     folder, clusterjob's own, then the spec's), at the same paths inside."""
     box = _container(spec)
     here = os.path.abspath(cwd or os.getcwd())
     own = [os.path.abspath(spec.output.root), here, str(CLUSTERJOB_HOME)]
+    for path, (what, fix) in zip(own, OWN_MOUNTS):
+        if any(c in path for c in UNMOUNTABLE):
+            raise BadInput(f"container: {what} {path!r} holds ',' or ':', which no container runtime's mount "
+                           f"option can carry (they split on them); {fix}")
     # a folder inside another of them needs no mount of its own
     mounts = [Mount(path, path) for index, path in enumerate(own) if path not in own[:index]
               and not any(other != path and _under(path, other) for other in own)]
@@ -158,6 +168,7 @@ def check(spec: Spec, slurm: bool) -> tuple[str, str]:
     """The runtime ``pick`` gives, after the mounts' sources were found here (bad input:
     one line naming the mount)."""
     runtime = pick(spec, slurm)
+    plan_of(spec)  # the folders it mounts
     for index, text in enumerate(_container(spec).mounts):
         source = mount_parts(f"container.mounts[{index}]", text)[0]
         if not os.path.exists(source):
