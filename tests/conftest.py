@@ -17,10 +17,10 @@ from slurmcluster import slurm_cluster  # noqa: E402,F401  (session fixture: the
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test runs three workers), every test that uses the local
+    """Under pytest-xdist (scripts/test runs two workers), every test that uses the local
     Slurm cluster is marked as one group, for one worker to run them one after another.
     pytest-xdist 3.8 under pytest 9 does not apply the mark (it sets ``item._nodeid``, which
-    pytest 9 no longer reads), so every worker runs Slurm tests: each waits for its own jobs'
+    pytest 9 no longer reads), so both workers run Slurm tests: each waits for its own jobs'
     states, and the one test that restarts the cluster skips while another session's lease
     is held (tests/slurmcluster.py)."""
     import pytest
