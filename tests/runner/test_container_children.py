@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 from chimage import container, make_image, require_ch_run
-from healthutil import assert_nothing_left, cli, info, project, start, the_run, wait_for
-from test_rank_children import HOST, assert_ended, spawner, started
-
-from clusterjob.core import procs
+from test_rank_children import cancel_ends_the_ranks_children, stalled_rank_fails_and_its_children_end
 
 pytestmark = pytest.mark.slow
 
@@ -23,26 +20,8 @@ def _ch_run():
 
 
 def test_a_stalled_rank_in_a_container_is_failed_and_its_children_ended(tmp_path: Path):
-    project(tmp_path, spawner(1), health={"stall_s": 5, "on_stall": "stop"}, container=container(make_image(tmp_path)))
-    waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
-    run = the_run(tmp_path)
-    refs = started(run)
-    assert all(procs.check(ref) is None for ref in refs)  # alive while the rank waits for them
-    out, err = waiting.communicate(timeout=240)
-    got = info(run)
-    assert waiting.returncode == 1 and got["status"] == "failed", out + err
-    assert got["error"]["message"].startswith(f"stalled: rank 1 on {HOST}: child.wait at train.py:19"), got["error"]
-    assert_ended(refs)
-    assert_nothing_left(run)
+    stalled_rank_fails_and_its_children_end(tmp_path, container=container(make_image(tmp_path)))
 
 
 def test_cancel_ends_the_processes_a_rank_in_a_container_started(tmp_path: Path):
-    project(tmp_path, spawner(0), health=None, container=container(make_image(tmp_path)))
-    assert start(tmp_path, "submit", "h.yaml", "--executor", "local").communicate(timeout=60)[0]
-    run = the_run(tmp_path)
-    refs = started(run)
-    done = cli(tmp_path, "cancel", str(run), timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    wait_for(lambda: info(run)["status"] == "cancelled", 60, "the run cancelled")
-    assert_ended(refs)
-    assert_nothing_left(run)
+    cancel_ends_the_ranks_children(tmp_path, container=container(make_image(tmp_path)))

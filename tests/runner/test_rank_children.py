@@ -73,7 +73,13 @@ def assert_ended(refs: list[procs.ProcessRef], within_s: float = 20.0) -> None:
 
 
 def test_a_stalled_rank_blocked_on_its_child_is_failed_and_its_child_ended(tmp_path):
-    project(tmp_path, spawner(1), health={"stall_s": 5, "on_stall": "stop"})
+    stalled_rank_fails_and_its_children_end(tmp_path)
+
+
+def stalled_rank_fails_and_its_children_end(tmp_path, **sections):
+    """Rank 1 blocked on its child stalls: the run fails naming it, and its child and the
+    child's own child end (``sections``: more of the spec, as a container)."""
+    project(tmp_path, spawner(1), health={"stall_s": 5, "on_stall": "stop"}, **sections)
     waiting = start(tmp_path, "submit", "h.yaml", "--executor", "local", "--wait")
     run = the_run(tmp_path)
     refs = started(run)
@@ -101,7 +107,12 @@ def test_a_stall_retried_ends_the_first_sessions_children_before_the_run_goes_on
 
 
 def test_cancel_ends_the_processes_a_rank_started(tmp_path):
-    project(tmp_path, spawner(0), health=None)
+    cancel_ends_the_ranks_children(tmp_path)
+
+
+def cancel_ends_the_ranks_children(tmp_path, **sections):
+    """``clusterjob cancel`` of a run whose rank 0 waits on its child ends them all."""
+    project(tmp_path, spawner(0), health=None, **sections)
     assert start(tmp_path, "submit", "h.yaml", "--executor", "local").communicate(timeout=60)[0]
     run = the_run(tmp_path)
     refs = started(run)
