@@ -288,8 +288,8 @@ LAYERS = {
 # What drives a search (its slots run through the executors; its submit, status, cancel
 # and resume): the part of clusterjob.search above launch, below the command line. The
 # rest of the package is what both sides read of a search, below the runner.
-SEARCH_DRIVERS = {"clusterjob.search.slots", "clusterjob.search.slurmarray", "clusterjob.search.slotdriver",
-                  "clusterjob.search.commands"}
+SEARCH_DRIVERS = {"clusterjob.search.slots", "clusterjob.search.slotruns", "clusterjob.search.slotdriver",
+                  "clusterjob.search.localslot", "clusterjob.search.commands"}
 
 
 def part_of(name: str) -> str:

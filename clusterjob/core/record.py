@@ -207,6 +207,9 @@ class RunRecord:
     # A trial of a search (docs/design.md, "Search"): {"id": the search, "trial": its number, "slot": the
     # slot that runs it}; its folder's parent is the search's folder
     search: Optional[dict] = None
+    # What its tasks run where that is not the runner, one per rank (clusterjob.launch.executor.Task.to_dict):
+    # a search's slot, one per allocation
+    task: Optional[dict] = None
     # The search stopped the trial at a rung (clusterjob.search.asha.Verdict.to_dict): the request that stops
     # its ranks, then the record of why it is pruned
     pruned: Optional[dict] = None
@@ -601,7 +604,8 @@ def checked(raw: dict) -> tuple[RunRecord, list[str]]:
         launcher=_launcher_field(raw, problems), versions=_mapping_field(raw, "versions", problems),
         entrypoint=_mapping_field(raw, "entrypoint", problems),
         env=_mapping_field(raw, "env", problems, "a mapping of variables"),
-        search=_mapping_field(raw, "search", problems), pruned=_mapping_field(raw, "pruned", problems)), problems
+        search=_mapping_field(raw, "search", problems), pruned=_mapping_field(raw, "pruned", problems),
+        task=_mapping_field(raw, "task", problems)), problems
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,39 @@ class Dependency:
 DONE, WAITING, FAILED = "done", "waiting", "failed"
 
 
+PER_RANK, PER_ALLOCATION = "rank", "allocation"
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the tasks of the runs ``start`` is given run: ``python -m <module> --runs
+    <runs file>`` (the module finds its run as any task does: its job's array task) or
+    ``--run <run folder>`` (a process started for that run). ``per`` says how many of it
+    run: PER_RANK, one per rank of the run's resources (the runner, ``clusterjob.run``,
+    what every run's tasks are unless said otherwise); PER_ALLOCATION, one process on the
+    allocation's first node, with the whole of the allocation's resources for the steps
+    it starts (a search's slot, clusterjob.search.slots). An executor runs the shapes of
+    its ``shapes``."""
+
+    module: str = "clusterjob.run"
+    per: str = PER_RANK
+
+    def to_dict(self) -> dict:
+        return {"module": self.module, "per": self.per}
+
+    @classmethod
+    def of(cls, record: RunRecord) -> "Task":
+        """The task a run's record names (run.json ``task``), else the runner's, one per rank."""
+        found = record.task if isinstance(record.task, dict) else {}
+        module, per = found.get("module"), found.get("per")
+        if isinstance(module, str) and per in (PER_RANK, PER_ALLOCATION):
+            return cls(module, per)
+        return RANKS
+
+
+RANKS = Task()
+
+
 @dataclass(frozen=True)
 class Watch:
     """What ``submit --wait`` shows while it follows runs: ``progress`` while a run runs
@@ -122,6 +155,8 @@ class Executor(abc.ABC):
     # Its task side: what its tasks ask of it (clusterjob.taskenv.environment); None: its
     # tasks are launched as by hand (torchrun's variables, or one process), with no job.
     environment: ClassVar[Optional[type[TaskEnvironment]]] = None
+    # The task shapes it runs (``Task.per``): one task per rank is every executor's.
+    shapes: ClassVar[tuple[str, ...]] = (PER_RANK,)
 
     @classmethod
     @abc.abstractmethod
@@ -151,18 +186,20 @@ class Executor(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
+    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = (), task: Task = RANKS) -> list[str]:
         """What a submission would send (``--dry-run``), writing nothing: the request
         ``start`` sends, built the same way (torchx's ``submit_dryrun``), with the names
         only a submission makes (the sweep's stamp, its files) as placeholders."""
 
     @abc.abstractmethod
-    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = (),
+              task: Task = RANKS) -> list[str]:
         """Hand ``runs`` (made or reopened and claimed by this process) over, recording
         in each run.json what has it; with ``follow`` the runs may stay with this
         process for ``wait``. Each run starts once every run of ``after`` completed
         (their folders are in its run.json's ``after``), and is failed when one of them
-        never will. The lines to print (job ids, the supervisor)."""
+        never will. Their tasks run ``task`` (a shape of ``shapes``). The lines to
+        print (job ids, the supervisor)."""
 
     @abc.abstractmethod
     def wait(self, spec: Spec, runs: list[RunDir], watch: Watch) -> Waited:
@@ -212,6 +249,22 @@ class Executor(abc.ABC):
 _REGISTRY: dict[str, type[Executor]] = {}  # the built-in executors imported so far
 _FOREIGN: dict[str, type[Executor]] = {}  # the executors of other packages loaded so far
 _SEARCHED: list[str] = []  # the folders of executors whose modules were all imported
+
+
+def mark_task(runs: list[RunDir], task: Task) -> None:
+    """Each run's run.json names its task where that is not the runner's (``Task.of``
+    reads it back: a supervisor, ``status``)."""
+    if task != RANKS:
+        for run in runs:
+            run.update(task=task.to_dict())
+
+
+def check_shape(executor: Executor, task: Task, what: str) -> None:
+    """Bad input where ``executor`` does not run ``task``'s shape (``what`` needs it)."""
+    if task.per not in executor.shapes:
+        raise BadInput(f"--executor {executor.name}: {what} needs one task per {task.per}, which this executor "
+                       f"does not run (it runs one per {' or '.join(executor.shapes)}); submit it with an "
+                       "executor that does (--executor slurm)")
 
 
 def register(cls: type[Executor]) -> type[Executor]:

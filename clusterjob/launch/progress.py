@@ -111,6 +111,18 @@ class ProgressTail:
         return [line.decode("utf-8", "replace").rstrip("\r") for line in lines]
 
 
+class OutputTail(ProgressTail):
+    """The new whole lines of the runs' rank 0 output since the last look, each kept: a
+    task per allocation (a search's slot) prints the lines its own watch shows (its
+    trials' progress, prunes and ends), which the watch of its runs passes on as they are."""
+
+    def __init__(self, runs: list[RunDir]):
+        super().__init__(runs, own_code=False)
+
+    def new_lines(self, run: RunDir) -> list[Line]:
+        return [Line(escape(text), kept=True) for text in self._read(run) if text.strip()]
+
+
 @dataclass(frozen=True)
 class Quiet:
     """A run's last progress: when (monotonic), where (``epoch 2 step 15``, "" before the

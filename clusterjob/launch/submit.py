@@ -262,10 +262,12 @@ def resume(run_text: str, wait: bool = False, only: Optional[str] = None) -> int
     if not target.single or only is not None:
         return _resume_all(target, wait, only)
     run = target.runs[0]
-    trial = control.readable_record(run).search  # before anything is started or written
-    if trial is not None:
-        raise BadInput(f"{run.path} is a trial of a search: its slots run it; resume the search as a whole: "
-                       f"clusterjob resume {run.path.parent}")
+    part = control.readable_record(run).search  # before anything is started or written
+    if part is not None:  # a trial (in the search's folder) or a slot (in its .slots folder)
+        trial = "trial" in part
+        raise BadInput(f"{run.path} is a {'trial' if trial else 'slot'} of a search: "
+                       f"{'its slots run it' if trial else 'the search starts it'}; resume the search as a whole: "
+                       f"clusterjob resume {run.path.parent if trial else run.path.parent.parent}")
     _check_resumable(run)  # first without the claim: a refused resume makes no lock file
     materialize(run.path)  # a run its task never made (its job ended first): made as it would have
     spec = escalation.resized(load_spec(run.spec_file), run.read())  # with the memory and time it was given

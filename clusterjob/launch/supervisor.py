@@ -67,6 +67,7 @@ from clusterjob.core.rundir import RunDir, first_error, last_words, mark_failed,
 from clusterjob.health import stalls
 from clusterjob.launch import chain, progress, slots
 from clusterjob.launch.containers import plan as containers
+from clusterjob.launch.executor import PER_ALLOCATION, Task
 from clusterjob.launch.slots import WHOLE, Slot
 from clusterjob.spec import escalation
 from clusterjob.spec.rewrite import rewrite_keys
@@ -127,6 +128,7 @@ def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int]
     run.logs.mkdir(parents=True, exist_ok=True)
     port, ranks, parent = port or free_port(), [], os.getpid()
     command, environ = rank_command(run)
+    world = 1 if Task.of(run.read()).per == PER_ALLOCATION else world  # one process, with its slot's resources
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
             here = attached and rank == 0
@@ -146,12 +148,23 @@ def rank_command(run: RunDir) -> tuple[list[str], Callable[[dict], dict]]:
     """The command of each rank of ``run`` and what its environment gets: ``python -m
     clusterjob.run``, or that inside the spec's container (clusterjob.launch.containers),
     whose runtime execs the rank, with clusterjob's variables carried in by name."""
+    task = Task.of(run.read())
+    if task.per == PER_ALLOCATION:  # its own command on this machine (a search's slot: its trials' ranks in theirs)
+        return [sys.executable, "-m", task.module, "--run", str(run.path)], lambda environ: environ
     spec = load_spec(run.spec_file)
     if spec.container is None:
         return [sys.executable, "-m", "clusterjob.run", str(run.spec_file)], lambda environ: environ
     runtime = containers.pick(spec, slurm=False)[0]
     wrapped = containers.wrapped(spec, runtime)
     return wrapped.command([str(run.spec_file)]), lambda environ: carry(environ, spec.env)
+
+
+def slots_of(resources: ResourcesSpec, runs: list[RunDir]) -> list[Slot]:
+    """The slots of one submission's ``runs`` of these resources: tasks per allocation
+    (a search's slots) all at once, as a Slurm array of them runs; others as
+    ``resources.array_parallelism`` says (``slots_for``)."""
+    together = any(Task.of(run.read()).per == PER_ALLOCATION for run in runs)
+    return slots_for(resources, len(runs), len(runs) if together else None)
 
 
 def slots_for(resources: ResourcesSpec, runs: int, parallel: Optional[int] = None) -> list[Slot]:
@@ -610,7 +623,7 @@ def main(argv: list[str]) -> int:
             claim.adopt(fd, path, claim.SUPERVISOR)
     runs = [RunDir(Path(p)) for p in paths]
     supervisor = Supervisor(world, on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True),
-                            slots=slots_for(load_spec(runs[0].spec_file).resources, len(runs))).install()
+                            slots=slots_of(load_spec(runs[0].spec_file).resources, runs)).install()
     supervisor.run_all(runs)
     return 0
 

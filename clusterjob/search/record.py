@@ -116,8 +116,9 @@ def _trial_random(seed: int, number: int) -> random.Random:
 class SearchRecord:
     """search.json: the resolved search section (method, trials, parallel, metric, mode,
     seed, space, prune, last: the planned epochs of the built-in trainer, None for your
-    own code) and what runs it: ``executor``, ``job`` (the Slurm array, {executor, id}),
-    ``launcher`` (the local supervisor), ``cancel_requested_at``, ``restarts``."""
+    own code) and what runs it: ``executor``, ``job`` (the Slurm array of its slot runs,
+    {executor, id}), ``cancel_requested_at``, ``restarts``. Its slot runs
+    (clusterjob.search.slotruns) say what runs each slot."""
 
     id: Optional[str] = None
     name: Optional[str] = None
@@ -132,7 +133,6 @@ class SearchRecord:
     last: Optional[int] = None
     executor: Optional[str] = None
     job: Optional[dict] = None
-    launcher: Optional[dict] = None
     submit_dir: Optional[str] = None
     git_sha: Optional[str] = None
     created_at: Optional[str] = None
@@ -159,7 +159,7 @@ class SearchRecord:
 
 _TYPES: dict[str, Any] = {"id": str, "name": str, "method": str, "trials": int, "parallel": int, "metric": str,
                           "mode": str, "seed": int, "space": dict, "prune": dict, "last": int, "executor": str,
-                          "job": dict, "launcher": dict, "submit_dir": str, "git_sha": str, "created_at": str,
+                          "job": dict, "submit_dir": str, "git_sha": str, "created_at": str,
                           "cancel_requested_at": str, "restarts": int}
 
 

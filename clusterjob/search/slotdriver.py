@@ -1,22 +1,25 @@
-"""A search's slots on Slurm (docs/design.md, "Search"): one job array of
-``search.parallel`` tasks, whose batch script runs the slot driver
+"""The task of a search's slot run on Slurm (docs/design.md, "Search"): one process per
+allocation (clusterjob.search.slots ``SlurmSlots``), the batch script's own command,
 
-    python -m clusterjob.search.slotdriver SEARCH_FOLDER
+    python -m clusterjob.search.slotdriver --runs RUNS_FILE
 
-on the array task's first node. The driver (stdlib and the spec, no torch) loops: it
-takes its slot's next trial from the study (the one it holds, if any: a requeued task
-continues its trial), runs it as one srun step of ``python -m clusterjob.run
-<trial>/spec.yaml`` (``--kill-on-bad-exit=1``, each rank's output in the trial's logs),
-settles how the step ended as every Slurm job's teardown does
-(clusterjob.launch.executors.slurm ``settle``: a killed rank named, a failure of the
-machine retried under the trial's ``resources.max_retries``), tells the study, and takes
-the next, until every trial is taken. A trial that stopped to go on (USR2: the rank
-requeued the array task; a retry's requeue) ends the driver: the task starts again and
-continues it. The array task id is the slot's number.
+on the allocation's first node, which finds its slot run as any task finds its run (the
+runs file and its array task, asked of the executor's task side). The driver (stdlib and
+the spec, no torch) records its slot run running, then loops: it takes its slot's next
+trial from the study (the one it holds, if any: a requeued task continues its trial),
+runs it as one srun step of ``python -m clusterjob.run <trial>/spec.yaml``
+(``--kill-on-bad-exit=1``, each rank's output in the trial's logs), settles how the step
+ended as every Slurm job's teardown does (clusterjob.launch.executors.slurm ``settle``: a
+killed rank named, a failure of the machine retried under the trial's
+``resources.max_retries``), tells the study, and takes the next, until every trial is
+taken: the slot run completed (cancelled, when the search was). A trial that stopped to
+go on (USR2: the rank requeued the array task; a retry's requeue) ends the driver with
+the slot run still running: the task starts again and continues it.
 """
 
 from __future__ import annotations
 
+import argparse
 import signal
 import subprocess
 import sys
@@ -24,16 +27,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from clusterjob.core import runstate, sweep
 from clusterjob.core.record import SLURM, Job
 from clusterjob.core.rundir import RunDir
 from clusterjob.launch.executors import slurm
 from clusterjob.launch.resources import SESSION_MARK
 from clusterjob.search import record as searchmod
-from clusterjob.search.slurmarray import escaped
+from clusterjob.search import slotruns
 from clusterjob.search.study import ENDS
 from clusterjob.search.trials import Feed
 from clusterjob.spec.schema import Spec
-from clusterjob.taskenv.slurmjob import slurm_job
+from clusterjob.taskenv import environment as taskenv
 
 PRUNE_GRACE_S = 5.0  # after a prune, how long the ranks may take to stop by themselves before srun passes SIGTERM
 POLL_S = 0.5
@@ -43,18 +47,35 @@ POLL_S = 0.5
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[0])
-    job = slurm_job()
+    parser = argparse.ArgumentParser(prog="python -m clusterjob.search.slotdriver",
+                                     description="the task of a search's slot run")
+    parser.add_argument("--runs", required=True, help="the runs file of the slot runs' job")
+    args = parser.parse_args(argv)
+    task = taskenv.current()
+    job = task.job()
     if job is None:
-        print(f"usage: python -m {__name__} SEARCH_FOLDER, as a task of the search's Slurm array", file=sys.stderr)
+        print(f"{parser.prog}: a task of a search's slot run (its Slurm array) only", file=sys.stderr)
         return 2
-    slot = int(job.array_task_id or 0)
+    slot_run = RunDir(sweep.task_run(args.runs, int(task.array_task() or 0)))
+    found = slotruns.begin(slot_run, parser.prog)
+    if found is None:
+        return 2
+    folder, slot = found
+    print(f"clusterjob: slot {slot} of search {folder} (job {job.id}, start {task.restarts() + 1})",
+          file=sys.stderr, flush=True)
+    try:
+        return _drive(slot_run, folder, slot, job)
+    except BaseException as exc:
+        slotruns.failed(slot_run, exc)
+        raise
+
+
+def _drive(slot_run: RunDir, folder: Path, slot: int, job: Job) -> int:
+    """The slot's trials, one after another, until none is left to take."""
     record, _ = searchmod.read(folder)
     feed = Feed(folder, record.parallel or 1, executor=SLURM)
-    print(f"clusterjob: slot {slot} of search {folder} (job {job.run_key}, start {job.restart_count + 1})",
-          file=sys.stderr, flush=True)
     while (run := feed.take(slot)) is not None:
-        run.update(executor=SLURM, job=Job(SLURM, job.run_key))
+        run.update(executor=SLURM, job=job)
         print(f"clusterjob: slot {slot} runs {run.path}", file=sys.stderr, flush=True)
         status, log = run_step(run, feed.spec)
         slurm.settle(run, str(status), log)
@@ -64,6 +85,7 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr, flush=True)
             return 0
         feed.ended(run, info)
+    slot_run.update(runstate.cancel() if feed.cancelled() else runstate.complete())
     return 0
 
 
@@ -72,7 +94,7 @@ def run_step(run: RunDir, spec: Spec) -> tuple[int, str]:
     session: srun reports a killed task there). After a prune, srun passes SIGTERM to
     ranks that did not stop by themselves (a plain script on several ranks)."""
     r = spec.resources
-    logs = escaped(run.logs.resolve())
+    logs = str(run.logs.resolve()).replace("%", "%%")  # a path in srun's file name pattern: its own % doubled
     command = ["srun", "--kill-on-bad-exit=1", f"--nodes={r.nodes}", f"--ntasks-per-node={r.tasks_per_node}",
                f"--cpus-per-task={r.cpus_per_task}", "--open-mode=append", f"--output={logs}/rank%t.out",
                f"--error={logs}/rank%t.err", sys.executable, "-u", "-m", "clusterjob.run", str(run.spec_file.resolve())]

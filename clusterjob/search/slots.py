@@ -1,78 +1,130 @@
 """How a search's slots run on each executor (docs/design.md, "Search"): the search is a
-client of its executor, which knows nothing of searches. Each slot takes its trials from
-the study (clusterjob.search.trials.Feed) and runs each as an ordinary run.
+client of its executor, which knows nothing of searches. Each slot is an ordinary run
+(clusterjob.search.slotruns, ``<search>/.slots/slot-K``) that the executor starts with
+``Executor.start`` as it starts any run, its task a slot driver, one process per
+allocation (``Task``, PER_ALLOCATION), which takes the slot's trials from the study
+(clusterjob.search.trials.Feed) and runs each as an ordinary run:
 
-- local: one supervisor (``submit --wait`` itself, or a detached process) whose
-  ``search.parallel`` slots of the machine each take their next trial as they come free,
-  every trial supervised as any local run is (clusterjob.launch.supervisor);
-- slurm: one job array of ``search.parallel`` tasks, each a slot whose batch script runs
-  the slot driver (clusterjob.search.slurmarray, clusterjob.search.slotdriver).
+- local: the slot runs under one supervisor (``submit --wait`` itself, or a detached
+  process), each in its share of the machine, its task clusterjob.search.localslot, which
+  supervises its trials' ranks there; what it prints is passed on by ``submit --wait``;
+- slurm: the slot runs as one job array, each task's batch script the driver
+  clusterjob.search.slotdriver, each trial an srun step of the task's allocation.
 
-Another package's executor runs no search: ``of`` says so at submit, before anything is
-written. The checks and the cancel of single runs are the executor's own (``check``,
-``cancel``), asked through its protocol.
+Status, resume and cancel ask the executor about the slot runs as about any runs
+(``views``, ``live``, ``cancel_all``). Another package's executor runs no search: ``of``
+says so at submit, before anything is written.
 """
 
 from __future__ import annotations
 
-import abc
-import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import ClassVar, Optional
 
-from clusterjob.core import claim, procs, slurmctl
-from clusterjob.core.errors import BadInput
+from clusterjob.core import claim, runstate, slurmctl
+from clusterjob.core.errors import BadInput, Failure
+from clusterjob.core.files import now_iso
+from clusterjob.core.record import RunRecord
+from clusterjob.core.rundir import RunDir
 from clusterjob.core.runstate import FINAL_STATUSES
-from clusterjob.launch import supervisor as sup
-from clusterjob.launch.executor import Executor, Waited, Watch, views
+from clusterjob.launch.executor import PER_ALLOCATION, Executor, Task, Waited, Watch, check_shape, views
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
-from clusterjob.launch.slots import Slot
 from clusterjob.search import record as searchmod
-from clusterjob.search import slurmarray
+from clusterjob.search import slotruns
 from clusterjob.search.record import SearchRecord
-from clusterjob.search.trials import SPEC_FILE, Feed, trial_runs
-from clusterjob.spec.schema import Spec, load_spec
+from clusterjob.search.trials import trial_runs
+from clusterjob.spec.schema import Spec
 
-LOCAL_SUPERVISOR = "clusterjob.search.slots"  # python -m: the detached supervisor of a local search
+POLL_S = 2.0  # how often a wait on Slurm asks whether the slot runs ended
 
 
-class Slots(abc.ABC):
-    """The slots of a search on ``executor``: checked, previewed, started, followed,
-    asked whether they may still run, and stopped."""
+class Slots:
+    """The slots of a search on ``executor``, as runs of the task ``task``: checked,
+    previewed, started, followed, asked whether they may still run, and stopped."""
+
+    task: ClassVar[Task]
 
     def __init__(self, executor: Executor):
         self.executor = executor
 
-    @abc.abstractmethod
     def check(self, spec: Spec, preflight: bool = True) -> None:
         """Bad input for slots of ``spec`` the executor cannot run (``spec.search.parallel``
         of them); before anything is written. ``preflight`` False asks no cluster."""
+        check_shape(self.executor, self.task, "a search")
+        self.executor.check(spec, _count(spec), preflight)
 
-    @abc.abstractmethod
     def preview(self, spec: Spec, folder: Path) -> list[str]:
         """``--dry-run`` of a search: what would be started for its slots."""
+        return [f"would start {_count(spec)} slot run(s), {folder}/{slotruns.SLOTS}/slot-K, each one task per "
+                f"allocation: python -m {self.task.module}", *self.executor.preview(spec, _count(spec), task=self.task)]
 
-    @abc.abstractmethod
     def start(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        """Start the slots of the search in ``folder`` (claimed by this process), recording
-        in search.json what runs them; with ``follow`` they may stay with this process for
-        ``wait``. The lines to print."""
+        """Start the slot runs of the search in ``folder`` (claimed by this process), made
+        or reopened; with ``follow`` they may stay with this process for ``wait``. The
+        lines to print."""
+        runs = slotruns.prepared(folder, _count(spec), "clusterjob submit", self.executor.name,
+                                 **self.executor.reopened())
+        try:
+            lines = self.executor.start(spec, runs, follow, task=self.task)
+        except BaseException:
+            claim.release(*(run.path for run in runs))
+            raise
+        searchmod.update(folder, executor=self.executor.name)
+        claim.release(folder)  # the slot runs say whether the search runs
+        return self.started(folder, runs, lines)
 
-    @abc.abstractmethod
+    def started(self, folder: Path, runs: list[RunDir], lines: list[str]) -> list[str]:
+        """What ``start`` says once the executor has the slot runs (its own lines)."""
+        return lines
+
     def wait(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
-        """Follow a search started with ``follow`` until every trial is taken and ended."""
+        """Follow a search started with ``follow`` until every slot run ended: the slots'
+        output (each trial's progress, prune and end) as they print it; the trials' records."""
+        waited = self.executor.wait(spec, slotruns.slot_runs(folder), Watch(progress=watch.progress))
+        return Waited([view.record for view in views(trial_runs(folder))], waited.stop_signal)
 
-    @abc.abstractmethod
     def live(self, folder: Path, record: SearchRecord) -> Optional[str]:
         """Why the search's slots may still run (``resume`` refuses it), in words; None
         when none does. Reads only."""
+        slots = slotruns.slot_runs(folder)
+        for run, view in zip(slots, views(slots)):
+            if view.record.status not in FINAL_STATUSES:
+                said = self.executor.live(run, view)
+                job = f", job {view.record.job.id}" if view.record.job is not None else ""
+                return said or f"its slot run {run.path} is {view.record.status}{job}"
+        return None
 
-    @abc.abstractmethod
     def cancel(self, folder: Path, record: SearchRecord, wait_s: float) -> list[str]:
-        """Stop every slot of the search (its cancel request is written already) and mark
-        its unfinished trials cancelled once none of their ranks is alive."""
+        """Stop every slot of the search (its cancel request is written already): its
+        unfinished trials asked to stop (their ranks, or their slot, record the stop as a
+        cancel), its slot runs cancelled as any runs are, then the trials still unfinished
+        marked cancelled once no slot runs."""
+        unfinished = [run for run in trial_runs(folder) if run.read().status not in FINAL_STATUSES]
+        for run in unfinished:
+            run.update(cancel_requested_at=now_iso())
+        slots = [(run, run.read()) for run in slotruns.slot_runs(folder)]
+        lines = self.executor.cancel_all([(run, info) for run, info in slots if info.status not in FINAL_STATUSES],
+                                         wait_s)
+        lines = [f"{run.path.name}: {line}" for run, line in zip([run for run, _ in slots], lines)] \
+            if len(lines) == len(slots) else lines
+        if any(run.read().status not in FINAL_STATUSES for run, _ in slots):
+            return lines
+        for run in unfinished:
+            if run.read().status not in FINAL_STATUSES:
+                run.update(runstate.cancel())
+        return lines + self.cancelled(record)
+
+    def cancelled(self, record: SearchRecord) -> list[str]:
+        """What ``cancel`` says once every slot run ended."""
+        return []
+
+
+def _count(spec: Spec) -> int:
+    assert spec.search is not None  # only a search has slots
+    return spec.search.parallel
 
 
 def of(executor: Executor) -> Slots:
@@ -85,140 +137,62 @@ def of(executor: Executor) -> Slots:
                    "with --executor local or --executor slurm")
 
 
-# ----------------------------------------------------------------------------- local
-
-
 class LocalSlots(Slots):
-    """The slots of the machine, in one supervisor that holds the search's claim."""
+    """The slot runs under one supervisor, each in its share of this machine."""
 
-    executor: LocalExecutor
+    task = Task("clusterjob.search.localslot", PER_ALLOCATION)
 
     def check(self, spec: Spec, preflight: bool = True) -> None:
-        self.executor.check(spec, 1, preflight)
+        check_shape(self.executor, self.task, "a search")
+        self.executor.check(spec, 1, preflight)  # what one trial needs of this machine
 
-    def preview(self, spec: Spec, folder: Path) -> list[str]:
-        assert spec.search is not None  # only a search is previewed here
-        return [f"would run a search of {spec.search.trials} trial(s), {len(machine_slots(spec))} at once "
-                f"(search.parallel {spec.search.parallel}), each {spec.resources.tasks_per_node} local process(es): "
-                f"python -m clusterjob.run <trial>/spec.yaml, the trials in {folder}/<id>-NNN"]
-
-    def start(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        """A detached supervisor takes the search and its claim; with ``follow`` this
-        process runs it (``wait``)."""
-        if follow:
-            searchmod.update(folder, executor="local", launcher=_ref_dict(procs.current()))
-            return []
-        held = claim.held(folder)
-        fd = held.fd if held is not None else -1
-        with open(folder / "supervisor.log", "ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", LOCAL_SUPERVISOR, str(fd), str(folder)],
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, pass_fds=[fd] if fd >= 0 else [])
-        searchmod.update(folder, executor="local", launcher=_ref_dict(procs.current(proc.pid)))
-        claim.release(folder)  # the supervisor holds it now
-        return [f"{folder}  (local search, supervisor pid {proc.pid})"]
-
-    def wait(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
-        """Run the search's trials here, its slots side by side; each trial's summary as it ends."""
-        slots = machine_slots(spec)
-        claim.take(folder, claim.SUPERVISOR)
-        supervisor, records = self.executor.supervise(spec, [], watch, slots, supervised_feed(folder, slots))
-        return Waited(records, supervisor.stop_signal)
-
-    def live(self, folder: Path, record: SearchRecord) -> Optional[str]:
-        ref = procs.ProcessRef.from_dict(record.launcher) if record.launcher else None
-        why = procs.check(ref) if ref is not None else None
-        if ref is not None and why is None:
-            return f"its supervisor (pid {ref.pid}) is alive"
-        if ref is not None and why is not None and why.kind == "elsewhere":
-            return f"its supervisor ran on {ref.host}; this host cannot tell whether it still runs"
-        return None
-
-    def cancel(self, folder: Path, record: SearchRecord, wait_s: float) -> list[str]:
-        """Each unfinished trial cancelled as a run is (its supervisor stops its ranks; one
-        not started yet never starts: the supervisor takes no trial after the request)."""
-        lines = []
-        for run in trial_runs(folder):
-            info = run.read()
-            if info.status not in FINAL_STATUSES:
-                lines += [f"{run.run_id}: {line}" for line in self.executor.cancel(run, info, wait_s)]
-        return lines
-
-
-def machine_slots(spec: Spec) -> list[Slot]:
-    """The slots of a search's trials on this machine: ``search.parallel`` where they fit."""
-    assert spec.search is not None  # only a search's spec
-    return sup.slots_for(spec.resources, spec.search.parallel, spec.search.parallel)
-
-
-def supervised_feed(folder: Path, slots: list[Slot]) -> Feed:
-    """The trials of the search in ``folder`` for this supervisor's ``slots``: each made
-    (and claimed) by this process, which is their supervisor."""
-    return Feed(folder, len(slots), claim_as=claim.SUPERVISOR, executor="local", launcher=procs.current())
-
-
-def _ref_dict(ref: Optional[procs.ProcessRef]) -> Optional[dict]:
-    return ref.to_dict() if ref is not None else None
-
-
-def main(argv: list[str]) -> int:
-    """``python -m clusterjob.search.slots CLAIM_FD SEARCH``: the detached supervisor
-    of a local search. It holds the search's claim (handed over by ``submit`` or
-    ``resume``: -1 for none) while it runs, and ends once every trial is taken and ended
-    (or it was stopped)."""
-    fd, folder = int(argv[0]), Path(argv[1])
-    if fd >= 0:
-        claim.adopt(fd, folder, claim.SUPERVISOR)
-    spec = load_spec(folder / SPEC_FILE)
-    slots = machine_slots(spec)
-    supervisor = sup.Supervisor(spec.resources.tasks_per_node, slots=slots,
-                                on_end=lambda run, info: print(f"{run.path}: {info.status}", flush=True)).install()
-    supervisor.run_all([], supervised_feed(folder, slots))
-    return 0
-
-
-# ----------------------------------------------------------------------------- slurm
+    def started(self, folder: Path, runs: list[RunDir], lines: list[str]) -> list[str]:
+        launcher = runs[0].read().launcher
+        if not lines or launcher is None:
+            return lines  # followed: this process is their supervisor
+        return [f"{folder}  (local search: {len(runs)} slot run(s), supervisor pid {launcher.pid})"]
 
 
 class SlurmSlots(Slots):
-    """One job array of ``search.parallel`` tasks, each a slot (clusterjob.search.slurmarray)."""
+    """The slot runs as one job array, every task a slot."""
+
+    task = Task("clusterjob.search.slotdriver", PER_ALLOCATION)
 
     def check(self, spec: Spec, preflight: bool = True) -> None:
-        assert spec.search is not None  # only a search is checked here
-        self.executor.check(spec, spec.search.parallel, preflight)  # an array of slots: the partition, the limits
+        super().check(spec, preflight)  # an array of slots: the partition, the limits
         if preflight:  # one array, never split as a sweep is
             most = slurmctl.max_array_size()
-            if spec.search.parallel > most:
-                raise BadInput(f"search.parallel: {spec.search.parallel} slots is more than this cluster's "
+            if _count(spec) > most:
+                raise BadInput(f"search.parallel: {_count(spec)} slots is more than this cluster's "
                                f"MaxArraySize ({most}), the most tasks of one array; set parallel to at most {most}")
 
-    def preview(self, spec: Spec, folder: Path) -> list[str]:
-        return slurmarray.preview(spec, folder)
-
     def start(self, spec: Spec, folder: Path, follow: bool) -> list[str]:
-        lines = slurmarray.start(spec, folder)
-        claim.release(folder)  # handed over: the queue says whether it runs
-        return lines
+        try:
+            return super().start(spec, folder, follow=False)
+        except (BadInput, Failure) as err:
+            raise BadInput(f"sbatch refused the search's array: {err}; fix resources, or submit with --executor "
+                           "local") from None
+
+    def started(self, folder: Path, runs: list[RunDir], lines: list[str]) -> list[str]:
+        """The array's id, in search.json too (its jobs: ``<array>_K``)."""
+        array = (runs[0].read().slurm_job_id or "").split("_")[0]
+        searchmod.update(folder, job={"executor": "slurm", "id": array})
+        return [f"{array}  {folder}  (a Slurm array of {len(runs)} slot(s))"]
 
     def wait(self, spec: Spec, folder: Path, watch: Watch) -> Waited:
-        """Until no slot is in the queue; each trial's summary then."""
+        """Until every slot run is final; each trial's summary then."""
+        slots = slotruns.slot_runs(folder)
         try:
-            slurmarray.wait(folder)
+            while any(view.record.status not in FINAL_STATUSES for view in views(slots, write_back=True)):
+                time.sleep(POLL_S)
         except KeyboardInterrupt:
             print(f"\nstopped waiting; the search goes on: clusterjob status {folder}", file=sys.stderr)
             raise
         runs = trial_runs(folder)
-        records = [view.record for view in views(runs, write_back=True)]
+        records: list[RunRecord] = [view.record for view in views(runs, write_back=True)]
         for run, record in zip(runs, records):
             watch.ended(run, record)
         return Waited(records)
 
-    def live(self, folder: Path, record: SearchRecord) -> Optional[str]:
-        return slurmarray.live(folder)
-
-    def cancel(self, folder: Path, record: SearchRecord, wait_s: float) -> list[str]:
-        return slurmarray.cancel(folder, trial_runs(folder), wait_s)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    def cancelled(self, record: SearchRecord) -> list[str]:
+        return [f"cancelled Slurm array {record.job_id}"]

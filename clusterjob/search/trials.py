@@ -1,8 +1,8 @@
 """A search's folder and its trials as run folders (docs/design.md, "Search"): what
-``submit`` makes, what its slots take (the local supervisor's and each Slurm slot's
-``Feed``), and what ``resume`` reopens. The commands themselves (submit, resume, cancel,
-status) are clusterjob.search.commands'; how each
-executor runs the slots is clusterjob.search.slots'.
+``submit`` makes, what its slots take (each slot run's ``Feed``: clusterjob.search.localslot
+and clusterjob.search.slotdriver), and what ``resume`` reopens. The commands themselves
+(submit, resume, cancel, status) are clusterjob.search.commands'; how each executor runs
+the slots is clusterjob.search.slots'.
 
 A trial is an ordinary run: a folder ``<search>/<id>-NNN`` with its spec.yaml (the
 search's spec without its search, the trial's values applied), run.json (its params, and
@@ -124,9 +124,9 @@ def find(text: str, root: str = "results") -> Optional[Path]:
 
 class Feed:
     """The trials of the search in ``folder`` as run folders, for ``slots`` slots that take
-    them one at a time (the local supervisor's, or one Slurm slot's). ``fields`` go into
-    each trial's run.json (its executor, the supervisor that runs it); with ``claim_as``
-    each trial is claimed by this process as it is made."""
+    them one at a time (a slot run's task: its supervisor on this machine, or its Slurm
+    driver). ``fields`` go into each trial's run.json (its executor, the supervisor that
+    runs it); with ``claim_as`` each trial is claimed by this process as it is made."""
 
     def __init__(self, folder: Path, slots: int, claim_as: Optional[str] = None, **fields: Any):
         self.folder, self.slots, self.claim_as, self.fields = Path(folder), slots, claim_as, fields
@@ -211,7 +211,7 @@ def reopen(folder: Path, trials: Optional[int]) -> list[RunDir]:
     record, _ = searchmod.read(folder)
     if trials is not None:
         _raise_trials(folder, record, trials)
-    searchmod.update(folder, cancel_requested_at=None, restarts=(record.restarts or 0) + 1, launcher=None, job=None)
+    searchmod.update(folder, cancel_requested_at=None, restarts=(record.restarts or 0) + 1, job=None)
     held = {t.number for t in open_study(folder, record).trials() if t.state == runstate.RUNNING}
     reopened = []
     for run in trial_runs(folder):

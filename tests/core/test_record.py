@@ -62,8 +62,9 @@ def test_the_record_is_frozen():
 # The same run as this version writes it: its job (none) under ``job``, with the key of
 # earlier versions, slurm_job_id, kept beside it; its spec's env (none recorded); its
 # search and prune verdict (none: not a trial of a search); and the reason it ended so
-# (none: no stall's verdict failed it).
-NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None, "search": None, "pruned": None, "reason": None}
+# (none: no stall's verdict failed it); what its tasks run (none: the runner, one per rank).
+NEW_RUN_JSON = {**OLD_RUN_JSON, "job": None, "env": None, "search": None, "pruned": None, "reason": None,
+                "task": None}
 
 
 def test_an_old_run_json_reads_into_the_record_unchanged(tmp_path):

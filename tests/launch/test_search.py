@@ -46,7 +46,7 @@ def info(run: Path) -> dict:
 
 
 def trials(found: Path) -> list:
-    return sorted(p for p in found.iterdir() if p.is_dir())
+    return sorted(p for p in found.iterdir() if p.is_dir() and not p.name.startswith("."))  # its trials
 
 
 # ----------------------------------------------------------------------------- hostile values

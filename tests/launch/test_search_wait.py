@@ -32,7 +32,7 @@ def test_submit_wait_of_a_search_says_what_it_started_and_each_prune(tmp_path):
     assert lines[0] == (f"search {folder.name}: 6 trial(s), 2 at once (random, asha (min_epochs 1, reduction 2), "
                         f"val_acc max) in {folder}")
     assert lines[1] == f"follow with: clusterjob status {folder}"
-    runs = sorted(p for p in folder.iterdir() if p.is_dir())
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))  # its trials
     infos = {run.name: json.loads((run / "run.json").read_text()) for run in runs}
     pruned = {name: info["pruned"] for name, info in infos.items() if info["status"] == "pruned"}
     assert pruned  # the worst of 6 lrs over 5 decades is pruned at its first rung

@@ -30,17 +30,22 @@ from clusterjob.core.rundir import RunDir, failure, natural_key
 from clusterjob.launch import supervisor as sup
 from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.executor import (
+    PER_ALLOCATION,
+    PER_RANK,
+    RANKS,
     Dependency,
     Executor,
     RunView,
+    Task,
     Waited,
     Watch,
     apply_found,
     cancel_unstarted,
+    mark_task,
     register,
     unhanded,
 )
-from clusterjob.launch.progress import Line, ProgressTail, started_line
+from clusterjob.launch.progress import Line, OutputTail, ProgressTail, started_line
 from clusterjob.launch.slots import gpus_here, visible_gpus  # noqa: F401  (the GPU facts, where check reads them)
 from clusterjob.spec.schema import Spec
 from clusterjob.taskenv.local import LocalEnvironment
@@ -57,6 +62,7 @@ class LocalExecutor(Executor):
     ranks_here = True
     debuggable = True
     environment = LocalEnvironment
+    shapes = (PER_RANK, PER_ALLOCATION)  # a task per allocation: one process in its slot of the machine
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -79,18 +85,23 @@ class LocalExecutor(Executor):
         if spec.container is not None:
             containers.check(spec, slurm=False)
 
-    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
+    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = (), task: Task = RANKS) -> list[str]:
         from clusterjob.spec.schema import expand_sweep
 
         wait = [f"each once these {len(after)} run(s) completed: {', '.join(str(d.run.path) for d in after)}"]
+        if task.per == PER_ALLOCATION:
+            return [f"would run {points} run(s) at once where this machine fits them, each one local process with "
+                    f"its slot's cores and GPUs: python -m {task.module} --run <run>"] + (wait if after else [])
         return [f"would run {spec.resources.tasks_per_node} local processes: "
                 f"python -m clusterjob.run <run>/spec.yaml  params={point.run_params}" for point in expand_sweep(spec)
                 ] + _container_lines(spec) + (wait if after else [])
 
-    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = (),
+              task: Task = RANKS) -> list[str]:
         """A detached supervisor takes the runs and their claims; with ``follow`` this
         process is their supervisor (``wait`` runs them) and keeps the claims. The
         supervisor waits for the runs of their run.json's ``after`` first."""
+        mark_task(runs, task)
         if follow:
             record_launcher(runs, procs.current())
             return []
@@ -105,7 +116,7 @@ class LocalExecutor(Executor):
         """Run the runs here, side by side as the machine allows; each one's summary as
         it ends; a stop signal cancels them (see clusterjob.launch.supervisor). With
         several runs at once, each progress line starts with its run's id."""
-        supervisor, records = self.supervise(spec, runs, watch, sup.slots_for(spec.resources, len(runs)))
+        supervisor, records = self.supervise(spec, runs, watch, sup.slots_of(spec.resources, runs))
         return Waited(records, supervisor.stop_signal)
 
     def supervise(self, spec: Spec, runs: list[RunDir], watch: Watch, slots: list,
@@ -117,8 +128,13 @@ class LocalExecutor(Executor):
         stall_s = spec.health.stall_s if spec.health is not None else None
         tail = ProgressTail(runs, own_code=spec.entrypoint is not None, stall_s=stall_s)
         several = len(slots) > 1 or len(runs) > 1 or feed is not None  # whose line it is needs saying
+        own = {run.path for run in runs if Task.of(run.read()).per == PER_ALLOCATION}
+        output = OutputTail([run for run in runs if run.path in own])
 
         def progress(run: RunDir) -> None:
+            if run.path in own:  # a task per allocation prints what it shows (a slot: its trials' lines)
+                watch.progress(output.new_lines(run))
+                return
             lines = tail.new_lines(run)
             watch.progress([replace(line, text=f"{run.run_id}  {line.text}") for line in lines]
                            if several else lines)
@@ -127,7 +143,7 @@ class LocalExecutor(Executor):
             progress(run)  # what rank 0 wrote after the last tick
             watch.ended(run, record)
 
-        numbers = {run.path: number for number, run in enumerate(runs, 1)} if len(runs) > 1 else {}
+        numbers = {run.path: number for number, run in enumerate(runs, 1)} if len(runs) > 1 and not own else {}
 
         def started(run: RunDir) -> None:
             if run.path in numbers:  # a sweep's runs; a search's trials say their own

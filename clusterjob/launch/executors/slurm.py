@@ -42,14 +42,19 @@ from clusterjob.health import badnodes, stalls
 from clusterjob.launch import arrays, chain
 from clusterjob.launch.containers import plan as containers
 from clusterjob.launch.executor import (
+    PER_ALLOCATION,
+    PER_RANK,
+    RANKS,
     WAITING,
     Dependency,
     Executor,
     RunView,
+    Task,
     Waited,
     Watch,
     apply_found,
     cancel_unstarted,
+    mark_task,
     register,
     unhanded,
     views,
@@ -77,6 +82,7 @@ class SlurmExecutor(Executor):
     auto_rank = 10
     options = SlurmOptions
     environment = SlurmEnvironment
+    shapes = (PER_RANK, PER_ALLOCATION)  # a task per allocation: the batch script runs it, its steps its own
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -124,11 +130,11 @@ class SlurmExecutor(Executor):
             rendered = []
         return _container_checks(spec, preflight.Check) + preflight.run_checks(spec, points, rendered)
 
-    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = ()) -> list[str]:
+    def preview(self, spec: Spec, points: int, after: Sequence[Dependency] = (), task: Task = RANKS) -> list[str]:
         # Without a cluster to ask (a dry run from a laptop), a sweep is split at Slurm's default
         # MaxArraySize: submit's note says so. With one, its own answer splits it, or refuses it.
         unasked = DEFAULT_MAX_ARRAY_SIZE if self.unavailable() is not None else None
-        return scripts(spec, points, _folder(spec), _after_jobs(after), unasked)
+        return scripts(spec, points, _folder(spec), _after_jobs(after), unasked, task)
 
     def makes_runs_at_start(self, points: int) -> bool:
         """A sweep's tasks make their own run folders: a submission of 10,000 points then
@@ -136,8 +142,10 @@ class SlurmExecutor(Executor):
         is made at once, where submit says it is."""
         return points > 1
 
-    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = ()) -> list[str]:
-        job_ids = submit_runs(spec, runs, _after_jobs(after))
+    def start(self, spec: Spec, runs: list[RunDir], follow: bool, after: Sequence[Dependency] = (),
+              task: Task = RANKS) -> list[str]:
+        mark_task(runs, task)
+        job_ids = submit_runs(spec, runs, _after_jobs(after), task)
         claim.release(*(run.path for run in runs))  # handed over: the queue says whether they run
         return [f"{job_id}  {run.path}" for job_id, run in zip(job_ids, runs)]
 
@@ -470,43 +478,57 @@ class Request:
 
 
 def request(spec: Spec, folder: Path, name: str, parts: Sequence[tuple[Path, Optional[int]]],
-            after_jobs: Sequence[str] = ()) -> Request:
+            after_jobs: Sequence[str] = (), task: Task = RANKS) -> Request:
     """The request of ``parts`` (each: the runs file its tasks read, and its array's task
     count, None for one job) of a submission named ``name`` (its sweep's id), each job
-    waiting for ``after_jobs``."""
-    return Request(tuple(_render(spec, folder, runs_file, array, after_jobs, name) for runs_file, array in parts))
+    waiting for ``after_jobs``, its tasks running ``task``."""
+    return Request(tuple(_render(spec, folder, runs_file, array, after_jobs, name, task)
+                         for runs_file, array in parts))
 
 
 def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (),
-            array_max: Optional[int] = None) -> list[str]:
+            array_max: Optional[int] = None, task: Task = RANKS) -> list[str]:
     """The sbatch script(s) a submission of ``points`` runs would send (``--dry-run``: the
     runs file and the sweep's stamp are named, not made), each array at most
     ``array_max`` tasks (None: as many as the cluster's MaxArraySize allows)."""
-    from clusterjob.launch.preflight import array_size
-
-    size = array_size(points) if array_max is None else array_max
+    size = _array_max(points, task) if array_max is None else array_max
     runs_file = folder / "<stamp>.p<part>.runs.json"
     parts = [(runs_file, arrays.array_of(len(part))) for part in chunks(list(range(points)), size)]
-    return request(spec, folder, sweep.sweep_id(spec.name, "<stamp>"), parts, after_jobs).lines()
+    name = spec.name if task.per == PER_ALLOCATION else sweep.sweep_id(spec.name, "<stamp>")
+    return request(spec, folder, name, parts, after_jobs, task).lines()
+
+
+def _array_max(points: int, task: Task) -> int:
+    """The most tasks of one array for ``points`` runs: the cluster's MaxArraySize, except
+    for tasks per allocation (a search's slots), which go in one array whatever its size
+    (one job to follow, cancel and account for; sbatch refuses one too large)."""
+    from clusterjob.launch.preflight import array_size
+
+    return max(1, points) if task.per == PER_ALLOCATION else array_size(points)
 
 
 def _render(spec: Spec, folder: Path, runs_file: Path, array: Optional[int], after_jobs: Sequence[str],
-            name: str) -> str:
+            name: str, task: Task = RANKS) -> str:
     """The script of one job (an array of ``array`` tasks) running the runs ``runs_file``
     lists, named ``name`` (its sweep's id): submitit's, as its executor would write it.
     submitit 1.5 has no public call that renders a script without submitting it, so this
     is the one place that calls its private ``_make_sbatch_string``; the task command is
-    clusterjob's own, so that no file per task is needed (clusterjob.launch.arrays)."""
+    clusterjob's own, so that no file per task is needed (clusterjob.launch.arrays).
+    A task per allocation is the batch script's own command (no srun), on the host, and
+    records its own end (no teardown); its array runs every task at once."""
     from submitit.slurm import slurm
 
-    params = {**submitit_parameters(spec, _teardown(runs_file), after_jobs), "job_name": name}
+    per_rank = task.per == PER_RANK
+    params = {**submitit_parameters(spec, _teardown(runs_file) if per_rank else [], after_jobs), "job_name": name}
     args = ["--runs", str(runs_file)]
-    if spec.container is None:
-        command = shlex.join([sys.executable, "-u", "-m", "clusterjob.run", *args])
+    if spec.container is None or not per_rank:
+        command = shlex.join([sys.executable, "-u", "-m", task.module, *args])
     else:
         command, srun_options = _in_container(spec, args)
         params["srun_args"] = [*params["srun_args"], *srun_options]
-    return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, **params)
+    if not per_rank and array:
+        params["array_parallelism"] = array
+    return slurm._make_sbatch_string(command=command, folder=folder, map_count=array, use_srun=per_rank, **params)
 
 
 def _in_container(spec: Spec, args: list[str]) -> tuple[str, tuple[str, ...]]:
@@ -518,21 +540,20 @@ def _in_container(spec: Spec, args: list[str]) -> tuple[str, tuple[str, ...]]:
     return shlex.join([*host, *wrapped.command(args)]), wrapped.srun_options
 
 
-def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = ()) -> list[str]:
+def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = (), task: Task = RANKS) -> list[str]:
     """Submit ``runs`` (one job, or arrays of at most MaxArraySize tasks), each waiting
-    for ``after_jobs``; the sweep's record (or, for runs of no sweep, each run.json) gets
-    each part's job id (``<array>_<task>`` for a run of an array). Returns the job ids
-    in run order."""
-    from clusterjob.launch.preflight import array_size
-
+    for ``after_jobs``, their tasks running ``task``; the sweep's record (or, for runs of
+    no sweep, each run.json) gets each part's job id (``<array>_<task>`` for a run of an
+    array). Returns the job ids in run order."""
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
     where = sweep.member(runs[0].path)
-    name = sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
-    planned = arrays.plan(runs, array_size(len(runs)), folder)
+    name = spec.name if task.per == PER_ALLOCATION else \
+        sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)  # a slot's: the search's
+    planned = arrays.plan(runs, _array_max(len(runs), task), folder)
     with scrubbed_environ():
         parts = [(part.runs_file, arrays.array_of(len(part.runs))) for part in planned]
-        sent = request(spec, folder, name, parts, after_jobs)
+        sent = request(spec, folder, name, parts, after_jobs, task)
         return arrays.submit(planned, sent.scripts, lambda said: refusal(spec, said))
 
 
