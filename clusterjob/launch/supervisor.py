@@ -315,6 +315,9 @@ class SupervisedRun:
         self.ranks: list[subprocess.Popen] = []
         self.port = ""  # its session's MASTER_PORT, which what its ranks start inherits
         self.sent: dict[int, int] = {}  # rank -> the last signal we sent it
+        # A task per allocation (a search's slot) supervises ranks of its own: it is given
+        # each stop request and twice the grace to stop them, and killed only after that.
+        self.grace, self.passed = 1, 1
         self.kill_at: Optional[float] = None
         self.until = 0.0  # the next look at the dependencies, or the end of the back-off
         self.pause, self.said = DEPENDENCY_POLL_S, False
@@ -351,6 +354,7 @@ class SupervisedRun:
             # submit recorded this supervisor once, in the sweep's record; the ranks read
             # run.json (whether their supervisor records their stop): it says so from now on
             self.run.update(launcher=procs.current())
+        self.grace = 2 if Task.of(self.run.read()).per == PER_ALLOCATION else 1
         port = free_port()
         self.port = str(port)
         self.ranks, self.sent, self.kill_at = start_ranks(self.run, self.boss.world, self.slot, port,
@@ -419,8 +423,13 @@ class SupervisedRun:
             if asked:
                 _say_cancel(self.run, len(alive), asked)
             _signal(self.ranks, signal.SIGTERM if failed else self.boss.rank_signal(), self.sent)
-            self.kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S)
-        if self.kill_at is not None and (time.monotonic() > self.kill_at or self.boss.requests > 1):
+            self.kill_at = time.monotonic() + (GRACE_S if failed else STOP_GRACE_S * self.grace)
+        if self.kill_at is None:
+            return
+        if self.grace > 1 and self.boss.requests > self.passed:  # its own supervisor hears each Ctrl-C
+            self.passed = self.boss.requests
+            _signal(self.ranks, self.boss.rank_signal(), self.sent)
+        elif time.monotonic() > self.kill_at or (self.boss.requests > 1 and self.grace == 1):
             _signal(self.ranks, signal.SIGKILL, self.sent)
 
     def _session_ended(self) -> None:

@@ -23,6 +23,7 @@ from clusterjob.launch import submit as submitting
 from clusterjob.launch.executor import Watch
 from clusterjob.launch.progress import LiveLine
 from clusterjob.search import record as searchmod
+from clusterjob.search import slotruns
 from clusterjob.search import slots as slotsmod
 from clusterjob.search import trials as trialmod
 from clusterjob.search.slots import Slots
@@ -106,6 +107,7 @@ def resume(folder: Path, wait: bool, overrides: list[str]) -> int:
         if live:
             raise BadInput(f"{folder} still runs ({live}); `clusterjob cancel {folder}` first")
         _check_unfinished(folder, trials)
+        slotruns.check_folders(folder, record.parallel or 1)  # before anything is reopened
         reopened = trialmod.reopen(folder, trials)
         spec = load_spec(folder / trialmod.SPEC_FILE)
         slots.check(spec, preflight=False)

@@ -43,12 +43,12 @@ def prepared(folder: Path, count: int, claim_as: str, executor: str, **fields: A
     and claimed by this process (``claim_as``): made where new, reopened (as ``resume``
     reopens a run: pending, no job) where a session of the search ran them before.
     ``fields``: what the executor clears on a reopen (``Executor.reopened``)."""
+    check_folders(folder, count)
     record, _ = searchmod.read(folder)
     spec_text = (folder / SPEC_FILE).read_text()
     runs = []
     for number in range(count):
         run = RunDir(folder / SLOTS / f"{_PREFIX}{number}")
-        _check_own(folder, run.path)
         marker = {"id": record.id, "slot": number}
         if run.exists():
             claim.take(run.path, claim_as)
@@ -61,10 +61,10 @@ def prepared(folder: Path, count: int, claim_as: str, executor: str, **fields: A
     return runs
 
 
-def _check_own(folder: Path, path: Path) -> None:
-    """Bad input where a slot's folder (or ``.slots``) is something the search did not
-    make: a link (its writes would land elsewhere) or a file."""
-    for part in (folder / SLOTS, path):
+def check_folders(folder: Path, count: int) -> None:
+    """Bad input where the folder of one of the first ``count`` slots (or ``.slots``) is
+    something the search did not make: a link (its writes would land elsewhere) or a file."""
+    for part in (folder / SLOTS, *(folder / SLOTS / f"{_PREFIX}{number}" for number in range(count))):
         if part.is_symlink() or (part.exists() and not part.is_dir()):
             raise BadInput(f"{part}: a search's slot folder is a link or a file, not a folder it made; move it "
                            f"away and run the command again")

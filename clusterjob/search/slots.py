@@ -29,6 +29,7 @@ from clusterjob.core.files import now_iso
 from clusterjob.core.record import RunRecord
 from clusterjob.core.rundir import RunDir
 from clusterjob.core.runstate import FINAL_STATUSES
+from clusterjob.launch import control
 from clusterjob.launch.executor import PER_ALLOCATION, Executor, Task, Waited, Watch, check_shape, views
 from clusterjob.launch.executors.local import LocalExecutor
 from clusterjob.launch.executors.slurm import SlurmExecutor
@@ -91,10 +92,9 @@ class Slots:
         when none does. Reads only."""
         slots = slotruns.slot_runs(folder)
         for run, view in zip(slots, views(slots)):
-            if view.record.status not in FINAL_STATUSES:
-                said = self.executor.live(run, view)
-                job = f", job {view.record.job.id}" if view.record.job is not None else ""
-                return said or f"its slot run {run.path} is {view.record.status}{job}"
+            said = control.still_running(run, view)  # the one answer for any run
+            if said:
+                return f"its slot run {run.path.name} may still run: {said}"
         return None
 
     def cancel(self, folder: Path, record: SearchRecord, wait_s: float) -> list[str]:
@@ -106,10 +106,8 @@ class Slots:
         for run in unfinished:
             run.update(cancel_requested_at=now_iso())
         slots = [(run, run.read()) for run in slotruns.slot_runs(folder)]
-        lines = self.executor.cancel_all([(run, info) for run, info in slots if info.status not in FINAL_STATUSES],
-                                         wait_s)
-        lines = [f"{run.path.name}: {line}" for run, line in zip([run for run, _ in slots], lines)] \
-            if len(lines) == len(slots) else lines
+        targets = [(run, info) for run, info in slots if info.status not in FINAL_STATUSES]
+        lines = [f"slot runs: {line}" for line in self.executor.cancel_all(targets, wait_s)] if targets else []
         if any(run.read().status not in FINAL_STATUSES for run, _ in slots):
             return lines
         for run in unfinished:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 
@@ -79,6 +80,12 @@ def test_slot_runs_are_made_then_reopened_and_a_link_is_refused(tmp_path):
         slotruns.prepared(folder, 2, "test", "local")
     assert list(other.iterdir()) == []  # nothing written through the link
     assert [run.path.name for run in slotruns.slot_runs(folder)] == ["slot-0"]  # a link is no slot run
+    for name in (".slots/slot-1", ".slots"):  # a file where a slot's folder (or all of them) would be
+        path = folder / name
+        path.unlink() if path.is_symlink() else shutil.rmtree(path)
+        path.write_text("not a folder")
+        with pytest.raises(BadInput, match=f"{name}: a search's slot folder is a link or a file"):
+            slotruns.check_folders(folder, 2)
 
 
 def test_a_task_per_allocation_is_the_batch_scripts_own_command_in_one_array(tmp_path):
