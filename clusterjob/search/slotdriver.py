@@ -29,7 +29,7 @@ from typing import Optional
 
 from clusterjob.core import runstate, sweep
 from clusterjob.core.record import SLURM, Job
-from clusterjob.core.rundir import RunDir
+from clusterjob.core.rundir import RunDir, link_rank_logs
 from clusterjob.launch.executors import slurm
 from clusterjob.launch.resources import SESSION_MARK
 from clusterjob.search import record as searchmod
@@ -61,6 +61,7 @@ def main(argv: list[str]) -> int:
     if found is None:
         return 2
     folder, slot = found
+    link_rank_logs(slot_run, 0)  # the job's log, where `clusterjob logs` of the slot run looks
     print(f"clusterjob: slot {slot} of search {folder} (job {job.id}, start {task.restarts() + 1})",
           file=sys.stderr, flush=True)
     try:

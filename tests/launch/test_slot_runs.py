@@ -158,3 +158,30 @@ def test_kill_9_of_a_detached_search_supervisor_leaves_no_run_running(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(trials(found)) == 3 and all(info(run)["status"] == "completed" for run in trials(found))
     assert all(info(found / ".slots" / f"slot-{k}")["status"] == "completed" for k in (0, 1))
+
+
+@pytest.mark.slurm
+def test_on_slurm_each_slot_run_is_an_array_task_that_records_its_own_end(slurm_cluster, tmp_path):
+    """The slot runs are the tasks of one array (their jobs ``<array>_K``), each running
+    its driver with no srun step of its own; each records its start and its end, its log
+    is the job's, and ``status`` of the slot runs reads them as any runs."""
+    write(tmp_path, {**SEARCH, "trials": 2}, train={"epochs": 1, "log_every": 8},
+          resources={"cpus_per_task": 1, "gpus_per_node": 0, "mem_gb": 1, "time_min": 10})
+    done = cli(tmp_path, "submit", "s.yaml", "--executor", "slurm", "--wait", env=slurm_cluster.env(), timeout=400)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (found,) = (tmp_path / "results" / "s").iterdir()
+    array = json.loads((found / "search.json").read_text())["job"]["id"]
+    assert done.stdout.splitlines()[0] == f"{array}  {found}  (a Slurm array of 2 slot(s))"
+    for k in (0, 1):
+        slot = found / ".slots" / f"slot-{k}"
+        record = info(slot)
+        assert record["status"] == "completed" and record["job"] == {"executor": "slurm", "id": f"{array}_{k}"}
+        assert record["task"] == {"module": "clusterjob.search.slotdriver", "per": "allocation"}
+        assert record["started_at"] <= record["finished_at"]
+        log = (slot / "logs" / "rank0.err").read_text()  # a link to the job's own log
+        assert f"clusterjob: slot {k} of search {found} (job {array}_{k}, start 1)" in log
+    assert sorted(info(t)["search"]["slot"] for t in trials(found)) in ([0, 1], [0, 0], [1, 1])
+    assert all(info(t)["status"] == "completed" and info(t)["job"]["id"].startswith(f"{array}_")
+               for t in trials(found))
+    status = cli(tmp_path, "status", str(found / ".slots"), env=slurm_cluster.env())
+    assert status.returncode == 0 and sum(" completed " in line for line in status.stdout.splitlines()) == 2
