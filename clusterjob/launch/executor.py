@@ -23,7 +23,9 @@ this protocol only:
 - ``check``: what this executor cannot run, as bad input, before anything is written
   (the local GPU count, the Slurm cluster's preflight);
 - ``start``: hand run folders this process claimed over (a job, a supervisor), or,
-  with ``follow``, keep them here; ``wait`` follows them to their end;
+  with ``follow``, keep them here, their tasks running a ``Task`` (the runner, one per
+  rank; or a module of its own, one per allocation: a search's slot, where the executor
+  lists that shape in ``shapes``); ``wait`` follows them to their end;
 - ``refresh``: what became of runs whose run.json does not say yet (the queue, the
   processes), read-only unless ``write_back``; ``live``: why a run may still run.
   ``views`` (and ``records``, its records) is the one derivation of a run's state

@@ -100,6 +100,23 @@ def test_a_task_per_allocation_is_the_batch_scripts_own_command_in_one_array(tmp
     assert "srun" in ranks and "-m clusterjob.run --runs" in ranks and "finalize" in ranks
 
 
+def test_a_slots_trials_see_the_gpus_and_threads_of_its_share_of_the_machine():
+    """The supervisor gives a slot's process its share (its GPUs, its threads); the slot's
+    own supervisor starts each trial's ranks with that environment, changing neither."""
+    from clusterjob.launch.slots import Slot, plan
+    from clusterjob.launch.supervisor import rank_environ
+
+    shares = plan(2, 2, 2, 2, 2, cores=range(8), gpus=["0", "1", "5", "7"])  # 2 slots of 2 ranks, a GPU each
+    assert [share.gpus for share in shares] == [("0", "1"), ("5", "7")]
+    base = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,5,7"}
+    slot = rank_environ(base, 0, 1, 29500, shares[1])  # the slot's process, one per allocation
+    assert slot["CUDA_VISIBLE_DEVICES"] == "5,7" and slot["OMP_NUM_THREADS"] == "2" and shares[1].cpus == (4, 5, 6, 7)
+    for rank in (0, 1):
+        trial = rank_environ(slot, rank, 2, 29611, Slot(1))  # a trial's rank, started by the slot
+        assert trial["CUDA_VISIBLE_DEVICES"] == "5,7" and trial["OMP_NUM_THREADS"] == "2"
+        assert (trial["RANK"], trial["WORLD_SIZE"], trial["MASTER_PORT"]) == (str(rank), "2", "29611")
+
+
 # ----------------------------------------------------------------------------- on this machine
 
 

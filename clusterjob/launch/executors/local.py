@@ -1,7 +1,8 @@
 """The local executor (docs/design.md, "Executors and scripts"): the runs go to a
 supervisor on this machine (clusterjob.launch.supervisor), ``submit --wait`` itself or a
 detached process, which runs them with ``tasks_per_node`` ranks each, a sweep's runs side
-by side as the machine allows (clusterjob.launch.slots).
+by side as the machine allows (clusterjob.launch.slots); a run whose task is one per
+allocation (a search's slot) is one process in its slot of the machine.
 
 Checked at submit (and resume), before anything is written: one node only, and with
 ``gpus_per_node > 0`` one visible GPU per task, counted without torch. A run lives in
@@ -122,7 +123,7 @@ class LocalExecutor(Executor):
     def supervise(self, spec: Spec, runs: list[RunDir], watch: Watch, slots: list,
                   feed: Optional[sup.Feed] = None, attached: bool = False) -> tuple[sup.Supervisor, list[RunRecord]]:
         """A supervisor in this process runs ``runs`` (and the runs ``feed`` gives its free
-        slots: a search's trials, clusterjob.search.slots) in ``slots``, showing their
+        slots: a search slot's trials, clusterjob.search.localslot) in ``slots``, showing their
         progress; with several slots each line starts with its run's id. ``attached``:
         rank 0 has this terminal (``submit --debug``)."""
         stall_s = spec.health.stall_s if spec.health is not None else None
