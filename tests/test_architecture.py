@@ -260,6 +260,23 @@ def test_a_search_is_a_client_of_its_executor():
     assert {k: v for k, v in reached.items() if v} == {}
 
 
+def test_a_searchs_slots_are_runs_its_executor_starts():
+    """No module of the search submits or starts its slots itself: they are runs that the
+    executor starts (``Executor.start``, with a task per allocation). Only a slot's task on
+    Slurm starts processes, its trials' srun steps; none names sbatch."""
+    trees = {name: tree for name, tree in modules().items() if name.startswith("clusterjob.search")}
+    starters = sorted(name for name, tree in trees.items() if "subprocess" in imported(tree))
+    assert starters == ["clusterjob.search.slotdriver"]
+    said = sorted(name for name, tree in trees.items() for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and "sbatch" in node.value.lower()
+                  and not (name == "clusterjob.search.slots" and "sbatch refused" in node.value))
+    assert said == []
+    from clusterjob.launch.executor import PER_ALLOCATION
+    from clusterjob.search.slots import LocalSlots, SlurmSlots
+
+    assert {LocalSlots.task.per, SlurmSlots.task.per} == {PER_ALLOCATION}
+
+
 # The layers of docs/design.md, "Architecture": what each part may import. The login
 # side (core, spec, report, launch, cli) never reaches the task side (runner, trainer,
 # run), and the runner knows no trainer: clusterjob.run picks one. Both reach the
