@@ -127,8 +127,9 @@ def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int]
     The other ranks then run past their ``breakpoint()`` (no terminal to stop at)."""
     run.logs.mkdir(parents=True, exist_ok=True)
     port, ranks, parent = port or free_port(), [], os.getpid()
-    command, environ = rank_command(run)
-    world = 1 if Task.of(run.read()).per == PER_ALLOCATION else world  # one process, with its slot's resources
+    task = Task.of(run.read())
+    command, environ = rank_command(run, task)
+    world = 1 if task.per == PER_ALLOCATION else world  # one process, with its slot's resources
     for rank in range(world):
         with open(run.logs / f"rank{rank}.out", "ab") as out, open(run.logs / f"rank{rank}.err", "ab") as err:
             here = attached and rank == 0
@@ -144,11 +145,11 @@ def start_ranks(run: RunDir, world: int, slot: Slot = WHOLE, port: Optional[int]
     return ranks
 
 
-def rank_command(run: RunDir) -> tuple[list[str], Callable[[dict], dict]]:
-    """The command of each rank of ``run`` and what its environment gets: ``python -m
-    clusterjob.run``, or that inside the spec's container (clusterjob.launch.containers),
-    whose runtime execs the rank, with clusterjob's variables carried in by name."""
-    task = Task.of(run.read())
+def rank_command(run: RunDir, task: Task) -> tuple[list[str], Callable[[dict], dict]]:
+    """The command of each rank of ``run`` (its tasks running ``task``) and what its
+    environment gets: ``python -m clusterjob.run``, or that inside the spec's container
+    (clusterjob.launch.containers), whose runtime execs the rank, with clusterjob's
+    variables carried in by name."""
     if task.per == PER_ALLOCATION:  # its own command on this machine (a search's slot: its trials' ranks in theirs)
         return [sys.executable, "-m", task.module, "--run", str(run.path)], lambda environ: environ
     spec = load_spec(run.spec_file)

@@ -55,7 +55,11 @@ class Slots:
         """Bad input for slots of ``spec`` the executor cannot run (``spec.search.parallel``
         of them); before anything is written. ``preflight`` False asks no cluster."""
         check_shape(self.executor, self.task, "a search")
-        self.executor.check(spec, _count(spec), preflight)
+        self.executor.check(spec, self.checked_runs(spec), preflight)
+
+    def checked_runs(self, spec: Spec) -> int:
+        """How many runs of ``spec`` the executor's check is asked about: every slot."""
+        return _count(spec)
 
     def preview(self, spec: Spec, folder: Path) -> list[str]:
         """``--dry-run`` of a search: what would be started for its slots."""
@@ -140,9 +144,8 @@ class LocalSlots(Slots):
 
     task = Task("clusterjob.search.localslot", PER_ALLOCATION)
 
-    def check(self, spec: Spec, preflight: bool = True) -> None:
-        check_shape(self.executor, self.task, "a search")
-        self.executor.check(spec, 1, preflight)  # what one trial needs of this machine
+    def checked_runs(self, spec: Spec) -> int:
+        return 1  # what one trial needs of this machine
 
     def started(self, folder: Path, runs: list[RunDir], lines: list[str]) -> list[str]:
         launcher = runs[0].read().launcher

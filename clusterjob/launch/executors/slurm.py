@@ -494,8 +494,13 @@ def scripts(spec: Spec, points: int, folder: Path, after_jobs: Sequence[str] = (
     size = _array_max(points, task) if array_max is None else array_max
     runs_file = folder / "<stamp>.p<part>.runs.json"
     parts = [(runs_file, arrays.array_of(len(part))) for part in chunks(list(range(points)), size)]
-    name = spec.name if task.per == PER_ALLOCATION else sweep.sweep_id(spec.name, "<stamp>")
-    return request(spec, folder, name, parts, after_jobs, task).lines()
+    return request(spec, folder, _job_name(spec, task, spec.name, "<stamp>"), parts, after_jobs, task).lines()
+
+
+def _job_name(spec: Spec, task: Task, name: str, stamp: str) -> str:
+    """The jobs' name: their sweep's id (``name``-``stamp``), or the spec's own name for
+    tasks per allocation (a search's slots: the search's name)."""
+    return spec.name if task.per == PER_ALLOCATION else sweep.sweep_id(name, stamp)
 
 
 def _array_max(points: int, task: Task) -> int:
@@ -548,8 +553,7 @@ def submit_runs(spec: Spec, runs: list[RunDir], after_jobs: Sequence[str] = (), 
     folder = runs[0].path.parent / ".slurm"
     folder.mkdir(exist_ok=True)
     where = sweep.member(runs[0].path)
-    name = spec.name if task.per == PER_ALLOCATION else \
-        sweep.sweep_id(runs[0].path.parent.name, where.stamp if where else runs[0].run_id)  # a slot's: the search's
+    name = _job_name(spec, task, runs[0].path.parent.name, where.stamp if where else runs[0].run_id)
     planned = arrays.plan(runs, _array_max(len(runs), task), folder)
     with scrubbed_environ():
         parts = [(part.runs_file, arrays.array_of(len(part.runs))) for part in planned]
